@@ -1,0 +1,38 @@
+# The two commands a newcomer needs: `make run` (set up, then the main job) and `make test`.
+VENV ?= .venv
+PYTHON ?= python3
+DATA ?= ../shared/data
+# CPU machines: the 2.13.0 wheel; GPU machines may set TORCH_SPEC to their CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+BIN = $(VENV)/bin
+ENV = ORCHESTRATOR_DATA_DIR=$(abspath $(DATA)) HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+.PHONY: setup run test test-fast lint bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+setup: $(BIN)/.installed
+
+run: setup
+	$(ENV) $(BIN)/orchestrator probe --model sentence-transformers/all-MiniLM-L6-v2 --task stsb --split test --layers all
+
+test: setup
+	$(ENV) $(BIN)/python -m pytest -m "slow or not slow" -q
+
+test-fast: setup
+	$(ENV) $(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check .
+
+bench: setup
+	$(ENV) $(BIN)/python benchmarks/truncation.py --data-dir $(DATA)
+	$(ENV) $(BIN)/python benchmarks/epoch.py --data-dir $(DATA)
+
+clean:
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,1 @@
+"""CLI, study validation, planning, Ray launch and MLflow tracking."""

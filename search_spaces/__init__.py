@@ -1,0 +1,1 @@
+"""Parameter types and presets of study search spaces (lands with the orchestration issue)."""

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from orchestrator.cli import app
+
+runner = CliRunner()
+
+
+def test_probe_json_prints_one_object_per_layer(tiny_bert, synthetic_data_dir):
+    result = runner.invoke(app, ["probe", "--model", tiny_bert, "--data-dir", str(synthetic_data_dir), "--json",
+                                 "--split", "dev", "--pooling", "cls"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["layer"] for r in rows] == [0, 1, 2, 3]
+    assert {"layer", "spearman", "pearson", "params", "pooling"} <= set(rows[0])
+    assert rows[0]["pooling"] == "cls" and rows[0]["split"] == "dev"
+    assert rows[0]["spearman"] is None  # CLS at layer 0 is the same vector for every sentence
+    assert all(isinstance(r["spearman"], float) for r in rows[1:])
+
+
+def test_probe_table_marks_the_best_layer(tiny_bert, synthetic_data_dir):
+    result = runner.invoke(app, ["probe", "--model", tiny_bert, "--data-dir", str(synthetic_data_dir),
+                                 "--layers", "1,3"])
+    assert result.exit_code == 0, result.output
+    assert "spearman ×100" in result.stdout and "params (M)" in result.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--task", "stsbb"], "error: task: 'stsbb' is not valid; use one of: korsts, mrpc"),
+    (["--task", "stsb_multi_mt", "--language", "xx"], "error: language: 'xx' is not valid; task stsb_multi_mt has"),
+    (["--pooling", "sum"], "error: pooling: 'sum' is not valid; use one of: cls, max, mean, mean_sqrt_len"),
+    (["--layers", "0,9"], "error: layers: [0, 9] is not valid; this model has 3 layers: use values in 0..3"),
+    (["--layers", "last"], "error: --layers: 'last' is not valid; use `all` or layer numbers such as 0,3,6"),
+    (["--split", "train"], "error: --split: 'train' is not valid; use dev or test"),
+    (["--precision", "fp8"], "error: precision: 'fp8' is not valid; use one of: auto, bf16, fp32"),
+])
+def test_bad_arguments_end_in_one_line_and_exit_2(tiny_bert, synthetic_data_dir, args, message):
+    result = runner.invoke(app, ["probe", "--model", tiny_bert, "--data-dir", str(synthetic_data_dir), *args])
+    assert result.exit_code == 2
+    assert result.stderr.strip().startswith(message) and len(result.stderr.strip().splitlines()) == 1
+    assert result.stdout == ""
+
+
+def test_missing_data_offline_is_exit_2_from_the_console_script(tiny_bert, tmp_path):
+    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, "-m", "orchestrator.cli", "probe", "--model", tiny_bert,
+                             "--data-dir", str(tmp_path)], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: task: 'stsb' has no data here; put stsb/sts-train.csv, stsb/sts-dev.csv, stsb/sts-test.csv under the "
+        f"data folder {tmp_path}, or go online for the hub copy sentence-transformers/stsb"]
+
+
+@pytest.mark.slow
+def test_minilm_probe_from_the_command_line(data_dir, minilm_path):
+    result = runner.invoke(app, ["probe", "--model", "sentence-transformers/all-MiniLM-L6-v2", "--task", "stsb",
+                                 "--split", "test", "--layers", "all", "--json", "--data-dir", str(data_dir)])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(rows) == 7 and 81.7 <= rows[6]["spearman"] <= 82.1

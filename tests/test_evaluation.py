@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from scipy.stats import pearsonr, spearmanr
+
+from trainables.batching import TokenCache
+from trainables.evaluation import (
+    Embedder,
+    PairClassificationEvaluator,
+    STSEvaluator,
+    best_accuracy_threshold,
+)
+from trainables.models import build_sentence_encoder, load_tokenizer
+
+VECTORS = {"a": [1.0, 0.0], "b": [0.8, 0.6], "c": [0.0, 1.0], "d": [-1.0, 0.1], "e": [0.6, 0.8]}
+
+
+def lookup(sentences):
+    return torch.tensor([VECTORS[s] for s in sentences])
+
+
+def test_sts_metrics_are_correlations_of_cosines_times_100():
+    frame = pd.DataFrame({"sentence1": ["a", "a", "a", "b"], "sentence2": ["b", "c", "d", "e"],
+                          "score": [0.9, 0.1, 0.0, 0.8]})
+    metrics = STSEvaluator({"dev": frame}).evaluate(lookup, "dev")
+    cosines = [0.8, 0.0, -1.0 / np.hypot(1, 0.1), 0.96]
+    assert metrics["dev_spearman"] == pytest.approx(100 * spearmanr(cosines, frame.score).statistic)
+    assert metrics["dev_pearson"] == pytest.approx(100 * pearsonr(cosines, frame.score).statistic)
+    assert STSEvaluator({}).primary("dev") == "dev_spearman"
+
+
+def test_threshold_maximizes_accuracy():
+    assert best_accuracy_threshold(np.array([0.9, 0.8, 0.3, 0.2]), np.array([1, 1, 0, 0])) == pytest.approx(0.55)
+    assert best_accuracy_threshold(np.array([0.9, 0.8]), np.array([1, 1])) == pytest.approx(0.8)
+    assert best_accuracy_threshold(np.array([0.9, 0.8]), np.array([0, 0])) > 0.9
+
+
+def test_classification_threshold_comes_from_dev_only():
+    dev = pd.DataFrame({"sentence1": ["a", "a", "a"], "sentence2": ["a", "b", "c"], "label": [1, 1, 0]})
+    test = pd.DataFrame({"sentence1": ["a", "b"], "sentence2": ["c", "c"], "label": [1, 1]})
+    evaluator = PairClassificationEvaluator({"dev": dev, "test": test})
+    on_dev = evaluator.evaluate(lookup, "dev")
+    assert on_dev["dev_accuracy"] == 100.0 and on_dev["dev_threshold"] == pytest.approx(0.4)
+    on_test = evaluator.evaluate(lookup, "test")  # cosines 0.0 and 0.6: only the second clears 0.4
+    assert on_test["test_accuracy"] == 50.0
+    assert on_test["test_f1"] == pytest.approx(100 * 2 * (1.0 * 0.5) / 1.5)
+
+
+def test_embedder_encodes_each_distinct_sentence_once_and_keeps_train_mode(tiny_bert):
+    model = build_sentence_encoder(tiny_bert, layer=2).train()
+    seen = []
+    model.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[0]))
+    embed = Embedder(model, TokenCache(load_tokenizer(tiny_bert), 32), torch.device("cpu"))
+    out = embed(["a dog", "a cat", "a dog", "a dog"])
+    assert sum(seen) == 2 and out.shape == (4, 32)
+    torch.testing.assert_close(out[0], out[2])
+    assert model.training
+
+
+@pytest.mark.slow
+def test_sts_evaluator_agrees_with_sentence_transformers(data_dir, minilm_path):
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.evaluation import EmbeddingSimilarityEvaluator
+
+    from tests.conftest import MINILM
+    from trainables.data import load_task
+
+    dev = load_task("stsb", None, data_dir).dev
+    ours = STSEvaluator({"dev": dev}).evaluate(
+        Embedder(build_sentence_encoder(MINILM).eval(), TokenCache(load_tokenizer(MINILM), 128),
+                 torch.device("cpu"), torch.float32), "dev")
+    model = SentenceTransformer(str(minilm_path), device="cpu")
+    model.max_seq_length = 128
+    theirs = EmbeddingSimilarityEvaluator(list(dev.sentence1), list(dev.sentence2), list(dev.score))(model)
+    assert ours["dev_spearman"] / 100 == pytest.approx(theirs["spearman_cosine"], abs=1e-4)
+    assert ours["dev_pearson"] / 100 == pytest.approx(theirs["pearson_cosine"], abs=1e-4)

@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    AutoModel,
+    BertConfig,
+    DebertaV2Config,
+    DistilBertConfig,
+    ElectraConfig,
+    RobertaConfig,
+)
+
+from tests.conftest import MINILM
+from trainables.errors import UserInputError
+from trainables.models import (
+    SentenceEncoder,
+    build_sentence_encoder,
+    count_parameters,
+    encoder_layers,
+    last_hidden_state,
+    load_encoder,
+    pool,
+    resolve_model_path,
+    truncate_encoder,
+    truncated_parameter_count,
+)
+
+SMALL = dict(vocab_size=100, hidden_size=32, num_hidden_layers=4, num_attention_heads=2, intermediate_size=64,
+             max_position_embeddings=64)
+CONFIGS = {
+    "bert": lambda: BertConfig(**SMALL),
+    "electra": lambda: ElectraConfig(**SMALL, embedding_size=16),
+    "roberta": lambda: RobertaConfig(**SMALL, pad_token_id=1),
+    "deberta-v2": lambda: DebertaV2Config(**SMALL, relative_attention=True, position_buckets=8,
+                                          pos_att_type=["p2c", "c2p"]),
+    "distilbert": lambda: DistilBertConfig(vocab_size=100, dim=32, n_layers=4, n_heads=2, hidden_dim=64,
+                                           max_position_embeddings=64),
+}
+
+
+def _inputs():
+    torch.manual_seed(1)
+    ids = torch.randint(5, 100, (3, 9))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    mask[2, 3:] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+@pytest.mark.parametrize("k", [0, 1, 3, 4])
+def test_truncation_is_exact_surgery(family, k):
+    torch.manual_seed(0)
+    full = AutoModel.from_config(CONFIGS[family]()).eval()
+    ids, mask = _inputs()
+    with torch.no_grad():
+        expected = full(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[k]
+    before = count_parameters(full)
+    predicted = truncated_parameter_count(full, k)
+    cut = truncate_encoder(full, k)
+    assert len(encoder_layers(cut)) == k
+    assert count_parameters(cut) == predicted
+    assert count_parameters(cut) < before or k == 4
+    with torch.no_grad():
+        got = last_hidden_state(cut, ids, mask)
+    valid = mask.bool()
+    torch.testing.assert_close(got[valid], expected[valid], atol=1e-5, rtol=1e-5)
+
+
+def test_truncating_removes_the_compute_of_later_layers():
+    model = AutoModel.from_config(BertConfig(**SMALL))
+    per_layer = count_parameters(encoder_layers(model)[0])
+    pooler = count_parameters(model.pooler)
+    full = count_parameters(model)
+    truncate_encoder(model, 1)
+    assert count_parameters(model) == full - 3 * per_layer - pooler
+    assert model.config.num_hidden_layers == 1
+
+
+def test_layer_above_depth_names_the_depth():
+    model = AutoModel.from_config(BertConfig(**SMALL))
+    with pytest.raises(UserInputError, match=r"layer: 5 is not valid; this model has 4 layers: use 0\.\.4"):
+        truncate_encoder(model, 5)
+
+
+def test_pooling_methods_ignore_padding():
+    hidden = torch.tensor([[[1.0, 2.0], [3.0, 6.0], [100.0, -100.0]]])
+    mask = torch.tensor([[1, 1, 0]])
+    torch.testing.assert_close(pool(hidden, mask, "mean"), torch.tensor([[2.0, 4.0]]))
+    torch.testing.assert_close(pool(hidden, mask, "cls"), torch.tensor([[1.0, 2.0]]))
+    torch.testing.assert_close(pool(hidden, mask, "max"), torch.tensor([[3.0, 6.0]]))
+    torch.testing.assert_close(pool(hidden, mask, "mean_sqrt_len"), torch.tensor([[4.0, 8.0]]) / 2 ** 0.5)
+    with pytest.raises(UserInputError, match="pooling: 'sum' is not valid; use one of: cls, max, mean, mean_sqrt_len"):
+        pool(hidden, mask, "sum")
+
+
+def test_projection_head_and_random_init(tiny_bert):
+    pretrained = build_sentence_encoder(tiny_bert, layer=2, projection_dim=8)
+    assert pretrained(*_inputs()).shape == (3, 8)
+    a = build_sentence_encoder(tiny_bert, layer=2, random_init=True, seed=3)
+    b = build_sentence_encoder(tiny_bert, layer=2, random_init=True, seed=3)
+    c = build_sentence_encoder(tiny_bert, layer=2, random_init=True, seed=4)
+    word = "encoder.embeddings.word_embeddings.weight"
+    assert torch.equal(a.state_dict()[word], b.state_dict()[word])
+    assert not torch.equal(a.state_dict()[word], c.state_dict()[word])
+    assert not torch.equal(a.state_dict()[word], pretrained.state_dict()[word])
+    assert count_parameters(a) == count_parameters(pretrained) - (32 * 8 + 8)
+
+
+def test_packaged_minilm_resolves_offline(minilm_path):
+    assert resolve_model_path(MINILM) == str(minilm_path)
+    model = load_encoder(MINILM)
+    assert model.config.num_hidden_layers == 6 and model.config.hidden_size == 384
+    assert isinstance(SentenceEncoder(model), SentenceEncoder)
+
+
+def test_local_folder_wins_and_unknown_model_is_a_clear_error(tiny_bert, tmp_path, monkeypatch):
+    assert resolve_model_path(tiny_bert) == tiny_bert
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UserInputError, match="model: 'no-such-org/no-such-model' is not valid"):
+        load_encoder("no-such-org/no-such-model")

@@ -1,0 +1,23 @@
+"""Trial-side code: data, models, objectives, evaluators and one module per trainable kind.
+
+`TRAINABLES` maps each kind's YAML name to its `run(config, report, checkpoint_dir=None)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+def _finetune(*args, **kwargs):
+    from trainables.finetune import run
+
+    return run(*args, **kwargs)
+
+
+def _probe(*args, **kwargs):
+    from trainables.probe import run
+
+    return run(*args, **kwargs)
+
+
+TRAINABLES: dict[str, Callable] = {"finetune": _finetune, "probe": _probe}

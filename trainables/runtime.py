@@ -1,0 +1,63 @@
+"""Device, precision and seeding: the few hardware decisions every trainable shares."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trainables.errors import one_of
+
+PRECISIONS = ("auto", "fp32", "bf16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """`auto` is the first CUDA device when there is one, else the CPU."""
+    if name not in DEVICES and not name.startswith("cuda:"):
+        raise one_of("device", name, DEVICES)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+@lru_cache(maxsize=1)
+def _cpu_has_fast_bf16() -> bool:
+    """True on CPUs with native bf16 matrix units (AMX or AVX512-BF16); elsewhere bf16 is emulated."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def bf16_is_fast(device: torch.device) -> bool:
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and _cpu_has_fast_bf16()
+
+
+def resolve_precision(name: str, device: torch.device) -> torch.dtype:
+    """`auto` picks bf16 autocast where the hardware runs it fast, fp32 elsewhere."""
+    if name not in PRECISIONS:
+        raise one_of("precision", name, PRECISIONS)
+    if name == "bf16" or (name == "auto" and bf16_is_fast(device)):
+        return torch.bfloat16
+    return torch.float32
+
+
+def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager:
+    """bf16 autocast when asked for; a no-op context for fp32."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
