@@ -19,7 +19,7 @@ $(BIN)/.installed: pyproject.toml
 setup: $(BIN)/.installed
 
 run: setup
-	$(ENV) $(BIN)/orchestrator probe --model sentence-transformers/all-MiniLM-L6-v2 --task stsb --split test --layers all
+	$(ENV) $(BIN)/orchestrator launch examples/quickstart.yaml --resume
 
 test: setup
 	$(ENV) $(BIN)/python -m pytest -m "slow or not slow" -q

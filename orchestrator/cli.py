@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
+import shutil
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -47,6 +50,8 @@ def quiet_libraries() -> None:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    for name in ("mlflow", "alembic", "ray.tune", "ray.train"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def parse_layers(value: str) -> list[int] | None:
@@ -93,6 +98,127 @@ def probe(
                               "pooling": pooling, **clean}))
         return
     print_layer_table(rows, f"{model} · {task}{'/' + language if language else ''} · {split} · {pooling} pooling")
+
+
+STORAGE = typer.Option(None, "--storage", help="Folder of study folders (default: the study's storage_path "
+                                                 "or ./studies).")
+ADDRESS = typer.Option(None, "--address", help="Ray cluster: local (default), auto, or host:port; also RAY_ADDRESS.")
+MAX_CONCURRENT = typer.Option(None, "--max-concurrent", help="At most this many trials at once.")
+
+
+@app.command()
+@user_errors
+def validate(study_file: str, debug: bool = DEBUG) -> None:
+    """Check a study file (keys, types, names, layers against the model, data, tracking URI)."""
+    from orchestrator.config import load_study
+    from orchestrator.plan import build_plan
+
+    quiet_libraries()
+    study = load_study(study_file)
+    plan = build_plan(study, Path(study_file).resolve().parent)
+    typer.echo(f"ok: {study.name}: {len(plan.cells)} cells, {plan.tuning_trials + plan.replicate_trials} trials")
+
+
+@app.command()
+@user_errors
+def plan(study_file: str, debug: bool = DEBUG) -> None:
+    """List every ablation cell, the trials per phase and the total trial-epochs."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from orchestrator.config import load_study
+    from orchestrator.plan import build_plan
+
+    quiet_libraries()
+    study = load_study(study_file)
+    resolved = build_plan(study, Path(study_file).resolve().parent)
+    table = Table(title=f"{study.name}: {study.trainable} on {study.task} · {study.model}")
+    table.add_column("#", justify="right")
+    table.add_column("cell")
+    table.add_column("tuning trials", justify="right")
+    table.add_column("replicates", justify="right")
+    for cell in resolved.cells:
+        table.add_row(str(cell.index), cell.key, str(resolved.trials_per_cell), str(len(resolved.seeds)))
+    console = Console(width=max(120, shutil.get_terminal_size().columns))
+    console.print(table)
+    tuned = ", ".join(f"{k} ~ {v}" for k, v in resolved.tuned.items()) or "nothing (grid x seeds)"
+    console.print(f"tuned per cell: {tuned}")
+    console.print(f"seeds: {', '.join(map(str, resolved.seeds))} · metric: {resolved.metric} ({resolved.mode})")
+    console.print(f"trials: {resolved.tuning_trials} tuning + {resolved.replicate_trials} replicate = "
+                  f"{resolved.tuning_trials + resolved.replicate_trials}; at most {resolved.max_trial_epochs} "
+                  f"trial-epochs ({resolved.epochs} per trial)")
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of the study file (for editor completion)."""
+    from orchestrator.config import study_json_schema
+
+    print(json.dumps(study_json_schema(), indent=2))
+
+
+@app.command()
+@user_errors
+def launch(study_file: str, address: str | None = ADDRESS, storage: str | None = STORAGE,
+           max_concurrent: int | None = MAX_CONCURRENT,
+           resume_existing: bool = typer.Option(False, "--resume", help="Continue the study if it exists already."),
+           debug: bool = DEBUG) -> None:
+    """Run a study on Ray Tune (a fresh local Ray unless --address), tracked in MLflow."""
+    from orchestrator import launch as launcher
+
+    quiet_libraries()
+    result = launcher.launch(study_file, storage=storage, address=address, max_concurrent=max_concurrent,
+                             resume=resume_existing)
+    summarize(result)
+
+
+@app.command()
+@user_errors
+def resume(name: str, address: str | None = ADDRESS, storage: str | None = STORAGE,
+           max_concurrent: int | None = MAX_CONCURRENT, debug: bool = DEBUG) -> None:
+    """Continue an interrupted study: finished trials are kept, interrupted ones continue."""
+    from orchestrator import launch as launcher
+
+    quiet_libraries()
+    summarize(launcher.resume(name, storage=storage, address=address, max_concurrent=max_concurrent))
+
+
+@app.command()
+@user_errors
+def status(name: str, storage: str | None = STORAGE, debug: bool = DEBUG) -> None:
+    """Trials done / running / failed and the best dev score per cell, from the study's journal."""
+    from rich.console import Console
+
+    from orchestrator.launch import open_state
+    from orchestrator.progress import status_table
+
+    quiet_libraries()
+    Console().print(status_table(open_state(name, storage)))
+
+
+@app.command()
+@user_errors
+def ui(name: str, storage: str | None = STORAGE, port: int = 5000, debug: bool = DEBUG) -> None:
+    """Start the MLflow UI for the study's tracking store on 127.0.0.1 and print its URL."""
+    import subprocess
+
+    from orchestrator.launch import stored_tracking_uri
+
+    uri = stored_tracking_uri(name, storage)
+    if not uri.startswith("sqlite"):
+        typer.echo(f"the study is tracked on {uri}: open it there")
+        return
+    typer.echo(f"MLflow UI for {name}: http://127.0.0.1:{port}  (Ctrl-C stops it)")
+    subprocess.run([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
+                    "--port", str(port)], check=False)
+
+
+def summarize(result) -> None:
+    counts = result.counts
+    state = "finished" if result.finished else "interrupted (run `orchestrator resume` to continue)"
+    typer.echo(f"{result.study_dir.name}: {state}: {counts['completed']} completed, {counts['pruned']} pruned, "
+               f"{counts['diverged']} diverged, {counts['failed']} failed of {counts['planned']} planned; "
+               f"study folder {result.study_dir}")
 
 
 def print_layer_table(rows: list[dict], title: str) -> None:

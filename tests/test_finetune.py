@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import shutil
 
+import pandas as pd
 import pytest
 import torch
+from scipy.stats import spearmanr
 
 from trainables import finetune
 from trainables.contract import collect
@@ -52,6 +54,10 @@ def test_resume_from_a_checkpoint_reproduces_the_uninterrupted_run(config, tmp_p
     finetune.run(config, report)
     assert sorted(p.name for p in saved[0].iterdir()) == ["model.safetensors", "optimizer.safetensors",
                                                           "trainer_state.json"]
+    predictions = pd.read_csv(saved[-1] / "test_predictions.csv")
+    assert list(predictions.columns) == ["pair", "prediction", "score"] and len(predictions) == 80
+    rho = 100 * spearmanr(predictions.prediction, predictions.score).statistic
+    assert rho == pytest.approx(uninterrupted[-1]["test_spearman"], abs=1e-6)
     resumed = []
     finetune.run(config, collect(resumed), checkpoint_dir=str(saved[0]))
     assert [r["epoch"] for r in resumed] == [2, 3]

@@ -13,6 +13,7 @@ WEIGHTS = "model.safetensors"
 BEST_WEIGHTS = "best.safetensors"
 OPTIMIZER = "optimizer.safetensors"
 STATE = "trainer_state.json"
+PREDICTIONS = "test_predictions.csv"  # written with the last checkpoint of a run that scores test
 
 
 def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -56,6 +56,7 @@ class PairEvaluator(ABC):
 
     primary_metric: str
     greater_is_better: bool = True
+    last_scores: dict[str, np.ndarray]  # the pair scores (cosines) of each split's latest evaluation
 
     @abstractmethod
     def evaluate(self, embed: Embed, split: str) -> dict[str, float]:
@@ -71,11 +72,11 @@ class STSEvaluator(PairEvaluator):
     primary_metric = "spearman"
 
     def __init__(self, splits: dict[str, pd.DataFrame]):
-        self.splits = splits
+        self.splits, self.last_scores = splits, {}
 
     def evaluate(self, embed: Embed, split: str) -> dict[str, float]:
         frame = self.splits[split]
-        cosines = pair_cosines(embed, frame)
+        cosines = self.last_scores[split] = pair_cosines(embed, frame)
         gold = frame["score"].to_numpy(dtype=np.float64)
         return {f"{split}_spearman": 100 * float(spearmanr(cosines, gold).statistic),
                 f"{split}_pearson": 100 * float(pearsonr(cosines, gold).statistic)}
@@ -104,14 +105,14 @@ class PairClassificationEvaluator(PairEvaluator):
     primary_metric = "accuracy"
 
     def __init__(self, splits: dict[str, pd.DataFrame]):
-        self.splits = splits
+        self.splits, self.last_scores = splits, {}
 
     def evaluate(self, embed: Embed, split: str) -> dict[str, float]:
         dev = self.splits["dev"]
-        dev_scores = pair_cosines(embed, dev)
+        dev_scores = self.last_scores["dev"] = pair_cosines(embed, dev)
         threshold = best_accuracy_threshold(dev_scores, dev["label"].to_numpy())
         frame = self.splits[split]
-        scores = dev_scores if split == "dev" else pair_cosines(embed, frame)
+        scores = self.last_scores[split] = dev_scores if split == "dev" else pair_cosines(embed, frame)
         labels = frame["label"].to_numpy()
         predicted = (scores >= threshold).astype(int)
         true_pos = int(((predicted == 1) & (labels == 1)).sum())

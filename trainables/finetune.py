@@ -10,6 +10,7 @@ import math
 import tempfile
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 from pydantic import Field
@@ -17,7 +18,7 @@ from transformers import get_linear_schedule_with_warmup
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
 from trainables.batching import TokenCache, encode_tokens
-from trainables.checkpoints import load_checkpoint, save_checkpoint
+from trainables.checkpoints import PREDICTIONS, load_checkpoint, save_checkpoint
 from trainables.contract import Report, TrialConfig, parse_config
 from trainables.data import TaskData, load_task
 from trainables.errors import TrainingDivergedError, UserInputError
@@ -44,6 +45,7 @@ class FinetuneConfig(TrialConfig):
     weight_decay: float = Field(0.01, ge=0)
     max_grad_norm: float | None = Field(1.0, gt=0)
     group_by_length: bool = True
+    score_test: bool = Field(True, description="score test at the end (tuning trials do not)")
     seed: int = 0
     precision: str = "auto"
     device: str = "auto"
@@ -144,6 +146,12 @@ def train_epoch(model, loss_fn, optimizer, scheduler, data: TaskData, tokens: To
     return total / max(1, len(batches))
 
 
+def write_predictions(path: Path, frame, scores) -> None:
+    """Per-pair test scores beside the gold ones: what paired bootstrap tests resample."""
+    target = "score" if "score" in frame else "label"
+    frame.assign(prediction=scores)[["prediction", target]].to_csv(path, index_label="pair")
+
+
 def run(config: dict, report: Report, checkpoint_dir: str | None = None) -> dict:
     """Train and evaluate one configuration; returns the final metrics (also the last report)."""
     cfg = parse_config(FinetuneConfig, config)
@@ -199,9 +207,10 @@ def run(config: dict, report: Report, checkpoint_dir: str | None = None) -> dict
         with tempfile.TemporaryDirectory(prefix="finetune-ckpt-") as folder:
             save_checkpoint(folder, current, optimizer, scheduler, asdict(state),
                             best if state.best_epoch != epoch else None)
-            if epoch == cfg.epochs:  # test once, with the best-dev epoch's weights
+            if epoch == cfg.epochs and cfg.score_test:  # test once, with the best-dev epoch's weights
                 _load_weights(model, loss_fn, best)
                 metrics.update(evaluator.evaluate(embed, "test"))
                 metrics["test_epoch"] = state.best_epoch
+                write_predictions(Path(folder) / PREDICTIONS, data.test, evaluator.last_scores["test"])
             report(metrics, checkpoint_dir=folder)
     return metrics

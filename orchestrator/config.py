@@ -1,0 +1,139 @@
+"""The study file: YAML -> a validated, frozen StudyConfig. Nothing is launched or written here.
+
+Every problem becomes one UserInputError naming the YAML key path, the bad value and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trainables.errors import UserInputError
+
+TRAINABLE_KINDS = ("finetune", "probe")
+REPORT_FORMATS = ("markdown", "latex", "csv")
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TuneSection(Section):
+    params: dict[str, Any] = Field(min_length=1)
+    trials: int = Field(8, ge=1, description="Optuna trials per ablation cell")
+    scheduler: Literal["asha", "none"] = "asha"
+    grace_epochs: int = Field(1, ge=1, description="epochs before ASHA may stop a trial")
+    reduction_factor: int = Field(3, ge=2)
+    startup_trials: int = Field(3, ge=1, description="random trials per cell before TPE models the space")
+
+
+class ReplicateSection(Section):
+    seeds: Any = Field([0], description="a list of seeds, or a count N meaning 0..N-1")
+
+
+class DataSection(Section):
+    max_train_samples: int | None = Field(None, ge=1)
+    max_eval_samples: int | None = Field(None, ge=1)
+
+
+class ResourcesSection(Section):
+    cpu: float = Field(1.0, gt=0)
+    gpu: float = Field(0.0, ge=0)
+
+
+class TrackingSection(Section):
+    mlflow_uri: str = "sqlite:///mlflow.db"
+
+
+class ReportSection(Section):
+    formats: list[Literal["markdown", "latex", "csv"]] = ["markdown", "latex"]
+    baseline: dict[str, Any] | None = None
+
+
+class StudyConfig(Section):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
+    trainable: Literal["finetune", "probe"] = "finetune"
+    task: str = "stsb"
+    model: str
+    language: str | None = None
+    ablate: dict[str, Any] = {}
+    tune: TuneSection | None = None
+    replicate: ReplicateSection = ReplicateSection()
+    train: dict[str, Any] = {}
+    data: DataSection = DataSection()
+    resources: ResourcesSection = ResourcesSection()
+    tracking: TrackingSection = TrackingSection()
+    report: ReportSection = ReportSection()
+    storage_path: str | None = None
+    data_dir: str | None = None
+    max_failures: int = Field(2, ge=0, description="retries of a failed trial from its last checkpoint")
+    max_concurrent: int | None = Field(None, ge=1)
+
+
+def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """Field names valid at `loc` (the parent of the offending key)."""
+    current: Any = model
+    for part in loc:
+        field = current.model_fields.get(part) if isinstance(current, type) else None
+        if field is None:
+            return []
+        annotation = field.annotation
+        candidates = [a for a in getattr(annotation, "__args__", (annotation,)) if isinstance(a, type)]
+        current = next((a for a in candidates if issubclass(a, BaseModel)), None)
+        if current is None:
+            return []
+    return list(current.model_fields) if isinstance(current, type) else []
+
+
+def explain(error: dict, schema: type[BaseModel] = StudyConfig) -> UserInputError:
+    """One pydantic error as one line: key path, bad value, fix (with a did-you-mean)."""
+    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith(("function-", "literal["))))
+    key = ".".join(str(p) for p in loc) or "study"
+    if error["type"] == "extra_forbidden":
+        valid = _fields_at(schema, loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+        fix = (f"unknown key; did you mean {close[0]}?" if close else "unknown key") + \
+            f" Valid keys here: {', '.join(valid)}"
+        return UserInputError(key, error.get("input"), fix)
+    if error["type"] == "missing":
+        return UserInputError(key, None, "this key is required")
+    if error["type"] == "string_pattern_mismatch" and key == "name":
+        return UserInputError(key, error.get("input"), "use letters, digits, '_', '.' or '-' (it names folders)")
+    message = error["msg"]
+    if error["type"] == "literal_error":
+        message = message.replace("Input should be", "use")
+    return UserInputError(key, error.get("input"), message[0].lower() + message[1:])
+
+
+def parse_study(raw: Any, source: str = "study") -> StudyConfig:
+    if not isinstance(raw, dict):
+        raise UserInputError(source, type(raw).__name__, "a study file is a YAML mapping of keys such as name, model")
+    try:
+        return StudyConfig(**raw)
+    except ValidationError as exc:
+        raise explain(exc.errors()[0]) from None
+
+
+def load_study(path: str | Path) -> StudyConfig:
+    """Read and validate a study file (structure only; see orchestrator.plan for the deep checks)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserInputError("study file", str(path), "give the path of an existing YAML file")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        problem = re.sub(r"\s+", " ", str(getattr(exc, "problem", exc)))
+        raise UserInputError("study file", str(path), f"YAML syntax error at {where}: {problem}") from None
+    return parse_study(raw, str(path))
+
+
+def study_json_schema() -> dict:
+    """JSON Schema of the study file, for editor completion."""
+    return StudyConfig.model_json_schema()

@@ -1,0 +1,181 @@
+"""Launch and resume a study on Ray Tune: one Tuner for the whole ablate x tune x replicate plan.
+
+The study folder (`<storage>/<name>/`) holds the study file, the journal (the plan's source of
+truth), Ray's experiment folders (one per launch) and MLflow artifacts. `resume` is a launch
+that replays the journal: finished trials are not rerun, interrupted ones continue from their
+last checkpoint in their own MLflow run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from orchestrator.config import StudyConfig, load_study
+from orchestrator.journal import Journal
+from orchestrator.plan import StudyPlan, build_plan
+from orchestrator.study_state import StudyState
+from trainables.errors import UserInputError
+
+STUDY_FILE = "study.yaml"
+META = "launch.json"
+JOURNAL = "journal.jsonl"
+DEFAULT_STORAGE = "studies"
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    study_dir: Path
+    counts: dict[str, int]
+    finished: bool
+    reconciled: dict[str, int]
+
+
+def package_version() -> str:
+    try:
+        return version("ablation-orchestrator")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def study_dir(storage: str | Path | None, name: str) -> Path:
+    return Path(storage or DEFAULT_STORAGE).expanduser().resolve() / name
+
+
+def tracking_uri(study: StudyConfig, base: Path) -> str:
+    """A relative SQLite path is taken relative to the study file's folder."""
+    uri = study.tracking.mlflow_uri
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_absolute():
+        return "sqlite:///" + str((base / uri.removeprefix("sqlite:///")).resolve())
+    return uri
+
+
+def connect_ray(address: str | None):
+    """A fresh local Ray unless an address is given (argument or RAY_ADDRESS); never a stray one."""
+    import ray
+
+    target = address or os.environ.get("RAY_ADDRESS") or "local"
+    if ray.is_initialized():
+        return ray
+    try:
+        ray.init(address=target, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        raise UserInputError("--address", target, f"cannot reach a Ray cluster there ({exc}); start one or "
+                                                  "omit --address for a local Ray") from None
+    return ray
+
+
+def check_cluster(ray, study: StudyConfig) -> None:
+    resources = ray.cluster_resources()
+    if study.resources.gpu > 0 and resources.get("GPU", 0) < study.resources.gpu:
+        raise UserInputError("resources.gpu", study.resources.gpu,
+                             f"the cluster has {resources.get('GPU', 0):g} GPUs; use gpu: 0 or a cluster with GPUs")
+    if study.resources.cpu > resources.get("CPU", 0):
+        raise UserInputError("resources.cpu", study.resources.cpu,
+                             f"the cluster has {resources.get('CPU', 0):g} CPUs; ask for at most that many per trial")
+
+
+def launch(study_file: str | Path, storage: str | Path | None = None, address: str | None = None,
+           max_concurrent: int | None = None, resume: bool = False, progress: bool = True) -> LaunchResult:
+    """Validate, plan, then run the study (or the rest of it) to the end."""
+    study_file = Path(study_file)
+    study = load_study(study_file)
+    folder = study_dir(storage or study.storage_path, study.name)
+    journal_path = folder / JOURNAL
+    if journal_path.exists() and not resume:
+        raise UserInputError("name", study.name, f"a study of that name exists in {folder}; run "
+                                                 f"`orchestrator resume {study.name}` or choose another name")
+    meta = json.loads((folder / META).read_text()) if resume and (folder / META).exists() else {
+        "base_dir": str(study_file.parent.resolve())}
+    base_dir = Path(meta["base_dir"])
+    plan = build_plan(study, base_dir)
+    uri = meta.get("tracking_uri") or tracking_uri(study, base_dir)
+    ray = connect_ray(address)
+    check_cluster(ray, study)
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / STUDY_FILE).exists():
+        shutil.copyfile(study_file, folder / STUDY_FILE)
+        (folder / META).write_text(json.dumps({**meta, "tracking_uri": uri}, indent=1))
+    journal = Journal(journal_path)
+    state = StudyState(plan, journal)
+    from orchestrator.tracking import StudyTracker, plan_summary
+
+    tracker = StudyTracker(uri, study.name, folder / "mlartifacts")
+    tracker.start_parent(folder / STUDY_FILE, plan_summary(plan), package_version())
+    launches = len([p for p in (folder / "ray").glob("launch-*")]) if (folder / "ray").exists() else 0
+    try:
+        run_tuner(plan, state, tracker, folder / "ray", f"launch-{launches + 1}",
+                  max_concurrent or study.max_concurrent, progress)
+    finally:
+        finished = state.is_complete()
+        reconciled = tracker.reconcile(state.records, finished)
+    return LaunchResult(folder, state.counts(), finished, reconciled)
+
+
+def run_tuner(plan: StudyPlan, state: StudyState, tracker, storage: Path, name: str,
+              max_concurrent: int | None, progress: bool) -> None:
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
+    os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our own progress view replaces Tune's console output
+    from ray import tune
+
+    from orchestrator.progress import ProgressCallback
+    from orchestrator.tune_adapters import CellScheduler, PlanSearcher, TrackingCallback, run_trial
+
+    study = plan.study
+    resources = {"cpu": study.resources.cpu, "gpu": study.resources.gpu}
+    tuner = tune.Tuner(
+        tune.with_resources(run_trial, resources),
+        tune_config=tune.TuneConfig(search_alg=PlanSearcher(state), scheduler=CellScheduler(state), num_samples=-1,
+                                    max_concurrent_trials=max_concurrent, reuse_actors=True,
+                                    trial_dirname_creator=trial_folder_name, trial_name_creator=trial_folder_name),
+        run_config=tune.RunConfig(
+            name=name, storage_path=str(storage), verbose=0,
+            failure_config=tune.FailureConfig(max_failures=study.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            callbacks=[TrackingCallback(state, tracker)] + ([ProgressCallback(state)] if progress else []),
+        ),
+    )
+    tuner.fit()
+
+
+def trial_folder_name(trial) -> str:
+    """Short, readable trial folders: the plan key and Ray's id (`c0-t2_3f9a1b2c`)."""
+    return f"{trial.config.get('trial_key', 'trial')}_{trial.trial_id}"
+
+
+def resume(name: str, storage: str | Path | None = None, address: str | None = None,
+           max_concurrent: int | None = None, progress: bool = True) -> LaunchResult:
+    folder = study_dir(storage, name)
+    if not (folder / STUDY_FILE).exists():
+        raise UserInputError("NAME", name, f"no study folder {folder}; give --storage where it was launched")
+    return launch(folder / STUDY_FILE, storage=folder.parent, address=address, max_concurrent=max_concurrent,
+                  resume=True, progress=progress)
+
+
+def open_state(name: str, storage: str | Path | None = None) -> StudyState:
+    """The study's plan state replayed from its journal (read only)."""
+    folder = study_dir(storage, name)
+    if not (folder / STUDY_FILE).exists():
+        raise UserInputError("NAME", name, f"no study folder {folder}; give --storage where it was launched")
+    meta = json.loads((folder / META).read_text())
+    plan = build_plan(load_study(folder / STUDY_FILE), Path(meta["base_dir"]))
+    return StudyState(plan, ReadOnlyJournal(folder / JOURNAL))
+
+
+def stored_tracking_uri(name: str, storage: str | Path | None = None) -> str:
+    folder = study_dir(storage, name)
+    if not (folder / META).exists():
+        raise UserInputError("NAME", name, f"no study folder {folder}; give --storage where it was launched")
+    return json.loads((folder / META).read_text())["tracking_uri"]
+
+
+class ReadOnlyJournal(Journal):
+    def write(self, event: str, **fields) -> None:
+        pass

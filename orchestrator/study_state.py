@@ -1,0 +1,223 @@
+"""What runs next, and what each outcome means: the ablate x tune x replicate semantics.
+
+One in-memory Optuna study per ablation cell (seeded TPE through ask/tell, a successive-halving
+pruner that only ever sees that cell's trials). Order of work: trials interrupted by a previous
+launch first, then replicates of cells whose tuning is done (the best fully-trained config x
+seeds), then tuning trials round-robin over cells. Rebuilt from the journal on resume.
+Pure Python: no Ray import, so it is tested directly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.trial import TrialState
+
+from orchestrator.journal import Journal, Outcome, TrialRecord
+from orchestrator.plan import Cell, StudyPlan
+from search_spaces.optuna_domains import optuna_space
+
+FINISHED = "FINISHED"
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+class StudyState:
+    def __init__(self, plan: StudyPlan, journal: Journal):
+        self.plan, self.journal = plan, journal
+        self.space: dict[str, BaseDistribution] = optuna_space(plan.tuned)
+        self.studies = {cell.index: self._new_study(cell) for cell in plan.cells} if plan.study.tune else {}
+        self.records: dict[str, TrialRecord] = {}
+        self.asked: dict[str, optuna.trial.Trial] = {}
+        self.requeue: list[TrialRecord] = []
+        self._replay()
+
+    def __getstate__(self) -> dict:
+        """Tune pickles its searcher and scheduler with the experiment; the journal, not that
+        pickle, is what a resume reads, so nothing is carried."""
+        return {}
+
+    # --- construction and replay ------------------------------------------------------------
+
+    def _new_study(self, cell: Cell) -> optuna.Study:
+        tune = self.plan.study.tune
+        direction = "maximize" if self.plan.mode == "max" else "minimize"
+        sampler = optuna.samplers.TPESampler(seed=1_000 + cell.index, n_startup_trials=tune.startup_trials)
+        pruner = (optuna.pruners.SuccessiveHalvingPruner(min_resource=tune.grace_epochs,
+                                                         reduction_factor=tune.reduction_factor)
+                  if tune.scheduler == "asha" else optuna.pruners.NopPruner())
+        return optuna.create_study(direction=direction, sampler=sampler, pruner=pruner)
+
+    def _replay(self) -> None:
+        """Rebuild from the journal: finished tuning trials go back into their cell's study;
+        unfinished trials are queued to run again (from their last checkpoint)."""
+        for key, record in self.journal.records().items():
+            self.records[key] = record
+            if record.finished and record.phase == "tune":
+                self.studies[record.cell].add_trial(self._frozen(record))
+            elif not record.finished:
+                self.requeue.append(record)
+
+    def _frozen(self, record: TrialRecord) -> optuna.trial.FrozenTrial:
+        state = {Outcome.COMPLETED: TrialState.COMPLETE, Outcome.PRUNED: TrialState.PRUNED}.get(
+            record.outcome, TrialState.FAIL)
+        steps = {int(r["epoch"]): r[self.plan.metric] for r in record.results
+                 if "epoch" in r and _finite(r.get(self.plan.metric))}
+        value = self._value(record) if state == TrialState.COMPLETE else None
+        return optuna.trial.create_trial(params=record.tuned, distributions=self.space, value=value, state=state,
+                                         intermediate_values=steps)
+
+    # --- what runs next -------------------------------------------------------------------------
+
+    def next_trial(self) -> TrialRecord | str | None:
+        """The next trial to start; FINISHED when nothing is left; None while only running trials
+        block further work (their outcomes decide the replicates)."""
+        if self.requeue:
+            record = self.requeue.pop(0)
+            if record.phase == "tune":
+                self.studies[record.cell].enqueue_trial(record.tuned, skip_if_exists=False)
+                self.asked[record.key] = self.studies[record.cell].ask(self.space)
+            self._issue(record)
+            return record
+        for cell in self.plan.cells:
+            replicate = self._next_replicate(cell)
+            if replicate is not None:
+                return replicate
+        tuning = self._next_tuning()
+        if tuning is not None:
+            return tuning
+        return FINISHED if all(r.finished for r in self.records.values()) else None
+
+    def _issued(self, cell: Cell, phase: str) -> list[TrialRecord]:
+        return [r for r in self.records.values() if r.cell == cell.index and r.phase == phase]
+
+    def tuning_done(self, cell: Cell) -> bool:
+        tuning = self._issued(cell, "tune")
+        return len(tuning) >= self.plan.trials_per_cell and all(r.finished for r in tuning)
+
+    def best_tuned(self, cell: Cell) -> TrialRecord | None:
+        """The cell's best fully-trained tuning trial, by the dev metric only."""
+        done = [r for r in self._issued(cell, "tune") if r.outcome == Outcome.COMPLETED and _finite(self._value(r))]
+        if not done:
+            return None
+        sign = 1 if self.plan.mode == "max" else -1
+        return max(done, key=lambda r: sign * self._value(r))
+
+    def _next_replicate(self, cell: Cell) -> TrialRecord | None:
+        if self.plan.study.tune and not self.tuning_done(cell):
+            return None
+        seeds_done = {r.seed for r in self._issued(cell, "replicate")}
+        pending = [s for s in self.plan.seeds if s not in seeds_done]
+        if not pending:
+            return None
+        tuned: dict = {}
+        if self.plan.study.tune:
+            best = self.best_tuned(cell)
+            if best is None:  # every tuning trial failed or diverged: nothing to replicate
+                return None
+            tuned = best.tuned
+        seed = pending[0]
+        record = TrialRecord(key=f"c{cell.index}-s{seed}", cell=cell.index, phase="replicate", seed=seed,
+                             tuned=tuned, config=self.plan.trial_config(cell, tuned, seed))
+        self._issue(record)
+        return record
+
+    def _next_tuning(self) -> TrialRecord | None:
+        if not self.plan.study.tune:
+            return None
+        open_cells = [c for c in self.plan.cells if len(self._issued(c, "tune")) < self.plan.trials_per_cell]
+        if not open_cells:
+            return None
+        cell = min(open_cells, key=lambda c: (len(self._issued(c, "tune")), c.index))  # round-robin
+        trial = self.studies[cell.index].ask(self.space)
+        n = len(self._issued(cell, "tune"))
+        seed = self.plan.seeds[0]
+        record = TrialRecord(key=f"c{cell.index}-t{n}", cell=cell.index, phase="tune", seed=seed,
+                             tuned=dict(trial.params),
+                             config=self.plan.trial_config(cell, dict(trial.params), seed, "tune"),
+                             number=trial.number)
+        self.asked[record.key] = trial
+        self._issue(record)
+        return record
+
+    def _issue(self, record: TrialRecord) -> None:
+        self.records[record.key] = record
+        self.journal.write("issued", key=record.key, cell=record.cell, phase=record.phase, seed=record.seed,
+                           tuned=record.tuned, config=record.config, number=record.number)
+
+    # --- outcomes ----------------------------------------------------------------------------------
+
+    def on_result(self, key: str, metrics: dict) -> bool:
+        """Record one epoch; True when the cell's pruner stops this tuning trial."""
+        record = self.records[key]
+        record.results.append(metrics)
+        self.journal.write("result", key=key, metrics=metrics)
+        trial = self.asked.get(key)
+        value = metrics.get(self.plan.metric)
+        if record.phase != "tune" or trial is None or "epoch" not in metrics or not _finite(value):
+            return False
+        trial.report(value, step=int(metrics["epoch"]))
+        return int(metrics["epoch"]) < self.plan.epochs and trial.should_prune()
+
+    def on_checkpoint(self, key: str, path: str) -> None:
+        if key in self.records:
+            self.records[key].checkpoint = path
+            self.journal.write("checkpoint", key=key, path=path)
+
+    def is_complete(self) -> bool:
+        """Every trial finished and nothing left to issue (a cell whose tuning all failed has no
+        replicates to run)."""
+        if self.requeue or not all(r.finished for r in self.records.values()):
+            return False
+        for cell in self.plan.cells:
+            if self.plan.study.tune and not self.tuning_done(cell):
+                return False
+            if self.plan.study.tune and self.best_tuned(cell) is None:
+                continue
+            if {r.seed for r in self._issued(cell, "replicate")} != set(self.plan.seeds):
+                return False
+        return True
+
+    def on_finished(self, key: str, outcome: Outcome, error: str | None = None) -> None:
+        record = self.records[key]
+        if record.finished:
+            return
+        if outcome == Outcome.COMPLETED and int(record.last.get("epoch", self.plan.epochs)) < self.plan.epochs:
+            outcome = Outcome.PRUNED  # stopped before the last epoch: tell the truth
+        record.outcome, record.error = outcome, error
+        self.journal.write("finished", key=key, outcome=outcome.value, error=error)
+        trial = self.asked.pop(key, None)
+        if trial is not None:
+            study = self.studies[record.cell]
+            if outcome == Outcome.COMPLETED and _finite(self._value(record)):
+                study.tell(trial, self._value(record))
+            elif outcome == Outcome.PRUNED:
+                study.tell(trial, state=TrialState.PRUNED)
+            else:
+                study.tell(trial, state=TrialState.FAIL)
+
+    def _value(self, record: TrialRecord) -> float | None:
+        """A trial's score: its best dev value over epochs (what the best-dev epoch reached)."""
+        values = [r.get(self.plan.metric) for r in record.results]
+        values = [v for v in values if _finite(v)]
+        if not values:
+            return None
+        return max(values) if self.plan.mode == "max" else min(values)
+
+    # --- summaries ----------------------------------------------------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        records = list(self.records.values())
+        return {"planned": self.plan.tuning_trials + self.plan.replicate_trials,
+                "issued": len(records),
+                "running": sum(not r.finished for r in records),
+                **{o.value: sum(r.outcome == o for r in records) for o in Outcome}}
+
+    def best_per_cell(self) -> dict[str, float | None]:
+        return {cell.key: max((self._value(r) for r in self._issued(cell, "tune") + self._issued(cell, "replicate")
+                               if _finite(self._value(r))), default=None) for cell in self.plan.cells}
+
+
+def _finite(value) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)

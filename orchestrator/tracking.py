@@ -1,0 +1,149 @@
+"""MLflow, the system of record: one experiment per study, one parent run per study (reused by
+`resume`), one child run per plan trial (reused when an interrupted trial runs again).
+The only module that imports mlflow; only the driver writes."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import time
+from pathlib import Path
+
+from mlflow.entities import Metric, Param, RunStatus, RunTag
+from mlflow.tracking import MlflowClient
+
+from orchestrator.journal import Outcome, TrialRecord
+
+ROLE = "orchestrator.role"
+TRIAL_KEY = "orchestrator.trial_key"
+TERMINAL = {RunStatus.to_string(s) for s in (RunStatus.FINISHED, RunStatus.FAILED, RunStatus.KILLED)}
+STATUS_OF = {Outcome.COMPLETED: "FINISHED", Outcome.PRUNED: "FINISHED", Outcome.DIVERGED: "FAILED",
+             Outcome.FAILED: "FAILED"}
+
+
+def git_commit(folder: Path) -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _flat(prefix: str, value, out: dict) -> dict:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = value
+    return out
+
+
+class StudyTracker:
+    def __init__(self, uri: str, study_name: str, artifact_root: Path | None = None):
+        self.client = MlflowClient(tracking_uri=uri)
+        self.uri, self.study_name = uri, study_name
+        experiment = self.client.get_experiment_by_name(study_name)
+        if experiment is None:
+            location = artifact_root.resolve().as_uri() if artifact_root and uri.startswith("sqlite") else None
+            self.experiment_id = self.client.create_experiment(study_name, artifact_location=location)
+        else:
+            self.experiment_id = experiment.experiment_id
+        self.parent_id: str | None = None
+        self.children: dict[str, str] = {}
+
+    def _runs(self, filter_string: str):
+        return self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=50_000)
+
+    def start_parent(self, study_file: Path, plan_summary: dict, version: str) -> str:
+        """The study's parent run: created on the first launch, set RUNNING again on resume."""
+        existing = self._runs(f"tags.`{ROLE}` = 'study'")
+        if existing:
+            self.parent_id = existing[0].info.run_id
+            self.client.update_run(self.parent_id, status="RUNNING")
+            launches = int(existing[0].data.tags.get("orchestrator.launches", "1")) + 1
+            self.client.set_tag(self.parent_id, "orchestrator.launches", str(launches))
+        else:
+            run = self.client.create_run(self.experiment_id, run_name=self.study_name, tags={
+                ROLE: "study", "orchestrator.version": version, "orchestrator.launches": "1",
+                "mlflow.source.git.commit": git_commit(Path(__file__).parent)})
+            self.parent_id = run.info.run_id
+            self.client.log_artifact(self.parent_id, str(study_file))
+            self.client.log_dict(self.parent_id, plan_summary, "plan.json")
+        for run in self._runs(f"tags.`mlflow.parentRunId` = '{self.parent_id}'"):
+            self.children[run.data.tags.get(TRIAL_KEY, "")] = run.info.run_id
+        return self.parent_id
+
+    def start_trial(self, record: TrialRecord, cell_key: str, ray_trial_id: str) -> str:
+        """The trial's child run; an interrupted trial that runs again keeps its run."""
+        if record.key in self.children:
+            run_id = self.children[record.key]
+            self.client.update_run(run_id, status="RUNNING")
+            self.client.set_tag(run_id, "ray.trial_id", ray_trial_id)
+            return run_id
+        tags = {"mlflow.parentRunId": self.parent_id, TRIAL_KEY: record.key, "cell": cell_key, "phase": record.phase,
+                "seed": str(record.seed), "ray.trial_id": ray_trial_id, "cell_index": str(record.cell)}
+        run = self.client.create_run(self.experiment_id, run_name=f"{record.key} {cell_key}", tags=tags)
+        params = _flat("", record.config, {})
+        self.client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()],
+                              tags=[RunTag(f"ablate.{k}", str(v)) for k, v in _cell_values(cell_key).items()])
+        self.children[record.key] = run.info.run_id
+        return run.info.run_id
+
+    def log_epoch(self, key: str, metrics: dict) -> None:
+        run_id = self.children.get(key)
+        if run_id is None:
+            return
+        step = int(metrics.get("epoch", 0))
+        now = int(time.time() * 1000)
+        numeric = [Metric(k, float(v), now, step) for k, v in metrics.items()
+                   if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))]
+        if numeric:
+            self.client.log_batch(run_id, metrics=numeric)
+
+    def log_artifact(self, key: str, path: str) -> None:
+        if key in self.children:
+            self.client.log_artifact(self.children[key], path)
+
+    def finish_trial(self, record: TrialRecord) -> None:
+        run_id = self.children.get(record.key)
+        if run_id is None or record.outcome is None:
+            return
+        self.client.set_tag(run_id, "outcome", record.outcome.value)
+        if record.error:
+            self.client.set_tag(run_id, "error", record.error[:5000])
+        self.client.set_terminated(run_id, status=STATUS_OF[record.outcome])
+
+    def reconcile(self, records: dict[str, TrialRecord], finished: bool) -> dict[str, int]:
+        """Close every child run the journal has an outcome for; runs of trials that are not
+        finished are KILLED (a later resume sets them RUNNING again). Counts what it changed."""
+        changed = {"closed": 0, "killed": 0}
+        for run in self._runs(f"tags.`mlflow.parentRunId` = '{self.parent_id}'"):
+            if run.info.status in TERMINAL:
+                continue
+            record = records.get(run.data.tags.get(TRIAL_KEY, ""))
+            if record is not None and record.finished:
+                self.client.set_tag(run.info.run_id, "outcome", record.outcome.value)
+                self.client.set_terminated(run.info.run_id, status=STATUS_OF[record.outcome])
+                changed["closed"] += 1
+            else:
+                self.client.set_terminated(run.info.run_id, status="KILLED")
+                changed["killed"] += 1
+        if self.parent_id:
+            self.client.set_terminated(self.parent_id, status="FINISHED" if finished else "KILLED")
+        return changed
+
+    def child_runs(self) -> list:
+        return self._runs(f"tags.`mlflow.parentRunId` = '{self.parent_id}'")
+
+
+def _cell_values(cell_key: str) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in cell_key.split() if "=" in part)
+
+
+def plan_summary(plan) -> dict:
+    return json.loads(json.dumps({
+        "cells": [c.values for c in plan.cells], "tuned": {k: repr(v) for k, v in plan.tuned.items()},
+        "seeds": list(plan.seeds), "metric": plan.metric, "mode": plan.mode, "epochs": plan.epochs,
+        "tuning_trials": plan.tuning_trials, "replicate_trials": plan.replicate_trials, "base": plan.base,
+    }, default=str))

@@ -1,0 +1,174 @@
+"""Ray Tune's side of the plan: a Searcher that hands out the plan's trials, a scheduler that
+routes each result to its own cell's pruner (never stopping a replicate), and the function
+trainable that runs `trainables.<kind>.run` inside a trial."""
+
+from __future__ import annotations
+
+import math
+import os
+
+from ray import tune
+from ray.tune import Callback
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+from ray.tune.search import Searcher
+
+from orchestrator.journal import Outcome
+from orchestrator.study_state import FINISHED, StudyState
+from trainables.checkpoints import PREDICTIONS
+
+RAY_RESULT_KEYS = {"timestamp", "checkpoint_dir_name", "done", "training_iteration", "trial_id", "date",
+                   "time_this_iter_s", "time_total_s", "pid", "hostname", "node_ip", "config", "time_since_restore",
+                   "iterations_since_restore", "should_checkpoint"}
+
+
+def trial_metrics(result: dict) -> dict:
+    """What the trainable reported, without Ray's bookkeeping."""
+    return {k: v for k, v in result.items() if k not in RAY_RESULT_KEYS and not isinstance(v, dict)}
+
+
+class PlanSearcher(Searcher):
+    """Hands out the plan's trials in order; FINISHED when the plan is done."""
+
+    def __init__(self, state: StudyState):
+        super().__init__(metric=state.plan.metric, mode=state.plan.mode)
+        self.state = state
+        self.keys: dict[str, str] = {}  # Ray trial id -> plan key
+        self.max_concurrent: int | None = None
+
+    def set_search_properties(self, metric, mode, config, **spec) -> bool:
+        return True
+
+    def save(self, checkpoint_path: str) -> None:
+        """Nothing to save: the journal already holds every event, written as it happened."""
+
+    def restore(self, checkpoint_path: str) -> None:
+        """Nothing to restore: a resume replays the journal."""
+
+    def set_max_concurrency(self, max_concurrent: int) -> bool:
+        self.max_concurrent = max_concurrent
+        return True
+
+    def suggest(self, trial_id: str):
+        if self.max_concurrent and len(self.keys) >= self.max_concurrent:
+            return None
+        record = self.state.next_trial()
+        if record is None or record == FINISHED:
+            return Searcher.FINISHED if record == FINISHED else None
+        self.keys[trial_id] = record.key
+        plan = self.state.plan
+        return {"trainable": plan.study.trainable, "trial_key": record.key, "cell": plan.cells[record.cell].key,
+                "phase": record.phase, "seed": record.seed, "trial": record.config,
+                "resume_from": record.checkpoint}
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        pass  # results are recorded by the scheduler, which also decides on pruning
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        key = self.keys.pop(trial_id, None)
+        if key is None:
+            return
+        if error:
+            self.state.on_finished(key, Outcome.FAILED, self.state.records[key].error or "trial raised an error")
+        elif result and result.get("diverged"):
+            self.state.on_finished(key, Outcome.DIVERGED, result.get("error"))
+        else:
+            self.state.on_finished(key, Outcome.COMPLETED)
+
+
+class CellScheduler(FIFOScheduler):
+    """Each result goes to its own cell's pruner (successive halving inside the cell)."""
+
+    def __init__(self, state: StudyState):
+        super().__init__()
+        self.state = state
+
+    def set_search_properties(self, metric, mode, **spec) -> bool:
+        return True
+
+    def on_trial_result(self, tune_controller, trial, result: dict) -> str:
+        key = trial.config.get("trial_key")
+        if key not in self.state.records:
+            return TrialScheduler.STOP  # not part of the plan (a stale trial from a torn snapshot)
+        stop = self.state.on_result(key, trial_metrics(result))
+        return TrialScheduler.STOP if stop else TrialScheduler.CONTINUE
+
+    def on_trial_error(self, tune_controller, trial) -> None:
+        """Called before the searcher hears of the failure: keep the error's last line."""
+        key = trial.config.get("trial_key")
+        if key in self.state.records:
+            self.state.records[key].error = error_summary(trial)
+
+
+def error_summary(trial) -> str:
+    """The last line of a failed trial's traceback (the exception and its message)."""
+    path = trial.error_file
+    if path and os.path.exists(path):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = [line for line in f.read().splitlines() if line.strip()]
+        if lines:
+            return lines[-1][:1000]
+    return "trial failed without an error file"
+
+
+class TrackingCallback(Callback):
+    """Mirrors trials into MLflow from the driver: start, each epoch, checkpoint, outcome."""
+
+    def __init__(self, state: StudyState, tracker):
+        self.state, self.tracker = state, tracker
+
+    def __getstate__(self) -> dict:
+        return {}  # driver-only: an MLflow client does not travel with Tune's experiment pickle
+
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        key = trial.config.get("trial_key")
+        if key in self.state.records:
+            self.tracker.start_trial(self.state.records[key], trial.config["cell"], trial.trial_id)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        self.tracker.log_epoch(trial.config.get("trial_key"), trial_metrics(result))
+
+    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info) -> None:
+        self.state.on_checkpoint(trial.config.get("trial_key"), checkpoint.path)
+
+    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        self._finish(trial)
+
+    def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        self._finish(trial)
+
+    def _finish(self, trial) -> None:
+        record = self.state.records.get(trial.config.get("trial_key"))
+        if record is None:
+            return
+        if record.checkpoint and os.path.exists(os.path.join(record.checkpoint, PREDICTIONS)):
+            self.tracker.log_artifact(record.key, os.path.join(record.checkpoint, PREDICTIONS))
+        self.tracker.finish_trial(record)
+
+
+def run_trial(config: dict) -> None:
+    """The function trainable: resumes from Tune's checkpoint (a retry), else from the plan's (a
+    resumed study), else starts fresh. A diverged loss ends the trial with a final report."""
+    import tempfile
+
+    from trainables import TRAINABLES
+    from trainables.errors import TrainingDivergedError
+
+    run = TRAINABLES[config["trainable"]]
+
+    def report(metrics: dict, checkpoint_dir: str | None = None) -> None:
+        clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
+        checkpoint = tune.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
+        tune.report(clean, checkpoint=checkpoint)
+
+    checkpoint = tune.get_checkpoint()
+    try:
+        if checkpoint is not None:
+            with checkpoint.as_directory() as folder:
+                run(config["trial"], report, checkpoint_dir=folder)
+        elif config.get("resume_from") and os.path.isdir(config["resume_from"]):
+            run(config["trial"], report, checkpoint_dir=config["resume_from"])
+        else:
+            run(config["trial"], report)
+    except TrainingDivergedError as exc:
+        with tempfile.TemporaryDirectory():
+            tune.report({"diverged": 1, "error": str(exc)})

@@ -1,0 +1,154 @@
+"""End-to-end studies on a local Ray with a tiny random encoder and real STS-B slices."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from orchestrator.journal import Journal
+from orchestrator.launch import launch
+
+pytestmark = pytest.mark.slow
+
+
+def write_study(folder: Path, model: str, data_dir: Path, **changes) -> Path:
+    study = {"name": "e2e", "trainable": "finetune", "task": "stsb", "model": model,
+             "ablate": {"layer": [1, 3]},
+             "tune": {"params": {"lr": {"loguniform": [1e-4, 1e-3]}}, "trials": 3, "startup_trials": 2},
+             "replicate": {"seeds": [0, 1]},
+             "train": {"epochs": 3, "batch_size": 16, "max_seq_length": 32},
+             "data": {"max_train_samples": 200, "max_eval_samples": 100},
+             "data_dir": str(data_dir), "resources": {"cpu": 1},
+             "tracking": {"mlflow_uri": "sqlite:///mlflow.db"}}
+    study.update(changes)
+    path = folder / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+def runs_of(folder: Path, name: str = "e2e"):
+    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name(name)
+    runs = client.search_runs([experiment.experiment_id], max_results=1000)
+    parents = [r for r in runs if r.data.tags.get("orchestrator.role") == "study"]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    return parents, children
+
+
+def best_dev(run) -> float:
+    return run.data.metrics["best_dev_spearman"]
+
+
+def test_study_runs_ablate_tune_replicate_into_one_mlflow_tree(tiny_bert, data_dir, tmp_path):
+    result = launch(write_study(tmp_path, tiny_bert, data_dir), storage=tmp_path / "studies", progress=False)
+    assert result.finished and result.counts["failed"] == 0
+    assert result.counts["completed"] + result.counts["pruned"] == 10
+
+    parents, children = runs_of(tmp_path)
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert len(children) == 10
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
+    assert all(c.info.status == "FINISHED" for c in children)
+    keys = Counter(c.data.tags["orchestrator.trial_key"] for c in children)
+    assert max(keys.values()) == 1
+    phases = Counter((c.data.tags["cell"], c.data.tags["phase"]) for c in children)
+    assert phases == {("layer=1", "tune"): 3, ("layer=3", "tune"): 3, ("layer=1", "replicate"): 2,
+                      ("layer=3", "replicate"): 2}
+    for cell in ("layer=1", "layer=3"):
+        tuning = [c for c in children if c.data.tags["cell"] == cell and c.data.tags["phase"] == "tune"]
+        replicas = [c for c in children if c.data.tags["cell"] == cell and c.data.tags["phase"] == "replicate"]
+        assert all("test_spearman" not in c.data.metrics for c in tuning)  # tuning never scores test
+        complete = [c for c in tuning if c.data.tags["outcome"] == "completed"]
+        pruned = [c for c in tuning if c.data.tags["outcome"] == "pruned"]
+        assert all(c.data.metrics["epoch"] == 3 for c in complete)
+        assert all(c.data.metrics["epoch"] < 3 for c in pruned)
+        chosen = max(complete, key=best_dev)
+        assert {c.data.params["lr"] for c in replicas} == {chosen.data.params["lr"]}
+        assert sorted(c.data.tags["seed"] for c in replicas) == ["0", "1"]
+        assert all("test_spearman" in c.data.metrics and c.data.params["layer"] == cell[-1] for c in replicas)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    history = client.get_metric_history(children[0].info.run_id, "dev_spearman")
+    assert [m.step for m in history] == list(range(1, len(history) + 1))
+    replica = next(c for c in children if c.data.tags["phase"] == "replicate")
+    assert [a.path for a in client.list_artifacts(replica.info.run_id)] == ["test_predictions.csv"]
+    tuning = next(c for c in children if c.data.tags["phase"] == "tune")
+    assert client.list_artifacts(tuning.info.run_id) == []
+
+
+def test_a_failing_trial_is_marked_failed_and_the_study_completes(tiny_bert, data_dir, tmp_path):
+    broken = tmp_path / "broken-model"
+    shutil.copytree(tiny_bert, broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    study = write_study(tmp_path, tiny_bert, data_dir, ablate={"model": [tiny_bert, str(broken)], "layer": 2},
+                        max_failures=1, replicate={"seeds": [0]}, tune=None)
+    result = launch(study, storage=tmp_path / "studies", progress=False)
+    assert result.finished and result.counts["failed"] == 1 and result.counts["completed"] == 1
+    _, children = runs_of(tmp_path)
+    by_model = {c.data.params["model"]: c for c in children}
+    assert by_model[str(broken)].info.status == "FAILED"
+    assert "Error" in by_model[str(broken)].data.tags["error"]
+    assert by_model[tiny_bert].info.status == "FINISHED" and "test_spearman" in by_model[tiny_bert].data.metrics
+
+
+def test_resume_after_a_driver_sigkill_runs_each_trial_once(tiny_bert, data_dir, tmp_path):
+    study = write_study(tmp_path, tiny_bert, data_dir, train={"epochs": 4, "batch_size": 8, "max_seq_length": 32},
+                        data={"max_train_samples": 400, "max_eval_samples": 100})
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "orchestrator.cli"]
+    driver = subprocess.Popen([*command, "launch", str(study), "--storage", str(tmp_path / "studies")],
+                              cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    journal = Journal(tmp_path / "studies" / "e2e" / "journal.jsonl")
+    deadline = time.monotonic() + 300
+    while sum(e["event"] == "finished" for e in journal.events()) < 3 and time.monotonic() < deadline:
+        assert driver.poll() is None, "the study ended before it could be interrupted"
+        time.sleep(0.2)
+    os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray it started
+    driver.wait()
+    before = journal.records()
+    finished_before = {k for k, r in before.items() if r.finished}
+    assert finished_before and len(finished_before) < 10
+
+    resumed = subprocess.run([*command, "resume", "e2e", "--storage", str(tmp_path / "studies")], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "e2e: finished" in resumed.stdout
+
+    issued = Counter(e["key"] for e in journal.events() if e["event"] == "issued")
+    assert all(issued[k] == 1 for k in finished_before)  # no completed trial ran twice
+    after = journal.records()
+    assert len(after) == 10 and all(r.finished for r in after.values())
+    parents, children = runs_of(tmp_path)
+    assert len(parents) == 1 and parents[0].data.tags["orchestrator.launches"] == "2"
+    keys = Counter(c.data.tags["orchestrator.trial_key"] for c in children)
+    assert len(children) == 10 and max(keys.values()) == 1  # no duplicate runs
+    assert not [c for c in children if c.info.status == "RUNNING"]
+    assert parents[0].info.status == "FINISHED"
+    status = subprocess.run([*command, "status", "e2e", "--storage", str(tmp_path / "studies")], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert "layer=1" in status.stdout and "2/2" in status.stdout
+    assert json.loads((tmp_path / "studies" / "e2e" / "launch.json").read_text())["base_dir"] == str(tmp_path)
+
+
+def test_a_gpu_request_the_cluster_cannot_meet_is_refused_before_anything_is_written(tiny_bert, data_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    study = write_study(tmp_path, tiny_bert, data_dir, resources={"cpu": 1, "gpu": 1})
+    result = CliRunner().invoke(app, ["launch", str(study), "--storage", str(tmp_path / "studies")])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == ("error: resources.gpu: 1.0 is not valid; the cluster has 0 GPUs; use gpu: 0 or "
+                                     "a cluster with GPUs")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]

@@ -1,0 +1,140 @@
+"""Malformed study files: each gives one line naming the key, the value and the fix; exit 2;
+nothing written."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from orchestrator.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture()
+def good(tiny_bert, synthetic_data_dir) -> dict:
+    return {"name": "s", "trainable": "finetune", "task": "stsb", "model": tiny_bert,
+            "ablate": {"layer": [1, 3], "pooling": "mean"},
+            "tune": {"params": {"lr": {"loguniform": [1e-4, 1e-3]}}, "trials": 2},
+            "replicate": {"seeds": [0, 1]}, "train": {"epochs": 2, "batch_size": 16},
+            "data_dir": str(synthetic_data_dir), "tracking": {"mlflow_uri": "sqlite:///mlflow.db"}}
+
+
+def _with(study: dict, path: str, value) -> dict:
+    study = yaml.safe_load(yaml.safe_dump(study))
+    *parents, last = path.split(".")
+    node = study
+    for part in parents:
+        node = node.setdefault(part, {})
+    if value is DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return study
+
+
+DELETE = object()
+CASES = [
+    ("nmae", "x", "nmae: 'x' is not valid; unknown key; did you mean name? Valid keys here: name, trainable"),
+    ("name", DELETE, "name: None is not valid; this key is required"),
+    ("name", "my study", "name: 'my study' is not valid; use letters, digits"),
+    ("trainable", "finetuning", "trainable: 'finetuning' is not valid; use 'finetune' or 'probe'"),
+    ("task", "stsbb", "task: 'stsbb' is not valid; did you mean stsb? valid names: korsts, mrpc, sick"),
+    ("task", "unlabeled_en", "task: 'unlabeled_en' is not valid; valid names: korsts, mrpc, sick, sick_full"),
+    ("language", "de", "language: 'de' is not valid; task stsb has the languages: en"),
+    ("model", "no-such-org/no-such-model", "model: 'no-such-org/no-such-model' is not valid; give a local model"),
+    ("ablate.layer", [1, 9], "ablate.layer: [1, 9] is not valid; the model has 3 layers: use all, last, or numbers "
+                             "in 0..3"),
+    ("ablate.pooling", ["mean", "sum"], "ablate.pooling: 'sum' is not valid; use all or names from: mean, cls"),
+    ("ablate.poolng", ["mean"], "ablate.poolng: 'poolng' is not valid; did you mean pooling?"),
+    ("ablate.seed", [0, 1], "ablate.seed: [0, 1] is not valid; seeds are never ablated: list them under "
+                            "replicate.seeds"),
+    ("ablate.layer", {"uniform": [0, 3]}, "ablate.layer: {'uniform': [0, 3]} is not valid; ablate takes a value or "
+                                          "a list"),
+    ("ablate.pooling", ["mean", "mean"], "ablate.pooling: ['mean', 'mean'] is not valid; values repeat"),
+    ("tune.params.lr", {"loguniform": [0, 1e-3]}, "tune.params.lr: {'loguniform': [0, 0.001]} is not valid; "
+                                                  "loguniform needs low > 0"),
+    ("tune.params.lr", {"uniform": [1e-3, 1e-4]}, "needs low < high"),
+    ("tune.params.lr", {"normal": [1, 2]}, "tune.params.lr: {'normal': [1, 2]} is not valid; write one of"),
+    ("tune.params.pooling", ["mean", "cls"], "tune.params.pooling: ['mean', 'cls'] is not valid; pooling is also "
+                                             "ablated"),
+    ("tune.params.lrr", {"uniform": [1, 2]}, "tune.params.lrr: 'lrr' is not valid; did you mean lr?"),
+    ("tune.trials", 0, "tune.trials: 0 is not valid; input should be greater than or equal to 1"),
+    ("tune.scheduler", "hyperband", "tune.scheduler: 'hyperband' is not valid; use 'asha' or 'none'"),
+    ("replicate.seeds", [0, 0], "replicate.seeds: [0, 0] is not valid; seeds repeat"),
+    ("replicate.seeds", "five", "replicate.seeds: 'five' is not valid;"),
+    ("train.epochs", 0, "train.epochs: 0 is not valid; input should be greater than or equal to 1"),
+    ("train.epochs", "ten", "train.epochs: 'ten' is not valid; input should be a valid integer"),
+    ("train.loss", "cosine", "train.loss: 'cosine' is not valid; use one of: angle, cosent, cosine_bce"),
+    ("train.loss", "softmax", "train.loss: 'softmax' is not valid; it trains classification tasks; task stsb needs "
+                              "one of: cosine_mse, cosent, angle"),
+    ("train.learning_rate", 1e-3, "train.learning_rate: 'learning_rate' is not valid; valid names: batch_size"),
+    ("train.seed", 3, "train.seed: 'seed' is not valid;"),
+    ("data.max_train_samples", -5, "data.max_train_samples: -5 is not valid; input should be greater than or equal"),
+    ("resources.gpu", -1, "resources.gpu: -1 is not valid; input should be greater than or equal to 0"),
+    ("tracking.mlflow_uri", "./mlruns", "tracking.mlflow_uri: './mlruns' is not valid; use sqlite:///path/to/"
+                                        "mlflow.db (the default) or an http(s):// tracking server"),
+    ("tracking.mlflow_uri", "http://127.0.0.1:9/", "tracking.mlflow_uri: 'http://127.0.0.1:9/' is not valid; the "
+                                                   "tracking server does not answer"),
+    ("report.formats", ["pdf"], "report.formats.0: 'pdf' is not valid; use 'markdown', 'latex' or 'csv'"),
+    ("report.baseline", {"layer": 5}, "report.baseline.layer: 5 is not valid; use one of the ablated values: 1, 3"),
+    ("data_dir", "/nonexistent/data", "task: 'stsb' has no data here; put stsb/sts-train.csv"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "message"), CASES, ids=[f"{p}={v!r}"[:40] for p, v, _ in CASES])
+def test_malformed_study_is_one_line_exit_2_and_writes_nothing(good, tmp_path, monkeypatch, path, value, message):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("ORCHESTRATOR_DATA_DIR", raising=False)
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump(_with(good, path, value)))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = runner.invoke(app, ["validate", str(study)])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert message in lines[0]
+    launched = runner.invoke(app, ["launch", str(study), "--storage", str(tmp_path / "studies")])
+    assert launched.exit_code == 2 and message in launched.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
+
+
+def test_yaml_syntax_error_names_the_position(tmp_path):
+    study = tmp_path / "bad.yaml"
+    study.write_text(textwrap.dedent("""\
+        name: s
+        ablate: {layer: [1, 2}
+        """))
+    result = runner.invoke(app, ["validate", str(study)])
+    assert result.exit_code == 2
+    assert "YAML syntax error at line 2" in result.stderr
+
+
+def test_good_study_validates_and_plans(good, tmp_path):
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump(good))
+    result = runner.invoke(app, ["validate", str(study)])
+    assert result.exit_code == 0 and "2 cells, 8 trials" in result.stdout
+    planned = runner.invoke(app, ["plan", str(study)])
+    assert planned.exit_code == 0
+    assert "layer=1 pooling=mean" in planned.stdout and "layer=3 pooling=mean" in planned.stdout
+    assert "trials: 4 tuning + 4 replicate = 8; at most 16 trial-epochs" in planned.stdout
+
+
+def test_layer_all_resolves_from_the_model_config(good, tmp_path):
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump(_with(_with(good, "ablate.layer", "all"), "tune", DELETE)))
+    result = runner.invoke(app, ["validate", str(study)])
+    assert "4 cells, 8 trials" in result.stdout  # layers 0..3 of the tiny encoder x 2 seeds
+
+
+def test_schema_is_json_schema_of_the_study_file():
+    import json
+
+    result = runner.invoke(app, ["schema"])
+    schema = json.loads(result.stdout)
+    assert schema["title"] == "StudyConfig" and "ablate" in schema["properties"] and "name" in schema["required"]
