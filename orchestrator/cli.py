@@ -170,6 +170,7 @@ def launch(study_file: str, address: str | None = ADDRESS, storage: str | None =
     result = launcher.launch(study_file, storage=storage, address=address, max_concurrent=max_concurrent,
                              resume=resume_existing)
     summarize(result)
+    write_report(result.study_dir.name, result.study_dir.parent)
 
 
 @app.command()
@@ -181,6 +182,7 @@ def resume(name: str, address: str | None = ADDRESS, storage: str | None = STORA
 
     quiet_libraries()
     summarize(launcher.resume(name, storage=storage, address=address, max_concurrent=max_concurrent))
+    write_report(name, storage)
 
 
 @app.command()
@@ -211,6 +213,35 @@ def ui(name: str, storage: str | None = STORAGE, port: int = 5000, debug: bool =
     typer.echo(f"MLflow UI for {name}: http://127.0.0.1:{port}  (Ctrl-C stops it)")
     subprocess.run([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
                     "--port", str(port)], check=False)
+
+
+@app.command()
+@user_errors
+def report(name: str, tracking_uri: str | None = typer.Option(None, help="MLflow store (default: the study's)."),
+           out: str | None = typer.Option(None, help="Output folder (default: reports/NAME)."),
+           formats: str = typer.Option("md,tex,csv", "--format", help="Comma list of md, tex, csv."),
+           storage: str | None = STORAGE, debug: bool = DEBUG) -> None:
+    """Paper tables (Markdown, LaTeX), plots and tidy CSVs from a study's MLflow runs."""
+    chosen = [f.strip() for f in formats.split(",") if f.strip()]
+    names = {"md": "markdown", "tex": "latex", "csv": "csv"}
+    bad = [f for f in chosen if f not in names]
+    if bad:
+        raise UserInputError("--format", bad[0], "use a comma list of md, tex, csv")
+    write_report(name, storage, tracking_uri, out, tuple(names[f] for f in chosen))
+
+
+def write_report(name: str, storage, tracking_uri: str | None = None, out: str | None = None,
+                 formats: tuple[str, ...] = ("markdown", "latex", "csv")) -> None:
+    from reports.build import build_report
+    from reports.collect import collect
+
+    if tracking_uri is None:
+        from orchestrator.launch import stored_tracking_uri
+
+        tracking_uri = stored_tracking_uri(name, storage)
+    folder = Path(out) if out else Path("reports") / name
+    written = build_report(collect(tracking_uri, name), folder, formats)
+    typer.echo(f"report: {folder / 'report.md'} ({len(written)} files)")
 
 
 def summarize(result) -> None:

@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
@@ -152,3 +153,25 @@ def test_a_gpu_request_the_cluster_cannot_meet_is_refused_before_anything_is_wri
     assert result.stderr.strip() == ("error: resources.gpu: 1.0 is not valid; the cluster has 0 GPUs; use gpu: 0 or "
                                      "a cluster with GPUs")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]
+
+
+def test_a_finished_study_reports_its_tables_from_mlflow(tiny_bert, data_dir, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    study = write_study(tmp_path, tiny_bert, data_dir, tune=None, replicate={"seeds": [0, 1]},
+                        report={"baseline": {"layer": "last"}})
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["launch", str(study), "--storage", str(tmp_path / "studies")])
+    assert result.exit_code == 0, result.output
+    folder = tmp_path / "reports" / "e2e"
+    assert "report: reports/e2e/report.md" in result.stdout
+    report = (folder / "report.md").read_text()
+    assert "| layer 1 | layer 3 |" in report
+    assert "dev-selected layer against the last layer" in report and "score_by_layer.png" in report
+    runs = pd.read_csv(folder / "runs.csv")
+    assert len(runs) == 4 and set(runs.phase) == {"replicate"}
+    stats = pd.read_csv(folder / "stats.csv")
+    assert list(stats.cell) == ["layer=1"] and stats.baseline[0] == "layer=3"
+    assert 0 <= stats.bootstrap_p[0] <= 1  # predictions were stored and resampled

@@ -1,0 +1,109 @@
+"""The maths of a report: per-cell mean and sample std over seeds, dev-based selection, the best
+test value per column, missing cells with the reason. Rendering does none of this."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+from reports.collect import StudyRuns
+
+
+@dataclass(frozen=True)
+class Table:
+    """A grid of cells: rows x columns of an ablation, each a summary over seeds."""
+
+    title: str
+    row_axes: list[str]
+    column_axis: str | None
+    cells: pd.DataFrame  # one row per (row key, column value): mean, std, n, dev, params, missing, marks
+    footnotes: list[str]
+
+
+def row_key(values: dict, axes: list[str]) -> str:
+    return ", ".join(f"{values[a]}" for a in axes) if axes else "all"
+
+
+def summarize(runs: StudyRuns, metric: str | None = None) -> pd.DataFrame:
+    """One row per ablation cell: mean / std (ddof=1) / n of the test metric over completed
+    replicate runs, the mean dev score (what selection uses), parameters, and why a cell is missing."""
+    metric = metric or runs.test_metric
+    dev = f"best_{runs.metric}"
+    rows = []
+    replicates = runs.replicates()
+    for cell, group in replicates.groupby("cell", sort=False):
+        done = group[group.outcome == "completed"]
+        values = done[metric].dropna() if metric in done else pd.Series(dtype=float)
+        first = group.iloc[0]
+        row = {axis: first[axis] for axis in runs.axes}
+        row.update({"cell": cell, "n": int(values.size), "mean": values.mean() if values.size else math.nan,
+                    "std": values.std(ddof=1) if values.size > 1 else math.nan,
+                    "dev": done[dev].mean() if dev in done and len(done) else math.nan,
+                    "params": done["params"].mean() if "params" in done and len(done) else math.nan,
+                    "seeds": sorted(int(s) for s in done.seed), "run_ids": list(done.run_id)})
+        if "test_pearson" in done and metric == "test_spearman":
+            row["pearson_mean"] = done["test_pearson"].mean() if len(done) else math.nan
+            row["pearson_std"] = done["test_pearson"].std(ddof=1) if len(done) > 1 else math.nan
+        row["missing"] = None if values.size else _why_missing(group)
+        rows.append(row)
+    planned = _cells_without_replicates(runs, {r["cell"] for r in rows})
+    for cell, values, reason in planned:
+        rows.append({**values, "cell": cell, "n": 0, "mean": math.nan, "std": math.nan, "dev": math.nan,
+                     "params": math.nan, "seeds": [], "run_ids": [], "missing": reason})
+    return pd.DataFrame(rows)
+
+
+def _why_missing(group: pd.DataFrame) -> str:
+    outcomes = set(group.outcome.dropna())
+    if "diverged" in outcomes:
+        return "diverged (loss became NaN)"
+    if "failed" in outcomes:
+        errors = group.error.dropna()
+        return "failed: " + (errors.iloc[0][:120] if len(errors) else "see the run in MLflow")
+    return "not finished"
+
+
+def _cells_without_replicates(runs: StudyRuns, seen: set[str]) -> list[tuple[str, dict, str]]:
+    """Cells that only have tuning runs (every tuning trial failed or diverged) or none at all."""
+    out = []
+    tuning = runs.runs[runs.runs.phase == "tune"]
+    for cell, group in tuning.groupby("cell", sort=False):
+        if cell in seen:
+            continue
+        values = {axis: group.iloc[0][axis] for axis in runs.axes}
+        out.append((cell, values, "no replicate: every tuning trial " + (
+            "diverged" if set(group.outcome) == {"diverged"} else "failed or diverged")))
+    return out
+
+
+def dev_selected(summary: pd.DataFrame, row_axes: list[str], column_axis: str) -> dict[str, object]:
+    """Per row, the column value with the best mean dev score (test never looks in)."""
+    chosen = {}
+    for key, group in row_groups(summary, row_axes):
+        group = group.dropna(subset=["dev"])
+        if len(group):
+            chosen[key] = group.loc[group["dev"].idxmax(), column_axis]
+    return chosen
+
+
+def best_per_column(summary: pd.DataFrame, row_axes: list[str], column_axis: str) -> set[str]:
+    """Cells holding the best test mean of their column; with a single row, the best of the row."""
+    rows = list(row_groups(summary, row_axes))
+    valid = summary.dropna(subset=["mean"])
+    if not len(valid):
+        return set()
+    if len(rows) == 1:
+        return {valid.loc[valid["mean"].idxmax(), "cell"]}
+    return {group.loc[group["mean"].idxmax(), "cell"] for _, group in valid.groupby(column_axis)}
+
+
+def row_groups(summary: pd.DataFrame, row_axes: list[str]):
+    """(row key, that row's cells) in order of appearance; one row `all` without row axes."""
+    if not row_axes:
+        yield "all", summary
+        return
+    for values, group in summary.groupby(row_axes, sort=False):
+        values = values if isinstance(values, tuple) else (values,)
+        yield row_key(dict(zip(row_axes, values, strict=True)), row_axes), group

@@ -1,0 +1,106 @@
+"""A study's MLflow runs as one tidy DataFrame (read only): one row per trial run with its
+ablation cell, phase, seed, outcome, dev and test metrics and parameter count."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import yaml
+from mlflow.tracking import MlflowClient
+
+from trainables.errors import UserInputError
+
+BASE_COLUMNS = ["run_id", "trial_key", "cell", "phase", "seed", "outcome", "status", "error"]
+
+
+@dataclass(frozen=True)
+class StudyRuns:
+    name: str
+    runs: pd.DataFrame  # one row per child run
+    axes: list[str]  # ablation axes in the study's order
+    metric: str  # the dev metric selection uses, e.g. dev_spearman
+    report: dict = field(default_factory=dict)  # the study's `report:` block
+    client: MlflowClient | None = None
+
+    @property
+    def test_metric(self) -> str:
+        return self.metric.replace("dev_", "test_", 1)
+
+    def replicates(self) -> pd.DataFrame:
+        return self.runs[self.runs.phase == "replicate"]
+
+    def predictions(self, run_id: str) -> pd.DataFrame | None:
+        """Per-pair test predictions a replicate run stored, if any."""
+        if self.client is None:
+            return None
+        with tempfile.TemporaryDirectory() as folder:
+            try:
+                path = self.client.download_artifacts(run_id, "test_predictions.csv", folder)
+            except Exception:  # no artifact: the run failed before test, or predates predictions
+                return None
+            return pd.read_csv(path)
+
+
+def _number(value: str):
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except (TypeError, ValueError):
+            continue
+    return value
+
+
+def collect(tracking_uri: str, study: str) -> StudyRuns:
+    """Every child run of the study's parent run, as a DataFrame."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiment = client.get_experiment_by_name(study)
+    if experiment is None:
+        raise UserInputError("NAME", study, f"no MLflow experiment of that name at {tracking_uri}; "
+                                            "give --tracking-uri of the study's store")
+    parents = client.search_runs([experiment.experiment_id], filter_string="tags.`orchestrator.role` = 'study'")
+    if not parents:
+        raise UserInputError("NAME", study, "the experiment has no study run: was it launched by orchestrator?")
+    parent = parents[0]
+    children = client.search_runs([experiment.experiment_id], max_results=50_000,
+                                  filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    plan = _artifact_json(client, parent.info.run_id, "plan.json") or {}
+    study_file = _artifact_yaml(client, parent.info.run_id, "study.yaml") or {}
+    axes = list((plan.get("cells") or [{}])[0].keys())
+    rows = []
+    for run in children:
+        tags = run.data.tags
+        row = {"run_id": run.info.run_id, "trial_key": tags.get("orchestrator.trial_key"), "cell": tags.get("cell"),
+               "phase": tags.get("phase"), "seed": _number(tags.get("seed")), "outcome": tags.get("outcome"),
+               "status": run.info.status, "error": tags.get("error")}
+        row.update({axis: _number(tags.get(f"ablate.{axis}", run.data.params.get(axis))) for axis in axes})
+        row["lr"] = _number(run.data.params.get("lr"))
+        row.update(run.data.metrics)
+        rows.append(row)
+    frame = pd.DataFrame(rows, columns=BASE_COLUMNS + axes + ["lr"] if not rows else None)
+    if not frame.empty:
+        frame = frame.sort_values(["phase", "cell", "seed"], kind="stable").reset_index(drop=True)
+    return StudyRuns(study, frame, axes, plan.get("metric", "dev_spearman"), study_file.get("report") or {}, client)
+
+
+def _artifact_text(client: MlflowClient, run_id: str, path: str) -> str | None:
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            return Path(client.download_artifacts(run_id, path, folder)).read_text()
+        except Exception:
+            return None
+
+
+def _artifact_json(client: MlflowClient, run_id: str, path: str) -> dict | None:
+    text = _artifact_text(client, run_id, path)
+    return json.loads(text) if text else None
+
+
+def _artifact_yaml(client: MlflowClient, run_id: str, path: str) -> dict | None:
+    text = _artifact_text(client, run_id, path)
+    return yaml.safe_load(text) if text else None

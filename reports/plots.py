@@ -1,0 +1,70 @@
+"""Figures: test score by layer with a ±std band and the dev-selected layer marked, and score
+against the truncated model's parameters (a Pareto view). PNG and PDF."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from reports.aggregate import row_groups  # noqa: E402
+
+
+def _save(figure, stem: Path) -> Path:
+    figure.tight_layout()
+    figure.savefig(stem.with_suffix(".png"), dpi=150)
+    figure.savefig(stem.with_suffix(".pdf"))
+    plt.close(figure)
+    return stem
+
+
+def layer_plot(summary: pd.DataFrame, rows: list[str], column: str, selected: dict, metric: str, stem: Path) -> Path:
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for label, group in row_groups(summary, rows):
+        group = group.dropna(subset=["mean"]).sort_values(column)
+        if not len(group):
+            continue
+        x, mean, std = group[column].to_numpy(), group["mean"].to_numpy(), group["std"].fillna(0).to_numpy()
+        line, = axis.plot(x, mean, marker="o", label=label)
+        axis.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+        if label in selected:
+            pick = group[group[column] == selected[label]]
+            axis.scatter(pick[column], pick["mean"], s=160, facecolors="none", edgecolors=line.get_color(),
+                         linewidths=2, zorder=3)
+    axis.set_xlabel(column)
+    values = sorted(v for v in summary[column].unique() if isinstance(v, int | float))
+    if values and all(float(v).is_integer() for v in values):
+        axis.set_xticks(values)
+    axis.set_ylabel(f"{metric.replace('_', ' ')} ×100")
+    axis.set_title("mean ± std over seeds; circle: dev-selected")
+    axis.grid(alpha=0.3)
+    if rows:
+        axis.legend(fontsize="small")
+    return _save(figure, stem)
+
+
+def pareto_plot(summary: pd.DataFrame, rows: list[str], metric: str, stem: Path) -> Path:
+    figure, axis = plt.subplots(figsize=(6, 4))
+    valid = summary.dropna(subset=["mean", "params"])
+    for label, group in row_groups(valid, rows):
+        group = group.sort_values("params")
+        axis.errorbar(group["params"] / 1e6, group["mean"], yerr=group["std"].fillna(0), marker="o", capsize=3,
+                      label=label)
+    frontier, best = [], float("-inf")
+    for _, row in valid.sort_values("params").iterrows():
+        if row["mean"] > best:
+            frontier.append(row)
+            best = row["mean"]
+    if frontier:
+        points = pd.DataFrame(frontier)
+        axis.step(points["params"] / 1e6, points["mean"], where="post", color="black", alpha=0.5, linestyle="--",
+                  label="Pareto frontier")
+    axis.set_xlabel("parameters of the truncated model (M)")
+    axis.set_ylabel(f"{metric.replace('_', ' ')} ×100")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize="small")
+    return _save(figure, stem)

@@ -1,0 +1,116 @@
+"""Tables as Markdown (for READMEs) and LaTeX booktabs (for papers). Formatting only: every
+number, mark and footnote arrives computed."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+SELECTED_NOTE = "underlined: the dev-selected cell of the row (selection uses dev only)"
+BEST_NOTE = "bold: the best test mean of the column"
+
+
+@dataclass(frozen=True)
+class Cell:
+    mean: float = math.nan
+    std: float = math.nan
+    bold: bool = False
+    selected: bool = False
+    mark: str = ""
+    note: str | None = None  # why the cell is empty
+    text: str | None = None  # a plain value (a layer number, a parameter count)
+
+
+@dataclass
+class Grid:
+    title: str
+    corner: str
+    columns: list[str]
+    rows: list[tuple[str, list[Cell]]]
+    footnotes: list[str] = field(default_factory=list)
+    decimals: int = 2
+
+
+def _number(cell: Cell, decimals: int) -> str:
+    if cell.text is not None:
+        return cell.text
+    if math.isnan(cell.mean):
+        return "—"
+    value = f"{cell.mean:.{decimals}f}"
+    return value if math.isnan(cell.std) else f"{value} ± {cell.std:.{decimals}f}"
+
+
+def _notes(grid: Grid) -> list[tuple[str, str]]:
+    """Empty cells get letters a, b, ... with their reason; equal reasons share a letter."""
+    letters: dict[str, str] = {}
+    for _, cells in grid.rows:
+        for cell in cells:
+            if cell.note and cell.note not in letters:
+                letters[cell.note] = chr(ord("a") + len(letters))
+    return [(letter, note) for note, letter in letters.items()]
+
+
+def to_markdown(grid: Grid) -> str:
+    letters = {note: letter for letter, note in _notes(grid)}
+    lines = [f"**{grid.title}**", "", "| " + " | ".join([grid.corner, *grid.columns]) + " |",
+             "|" + "---|" + "---:|" * len(grid.columns)]
+    for label, cells in grid.rows:
+        texts = []
+        for cell in cells:
+            text = _number(cell, grid.decimals)
+            if cell.note:
+                text += f" <sup>{letters[cell.note]}</sup>"
+            if cell.bold:
+                text = f"**{text}**"
+            if cell.selected:
+                text = f"<ins>{text}</ins>"
+            texts.append(text + cell.mark)
+        lines.append("| " + " | ".join([label, *texts]) + " |")
+    notes = [f"<sup>{letter}</sup> {note}" for letter, note in _notes(grid)] + grid.footnotes
+    if notes:
+        lines += [""] + [f"{note}  " for note in notes]
+    return "\n".join(lines) + "\n"
+
+
+LATEX_ESCAPES = {
+    "×": r"$\times$", "±": r"$\pm$", "—": "--", "Δ": r"$\Delta$", "†": r"$^{\dagger}$", "‡": r"$^{\ddagger}$",
+    "<": r"$<$", ">": r"$>$", "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
+    "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+}
+
+
+def latex_escape(text: str) -> str:
+    return "".join(LATEX_ESCAPES.get(ch, ch) for ch in text)
+
+
+def to_latex(grid: Grid, label: str) -> str:
+    """A booktabs table (needs \\usepackage{booktabs}); footnotes under the rule."""
+    letters = {note: letter for letter, note in _notes(grid)}
+    columns = "l" + "r" * len(grid.columns)
+    lines = [r"\begin{table}[t]", r"\centering", r"\small", rf"\begin{{tabular}}{{{columns}}}", r"\toprule",
+             " & ".join(latex_escape(c) for c in [grid.corner, *grid.columns]) + r" \\", r"\midrule"]
+    for row_label, cells in grid.rows:
+        texts = []
+        for cell in cells:
+            text = latex_escape(_number(cell, grid.decimals))
+            if cell.note:
+                text += rf"\textsuperscript{{{letters[cell.note]}}}"
+            if cell.bold:
+                text = rf"\textbf{{{text}}}"
+            if cell.selected:
+                text = rf"\underline{{{text}}}"
+            texts.append(text + latex_escape(cell.mark))
+        lines.append(" & ".join([latex_escape(row_label), *texts]) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    notes = [rf"\textsuperscript{{{letter}}} {latex_escape(note)}" for letter, note in _notes(grid)]
+    notes += [latex_escape(n) for n in grid.footnotes]
+    if notes:
+        lines.append(r"\par\smallskip\footnotesize " + r" \\ ".join(notes))
+    lines += [rf"\caption{{{latex_escape(grid.title)}}}", rf"\label{{tab:{label}}}", r"\end{table}"]
+    return "\n".join(lines) + "\n"
+
+
+def latex_document(tables: list[str]) -> str:
+    """A standalone document holding the tables, to check that they compile."""
+    return "\n".join([r"\documentclass{article}", r"\usepackage[utf8]{inputenc}", r"\usepackage{booktabs}",
+                      r"\begin{document}", *[rf"\input{{{t}}}" for t in tables], r"\end{document}"]) + "\n"

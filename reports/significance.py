@@ -1,0 +1,100 @@
+"""Significance against the study's baseline cell of each row: a paired test over seeds (t-test,
+and Wilcoxon signed-rank with 6 or more seeds) and a paired bootstrap over test pairs using the
+per-pair predictions every replicate run stores."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy.stats import rankdata, ttest_rel, wilcoxon
+
+from reports.aggregate import row_groups
+from reports.collect import StudyRuns
+
+LEVEL = 0.05
+BOOTSTRAP_SAMPLES = 1000
+
+
+def baseline_value(group: pd.DataFrame, column_axis: str, wanted) -> object | None:
+    """`last` is the largest value of the column axis in this row (the last layer)."""
+    values = list(group[column_axis])
+    if wanted == "last":
+        numeric = [v for v in values if isinstance(v, int | float)]
+        return max(numeric) if numeric else None
+    return wanted if wanted in values else None
+
+
+def _spearman_rows(predictions: np.ndarray, gold: np.ndarray) -> np.ndarray:
+    """Spearman x100 of each row of (samples, pairs) predictions against the matching gold rows."""
+    a, b = rankdata(predictions, axis=1), rankdata(gold, axis=1)
+    a -= a.mean(axis=1, keepdims=True)
+    b -= b.mean(axis=1, keepdims=True)
+    return 100 * (a * b).sum(axis=1) / np.sqrt((a * a).sum(axis=1) * (b * b).sum(axis=1))
+
+
+def paired_bootstrap(cell: list[pd.DataFrame], base: list[pd.DataFrame], samples: int = BOOTSTRAP_SAMPLES,
+                     seed: int = 0) -> tuple[float, float]:
+    """(mean difference, two-sided p) of the seed-averaged test Spearman, resampling test pairs
+    with replacement; both sides see the same resampled pairs."""
+    gold = cell[0]["score"].to_numpy()
+    index = np.random.default_rng(seed).integers(0, len(gold), size=(samples, len(gold)))
+    resampled_gold = gold[index]
+    ours = np.mean([_spearman_rows(p["prediction"].to_numpy()[index], resampled_gold) for p in cell], axis=0)
+    theirs = np.mean([_spearman_rows(p["prediction"].to_numpy()[index], resampled_gold) for p in base], axis=0)
+    differences = ours - theirs
+    observed = float(np.mean([_spearman_rows(p["prediction"].to_numpy()[None], gold[None])[0] for p in cell])
+                     - np.mean([_spearman_rows(p["prediction"].to_numpy()[None], gold[None])[0] for p in base]))
+    p = 2 * min(float((differences <= 0).mean()), float((differences >= 0).mean()))
+    return observed, min(1.0, p)
+
+
+def compare_to_baseline(runs: StudyRuns, summary: pd.DataFrame, row_axes: list[str], column_axis: str,
+                        baseline, metric: str, bootstrap: bool = True) -> pd.DataFrame:
+    """One row per (cell, its row's baseline cell): differences and p-values."""
+    replicates = runs.replicates()
+    done = replicates[replicates.outcome == "completed"]
+    out = []
+    for _, group in row_groups(summary, row_axes):
+        wanted = baseline_value(group, column_axis, baseline)
+        if wanted is None:
+            continue
+        base_cell = group[group[column_axis] == wanted].iloc[0]["cell"]
+        base_runs = done[done.cell == base_cell].set_index("seed")
+        for cell in group.cell:
+            if cell == base_cell:
+                continue
+            cell_runs = done[done.cell == cell].set_index("seed")
+            seeds = sorted(set(cell_runs.index) & set(base_runs.index))
+            ours = cell_runs.loc[seeds, metric].to_numpy(dtype=float) if seeds else np.array([])
+            theirs = base_runs.loc[seeds, metric].to_numpy(dtype=float) if seeds else np.array([])
+            row = {"cell": cell, "baseline": base_cell, "n_seeds": len(seeds),
+                   "difference": float(np.mean(ours - theirs)) if seeds else math.nan,
+                   "t_p": math.nan, "wilcoxon_p": math.nan, "bootstrap_difference": math.nan,
+                   "bootstrap_p": math.nan}
+            if len(seeds) >= 2 and np.any(ours != theirs):
+                row["t_p"] = float(ttest_rel(ours, theirs).pvalue)
+            if len(seeds) >= 6 and np.any(ours != theirs):
+                row["wilcoxon_p"] = float(wilcoxon(ours, theirs).pvalue)
+            if bootstrap and seeds and metric == "test_spearman":
+                cell_predictions = [runs.predictions(cell_runs.loc[s, "run_id"]) for s in seeds]
+                base_predictions = [runs.predictions(base_runs.loc[s, "run_id"]) for s in seeds]
+                if all(p is not None for p in cell_predictions + base_predictions):
+                    row["bootstrap_difference"], row["bootstrap_p"] = paired_bootstrap(cell_predictions,
+                                                                                        base_predictions)
+            out.append(row)
+    return pd.DataFrame(out, columns=["cell", "baseline", "n_seeds", "difference", "t_p", "wilcoxon_p",
+                                      "bootstrap_difference", "bootstrap_p"])
+
+
+def marks(stats: pd.DataFrame) -> dict[str, str]:
+    """Per cell: † when the paired test over seeds (Wilcoxon with >= 6 seeds, else the t-test) has
+    p < 0.05, ‡ when the paired bootstrap over test pairs has p < 0.05."""
+    out = {}
+    for row in stats.itertuples():
+        paired = row.wilcoxon_p if not math.isnan(row.wilcoxon_p) else row.t_p
+        symbol = ("†" if paired < LEVEL else "") + ("‡" if row.bootstrap_p < LEVEL else "")
+        if symbol:
+            out[row.cell] = symbol
+    return out

@@ -1,0 +1,161 @@
+"""Reports from a synthetic MLflow store with known numbers, written the way launches write it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from orchestrator.journal import Outcome, TrialRecord
+from orchestrator.tracking import StudyTracker
+from reports.aggregate import summarize
+from reports.build import build_report
+from reports.collect import collect
+from reports.significance import compare_to_baseline
+
+GOLDEN = Path(__file__).parent / "golden"
+# layer -> test Spearman per seed 0, 1, 2; best dev per seed; parameters
+TEST = {1: [74.0, 77.0, 75.0], 2: [80.0, 82.0, 84.0], 3: [75.0, 75.5, 76.0]}
+DEV = {1: 60.0, 2: 85.0, 3: 90.0}  # dev picks layer 3, test favours layer 2: selection must use dev
+PARAMS = {0: 11.9e6, 1: 13.7e6, 2: 15.5e6, 3: 17.2e6}
+NOISE = {1: 2.0, 2: 0.05, 3: 2.0}  # per-pair prediction noise: layer 2 predicts the gold order best
+
+
+def make_store(folder: Path) -> str:
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    study = {"name": "synthetic", "model": "m", "ablate": {"layer": [0, 1, 2, 3]},
+             "report": {"baseline": {"layer": "last"}}}
+    (folder / "study.yaml").write_text(yaml.safe_dump(study))
+    tracker = StudyTracker(uri, "synthetic", folder / "artifacts")
+    tracker.start_parent(folder / "study.yaml", {"cells": [{"layer": k} for k in range(4)], "metric": "dev_spearman",
+                                                 "mode": "max"}, "test")
+    gold = np.random.default_rng(0).uniform(0, 1, 300)
+    for layer in range(4):
+        for seed in range(3):
+            key = f"c{layer}-s{seed}"
+            record = TrialRecord(key, layer, "replicate", seed, {"lr": 1e-4},
+                                 {"layer": layer, "lr": 1e-4, "seed": seed})
+            tracker.start_trial(record, f"layer={layer}", f"ray{layer}{seed}")
+            if layer == 0:
+                record.outcome, record.error = Outcome.FAILED, "OSError: weights file is corrupt"
+            else:
+                record.outcome = Outcome.COMPLETED
+                tracker.log_epoch(key, {"epoch": 1, "best_dev_spearman": DEV[layer], "params": PARAMS[layer],
+                                        "test_spearman": TEST[layer][seed], "test_pearson": TEST[layer][seed] - 1})
+                # layer 1 draws exactly the baseline's (layer 3) noise: no difference at all
+                noise = np.random.default_rng(100 * (3 if layer == 1 else layer) + seed).normal(0, NOISE[layer], 300)
+                path = folder / f"{key}.csv"
+                pd.DataFrame({"prediction": gold + noise, "score": gold}).to_csv(path, index_label="pair")
+                shutil.copy(path, folder / "test_predictions.csv")
+                tracker.log_artifact(key, str(folder / "test_predictions.csv"))
+            tracker.finish_trial(record)
+        tuning = TrialRecord(f"c{layer}-t0", layer, "tune", 0, {"lr": 2e-4}, {"layer": layer, "lr": 2e-4})
+        tracker.start_trial(tuning, f"layer={layer}", f"tune{layer}")
+        tracker.log_epoch(tuning.key, {"epoch": 1, "best_dev_spearman": DEV.get(layer, 1.0)})
+        tuning.outcome = Outcome.PRUNED if layer == 2 else Outcome.COMPLETED
+        tracker.finish_trial(tuning)
+    tracker.reconcile({}, finished=True)
+    return uri
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> tuple[str, Path]:
+    folder = tmp_path_factory.mktemp("store")
+    return make_store(folder), folder
+
+
+def test_collect_gives_one_tidy_row_per_run(store):
+    runs = collect(store[0], "synthetic")
+    assert len(runs.runs) == 16 and runs.axes == ["layer"] and runs.metric == "dev_spearman"
+    assert runs.report == {"baseline": {"layer": "last"}}
+    assert sorted(runs.replicates().layer.unique()) == [0, 1, 2, 3]
+    assert set(runs.runs.outcome) == {"completed", "failed", "pruned"}
+
+
+def test_summary_is_mean_and_sample_std_over_seeds(store):
+    summary = summarize(collect(store[0], "synthetic")).set_index("layer")
+    assert summary.loc[2, "mean"] == pytest.approx(82.0) and summary.loc[2, "std"] == pytest.approx(2.0)
+    assert summary.loc[1, "mean"] == pytest.approx(76.0 - 2 / 3) and summary.loc[1, "std"] == pytest.approx(
+        np.std([74, 77, 75], ddof=1))
+    assert summary.loc[0, "n"] == 0 and summary.loc[0, "missing"] == "failed: OSError: weights file is corrupt"
+
+
+def test_significance_against_the_last_layer(store):
+    runs = collect(store[0], "synthetic")
+    summary = summarize(runs)
+    stats = compare_to_baseline(runs, summary, [], "layer", "last", "test_spearman").set_index("cell")
+    assert set(stats.baseline) == {"layer=3"}
+    assert stats.loc["layer=2", "difference"] == pytest.approx(82.0 - 75.5)
+    from scipy.stats import ttest_rel
+
+    assert stats.loc["layer=2", "t_p"] == pytest.approx(ttest_rel(TEST[2], TEST[3]).pvalue)
+    assert stats.loc["layer=2", "t_p"] < 0.05 < stats.loc["layer=1", "t_p"]
+    assert stats.loc["layer=2", "bootstrap_p"] < 0.05
+    assert stats.loc["layer=1", "bootstrap_p"] == 1.0 and stats.loc["layer=1", "bootstrap_difference"] == 0.0
+    assert np.isnan(stats.loc["layer=2", "wilcoxon_p"])  # fewer than 6 seeds
+
+
+def test_markdown_and_latex_match_the_golden_files(store, tmp_path):
+    written = build_report(collect(store[0], "synthetic"), tmp_path)
+    names = {p.name for p in written}
+    assert {"report.md", "ablation.tex", "headline.tex", "tuning.tex", "runs.csv", "cells.csv", "stats.csv",
+            "score_by_layer.png", "score_by_layer.pdf", "score_by_params.png", "score_by_params.pdf"} <= names
+    for name in ("report.md", "ablation.tex", "headline.tex", "tuning.tex"):
+        assert (tmp_path / name).read_text() == (GOLDEN / name).read_text(), name
+    report = (tmp_path / "report.md").read_text()
+    row = next(line for line in report.splitlines() if line.startswith("| all |"))
+    cells = [c.strip() for c in row.strip("|").split("|")][1:]
+    assert cells[0] == "— <sup>a</sup>"  # layer 0 failed: shown, with the reason as a footnote
+    assert cells[1] == "75.33 ± 1.53"  # no mark: neither test finds a difference
+    assert cells[2] == "**82.00 ± 2.00**†‡"  # best test, significant by both tests
+    assert cells[3] == "<ins>75.50 ± 0.50</ins>"  # the dev-selected layer, although test prefers layer 2
+    assert "<sup>a</sup> failed: OSError: weights file is corrupt" in report
+
+
+def test_every_number_in_the_tables_is_recomputed_from_runs_csv(store, tmp_path):
+    build_report(collect(store[0], "synthetic"), tmp_path)
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    done = runs[(runs.phase == "replicate") & (runs.outcome == "completed")]
+    grouped = done.groupby("layer").test_spearman.agg(["mean", "std"])
+    report = (tmp_path / "report.md").read_text()
+    for layer, row in grouped.iterrows():
+        assert f"{row['mean']:.2f} ± {row['std']:.2f}" in report, layer
+    chosen = done.groupby("layer").best_dev_spearman.mean().idxmax()
+    headline = [line for line in report.splitlines() if line.startswith("| all |")][1]
+    assert headline.split("|")[2].strip() == str(chosen)
+
+
+def test_latex_tables_compile(store, tmp_path):
+    if shutil.which("pdflatex") is None:
+        pytest.skip("pdflatex is not installed (CI installs texlive)")
+    from reports.render import latex_document
+
+    build_report(collect(store[0], "synthetic"), tmp_path)
+    (tmp_path / "all.tex").write_text(latex_document(["ablation", "headline", "tuning"]))
+    result = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "all.tex"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert (tmp_path / "all.pdf").stat().st_size > 1000
+
+
+def test_report_command_writes_the_folder_and_rejects_bad_formats(store, tmp_path):
+    from orchestrator.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["report", "synthetic", "--tracking-uri", store[0], "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (out / "report.md").exists() and (out / "ablation.tex").exists()
+    bad = runner.invoke(app, ["report", "synthetic", "--tracking-uri", store[0], "--format", "pdf",
+                              "--out", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and bad.stderr.strip() == ("error: --format: 'pdf' is not valid; use a comma list "
+                                                         "of md, tex, csv")
+    assert not (tmp_path / "bad").exists()
+    missing = runner.invoke(app, ["report", "nope", "--tracking-uri", store[0]])
+    assert missing.exit_code == 2 and "no MLflow experiment of that name" in missing.stderr
