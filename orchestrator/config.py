@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainables.errors import UserInputError
 
-TRAINABLE_KINDS = ("finetune", "probe")
+TRAINABLE_KINDS = ("finetune", "probe", "dapt")
 REPORT_FORMATS = ("markdown", "latex", "csv")
 
 
@@ -53,11 +53,14 @@ class TrackingSection(Section):
 class ReportSection(Section):
     formats: list[Literal["markdown", "latex", "csv"]] = ["markdown", "latex"]
     baseline: dict[str, Any] | None = None
+    rows: list[str] | None = Field(None, description="ablated axes down the tables (default: all but columns)")
+    columns: str | None = Field(None, description="the ablated axis across (default: layer)")
+    decimals: int = Field(2, ge=0, le=6)
 
 
 class StudyConfig(Section):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
-    trainable: Literal["finetune", "probe"] = "finetune"
+    trainable: Literal["finetune", "probe", "dapt"] = "finetune"
     task: str = "stsb"
     model: str
     language: str | None = None

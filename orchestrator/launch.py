@@ -92,7 +92,7 @@ def launch(study_file: str | Path, storage: str | Path | None = None, address: s
     meta = json.loads((folder / META).read_text()) if resume and (folder / META).exists() else {
         "base_dir": str(study_file.parent.resolve())}
     base_dir = Path(meta["base_dir"])
-    plan = build_plan(study, base_dir)
+    plan = build_plan(study, base_dir, stage_root=folder / "stages")
     uri = meta.get("tracking_uri") or tracking_uri(study, base_dir)
     ray = connect_ray(address)
     check_cluster(ray, study)
@@ -165,7 +165,7 @@ def open_state(name: str, storage: str | Path | None = None) -> StudyState:
     if not (folder / STUDY_FILE).exists():
         raise UserInputError("NAME", name, f"no study folder {folder}; give --storage where it was launched")
     meta = json.loads((folder / META).read_text())
-    plan = build_plan(load_study(folder / STUDY_FILE), Path(meta["base_dir"]))
+    plan = build_plan(load_study(folder / STUDY_FILE), Path(meta["base_dir"]), stage_root=folder / "stages")
     return StudyState(plan, ReadOnlyJournal(folder / JOURNAL))
 
 

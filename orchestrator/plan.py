@@ -18,6 +18,7 @@ from orchestrator.config import StudyConfig
 from search_spaces.params import Choice, Fixed, Grid, IntRange, LogUniform, Param, Uniform, parse_ablated, parse_tuned
 from search_spaces.presets import expand_language, expand_layer, expand_pooling, expand_seeds, expand_tuned_preset
 from trainables.contract import TrialConfig, parse_config
+from trainables.dapt import DaptConfig
 from trainables.data import load_task, resolve_language, task_spec
 from trainables.errors import UserInputError
 from trainables.finetune import FinetuneConfig, primary_metric
@@ -25,10 +26,10 @@ from trainables.models import POOLINGS, encoder_depth, load_config
 from trainables.objectives import LOSSES
 from trainables.probe import ProbeConfig
 
-SCHEMAS: dict[str, type[TrialConfig]] = {"finetune": FinetuneConfig, "probe": ProbeConfig}
+SCHEMAS: dict[str, type[TrialConfig]] = {"finetune": FinetuneConfig, "probe": ProbeConfig, "dapt": DaptConfig}
 # keys the orchestrator sets itself; a study may not put them in train/ablate/tune
 MANAGED = {"seed", "model", "task", "data_dir", "num_threads", "device", "max_train_samples", "max_eval_samples",
-           "score_test"}
+           "score_test", "cache_dir"}
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class StudyPlan:
     def trial_config(self, cell: Cell, tuned: dict[str, Any], seed: int, phase: str = "replicate") -> dict[str, Any]:
         """A tuning trial never scores test: selection only ever looks at dev."""
         config = {**self.base, **cell.values, **tuned}
-        if self.study.trainable == "finetune":
+        if self.study.trainable in ("finetune", "dapt"):
             config["seed"] = seed
             config["score_test"] = phase != "tune"
         return config
@@ -168,7 +169,7 @@ def _depth(model: str, key: str) -> int:
         raise UserInputError(key, model, exc.fix) from None
 
 
-def build_plan(study: StudyConfig, study_dir: Path | None = None) -> StudyPlan:
+def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Path | None = None) -> StudyPlan:
     """Resolve and check everything a launch needs; raises UserInputError on the first problem."""
     schema = SCHEMAS[study.trainable]
     spec = task_spec(study.task) if study.task in _task_names() else None
@@ -217,6 +218,8 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None) -> StudyPlan:
         if value is not None and name in schema.model_fields:
             base[name], origins[name] = value, f"data.{name}"
     base["num_threads"] = max(1, int(study.resources.cpu))
+    if study.trainable == "dapt" and stage_root is not None:
+        base["cache_dir"] = str(stage_root)  # one adapted encoder per stage config, shared by the study
     base["device"] = "cuda" if study.resources.gpu > 0 else "cpu"
     origins.update({k: f"ablate.{k}" for k in axes})
     origins.update({k: f"tune.params.{k}" for k in tuned})
@@ -232,7 +235,7 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None) -> StudyPlan:
 
     metric, mode = primary_metric(spec.kind)
     epochs = int(base.get("epochs", FinetuneConfig.model_fields["epochs"].default)) \
-        if study.trainable == "finetune" else 1
+        if study.trainable in ("finetune", "dapt") else 1
     _check_baseline(study, cells)
     return StudyPlan(study, cells, tuned, seeds, base, metric, mode, epochs, origins)
 
@@ -263,6 +266,12 @@ def _check_trial(schema: type[TrialConfig], config: dict, origins: dict[str, str
 
 
 def _check_baseline(study: StudyConfig, cells: tuple[Cell, ...]) -> None:
+    axes = list(cells[0].values) if cells else []
+    for key, names in (("report.rows", study.report.rows or []), ("report.columns", [study.report.columns] if
+                                                                    study.report.columns else [])):
+        for name in names:
+            if name not in axes:
+                raise UserInputError(key, name, f"name an ablated axis: {', '.join(axes) or 'none ablated'}")
     baseline = study.report.baseline
     if not baseline:
         return

@@ -51,6 +51,7 @@ class StudyTracker:
             self.experiment_id = experiment.experiment_id
         self.parent_id: str | None = None
         self.children: dict[str, str] = {}
+        self.stage_links: dict[str, str] = {}
 
     def _runs(self, filter_string: str):
         return self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=50_000)
@@ -100,6 +101,33 @@ class StudyTracker:
                    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))]
         if numeric:
             self.client.log_batch(run_id, metrics=numeric)
+
+    def link_stage(self, key: str, stage_dir: str) -> None:
+        """The stage (e.g. a DAPT checkpoint) as its own run, once, with its loss curve and config;
+        every trial that used it carries its run id and cache key."""
+        run_id = self.children.get(key)
+        record_path = Path(stage_dir) / "stage.json"
+        if run_id is None or not record_path.exists() or key in self.stage_links:
+            return
+        record = json.loads(record_path.read_text())
+        existing = self._runs(f"tags.`{ROLE}` = 'stage' AND tags.`stage.key` = '{record['key']}'")
+        if existing:
+            stage_run = existing[0].info.run_id
+        else:
+            stage_run = self.client.create_run(self.experiment_id, run_name=f"{record['kind']} {record['key']}", tags={
+                ROLE: "stage", "stage.key": record["key"], "stage.kind": record["kind"], "stage.dir": stage_dir,
+                "mlflow.parentRunId": self.parent_id}).info.run_id
+            now = int(time.time() * 1000)
+            curve = [Metric(f"{record['kind']}_loss", float(v), now, i + 1)
+                     for i, v in enumerate(record.get("loss_curve", []))]
+            params = [Param(k, str(v)[:6000]) for k, v in _flat("", record["params"], {}).items()]
+            for start in range(0, max(1, len(curve)), 1000):
+                self.client.log_batch(stage_run, metrics=curve[start:start + 1000],
+                                      params=params if start == 0 else [])
+            self.client.set_terminated(stage_run, status="FINISHED")
+        self.client.set_tag(run_id, "stage.run_id", stage_run)
+        self.client.set_tag(run_id, "stage.key", record["key"])
+        self.stage_links[key] = stage_run
 
     def log_artifact(self, key: str, path: str) -> None:
         if key in self.children:

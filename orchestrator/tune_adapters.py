@@ -125,7 +125,10 @@ class TrackingCallback(Callback):
             self.tracker.start_trial(self.state.records[key], trial.config["cell"], trial.trial_id)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
-        self.tracker.log_epoch(trial.config.get("trial_key"), trial_metrics(result))
+        key = trial.config.get("trial_key")
+        self.tracker.log_epoch(key, trial_metrics(result))
+        if result.get("dapt_stage_dir"):
+            self.tracker.link_stage(key, result["dapt_stage_dir"])
 
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info) -> None:
         self.state.on_checkpoint(trial.config.get("trial_key"), checkpoint.path)

@@ -175,3 +175,26 @@ def test_a_finished_study_reports_its_tables_from_mlflow(tiny_bert, data_dir, tm
     stats = pd.read_csv(folder / "stats.csv")
     assert list(stats.cell) == ["layer=1"] and stats.baseline[0] == "layer=3"
     assert 0 <= stats.bootstrap_p[0] <= 1  # predictions were stored and resampled
+
+
+def test_a_dapt_study_pretrains_once_per_stage_config(tiny_bert, data_dir, tmp_path):
+    study = write_study(tmp_path, tiny_bert, data_dir, trainable="dapt", tune=None, replicate={"seeds": [0]},
+                        ablate={"dapt_steps": [0, 5], "layer": [1, 2]},
+                        train={"epochs": 1, "batch_size": 16, "max_seq_length": 32, "dapt_corpus": "task",
+                               "dapt_batch_size": 8, "dapt_max_seq_length": 32},
+                        report={"rows": ["dapt_steps"], "columns": "layer"})
+    result = launch(study, storage=tmp_path / "studies", progress=False)
+    assert result.finished and result.counts["completed"] == 4
+    stages = sorted(p.name for p in (tmp_path / "studies" / "e2e" / "stages").iterdir() if p.is_dir())
+    assert len(stages) == 1 and stages[0].startswith("dapt-")  # two trials, one pretraining
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("e2e")
+    stage_runs = client.search_runs([experiment.experiment_id], filter_string="tags.`orchestrator.role` = 'stage'")
+    assert len(stage_runs) == 1 and len(client.get_metric_history(stage_runs[0].info.run_id, "dapt_loss")) == 5
+    _, children = runs_of(tmp_path)
+    trials = [c for c in children if c.data.tags.get("phase") == "replicate"]
+    adapted = [c for c in trials if c.data.params["dapt_steps"] == "5"]
+    assert len(adapted) == 2 and {c.data.tags["stage.run_id"] for c in adapted} == {stage_runs[0].info.run_id}
+    assert sorted(c.data.metrics["dapt_cache_hit"] for c in adapted) == [0.0, 1.0]
+    plain = [c for c in trials if c.data.params["dapt_steps"] == "0"]
+    assert len(plain) == 2 and all("stage.run_id" not in c.data.tags for c in plain)

@@ -20,4 +20,10 @@ def _probe(*args, **kwargs):
     return run(*args, **kwargs)
 
 
-TRAINABLES: dict[str, Callable] = {"finetune": _finetune, "probe": _probe}
+def _dapt(*args, **kwargs):
+    from trainables.dapt import run
+
+    return run(*args, **kwargs)
+
+
+TRAINABLES: dict[str, Callable] = {"finetune": _finetune, "probe": _probe, "dapt": _dapt}
