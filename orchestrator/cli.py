@@ -77,19 +77,37 @@ def probe(
     max_seq_length: Annotated[int, typer.Option(help="Tokens per sentence.")] = 128,
     precision: Annotated[str, typer.Option(help="auto, fp32 or bf16.")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    suite: Annotated[str | None, typer.Option(help="Score a suite instead of one task: `sts` is STS12-16, STS-B "
+                                                   "and SICK-R (test splits) and their average.")] = None,
+    max_eval_samples: Annotated[int | None, typer.Option(help="Score at most this many pairs per set "
+                                                              "(a fixed random subset).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per layer per line.")] = False,
     debug: bool = DEBUG,
 ) -> None:
     """Zero-shot layer profile of an encoder: every layer pooled and scored, one forward pass."""
     from trainables.contract import parse_config
-    from trainables.probe import ProbeConfig, probe_layers
+    from trainables.probe import ProbeConfig, probe_layers, probe_suite
+    from trainables.sts_suite import LABELS, suite_tasks
 
     if split not in ("dev", "test"):
         raise UserInputError("--split", split, "use dev or test")
+    if suite is not None:
+        suite_tasks(suite)
     quiet_libraries()
     cfg = parse_config(ProbeConfig, dict(
         model=model, task=task, language=language, layers=parse_layers(layers), pooling=pooling, splits=[split],
-        max_seq_length=max_seq_length, precision=precision, device=device, data_dir=data_dir))
+        max_seq_length=max_seq_length, precision=precision, device=device, data_dir=data_dir,
+        max_eval_samples=max_eval_samples))
+    if suite is not None:
+        rows = probe_suite(cfg, suite)
+        if as_json:
+            for row in rows:
+                print(json.dumps({"model": model, "suite": suite, "split": "test", "pooling": pooling, **row}))
+            return
+        shown = [{"layer": r["layer"], "params": r["params"], **{LABELS[t]: r[t] for t in suite_tasks(suite)},
+                  "Avg.": r["avg"]} for r in rows]
+        print_layer_table(shown, f"{model} · {suite} suite (test, Spearman of cosine) · {pooling} pooling")
+        return
     rows = [{k.removeprefix(f"{split}_"): v for k, v in row.items()} for row in probe_layers(cfg)]
     if as_json:  # an undefined correlation (constant vectors, e.g. CLS at layer 0) is null
         for row in rows:
@@ -261,7 +279,7 @@ def print_layer_table(rows: list[dict], title: str) -> None:
     table = Table(title=title)
     table.add_column("layer", justify="right")
     for metric in metrics:
-        table.add_column(f"{metric} ×100", justify="right")
+        table.add_column(metric if metric[:1].isupper() else f"{metric} ×100", justify="right")
     table.add_column("params (M)", justify="right")
     for row in rows:
         cells = ["—" if math.isnan(row[m]) else f"[bold]{row[m]:.2f}[/bold]" if row[m] == best[m] else f"{row[m]:.2f}"

@@ -13,10 +13,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from trainables import TRAINABLES
 from trainables.errors import UserInputError
 
-TRAINABLE_KINDS = ("finetune", "probe", "dapt")
-REPORT_FORMATS = ("markdown", "latex", "csv")
+# the closed registry of trainable kinds, as a Literal so the JSON Schema lists them for editors
+TrainableKind = Literal[tuple(TRAINABLES)]  # type: ignore[valid-type]
 
 
 class Section(BaseModel):
@@ -60,7 +61,7 @@ class ReportSection(Section):
 
 class StudyConfig(Section):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
-    trainable: Literal["finetune", "probe", "dapt"] = "finetune"
+    trainable: TrainableKind = "finetune"
     task: str = "stsb"
     model: str
     language: str | None = None

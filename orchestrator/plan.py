@@ -18,6 +18,7 @@ from orchestrator.config import StudyConfig
 from search_spaces.params import Choice, Fixed, Grid, IntRange, LogUniform, Param, Uniform, parse_ablated, parse_tuned
 from search_spaces.presets import expand_language, expand_layer, expand_pooling, expand_seeds, expand_tuned_preset
 from trainables.contract import TrialConfig, parse_config
+from trainables.contrastive import ContrastiveConfig, resolve_attention_layers
 from trainables.dapt import DaptConfig
 from trainables.data import load_task, resolve_language, task_spec
 from trainables.errors import UserInputError
@@ -26,7 +27,8 @@ from trainables.models import POOLINGS, encoder_depth, load_config
 from trainables.objectives import LOSSES
 from trainables.probe import ProbeConfig
 
-SCHEMAS: dict[str, type[TrialConfig]] = {"finetune": FinetuneConfig, "probe": ProbeConfig, "dapt": DaptConfig}
+SCHEMAS: dict[str, type[TrialConfig]] = {"finetune": FinetuneConfig, "probe": ProbeConfig, "dapt": DaptConfig,
+                                          "contrastive": ContrastiveConfig}
 # keys the orchestrator sets itself; a study may not put them in train/ablate/tune
 MANAGED = {"seed", "model", "task", "data_dir", "num_threads", "device", "max_train_samples", "max_eval_samples",
            "score_test", "cache_dir"}
@@ -73,8 +75,10 @@ class StudyPlan:
     def trial_config(self, cell: Cell, tuned: dict[str, Any], seed: int, phase: str = "replicate") -> dict[str, Any]:
         """A tuning trial never scores test: selection only ever looks at dev."""
         config = {**self.base, **cell.values, **tuned}
-        if self.study.trainable in ("finetune", "dapt"):
+        fields = SCHEMAS[self.study.trainable].model_fields
+        if "seed" in fields:
             config["seed"] = seed
+        if "score_test" in fields:
             config["score_test"] = phase != "tune"
         return config
 
@@ -218,7 +222,7 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
         if value is not None and name in schema.model_fields:
             base[name], origins[name] = value, f"data.{name}"
     base["num_threads"] = max(1, int(study.resources.cpu))
-    if study.trainable == "dapt" and stage_root is not None:
+    if "cache_dir" in schema.model_fields and stage_root is not None:
         base["cache_dir"] = str(stage_root)  # one adapted encoder per stage config, shared by the study
     base["device"] = "cuda" if study.resources.gpu > 0 else "cpu"
     origins.update({k: f"ablate.{k}" for k in axes})
@@ -226,16 +230,14 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
 
     cells = tuple(Cell(i, values) for i, values in enumerate(_cells(study, axes)))
     sample = {k: _sample(p) for k, p in tuned.items()}
-    for cell in cells:
-        _check_trial(schema, {**base, **cell.values, **sample}, origins)
+    reports = {_check_trial(schema, {**base, **cell.values, **sample}, origins).num_reports() for cell in cells}
     checked = {(c.values.get("task", study.task), c.values.get("language", study.language)) for c in cells}
     for task, language in sorted(checked, key=str):
         load_task(task, language, base.get("data_dir"))
     check_tracking_uri(study.tracking.mlflow_uri, study_dir or Path.cwd())
 
     metric, mode = primary_metric(spec.kind)
-    epochs = int(base.get("epochs", FinetuneConfig.model_fields["epochs"].default)) \
-        if study.trainable in ("finetune", "dapt") else 1
+    epochs = max(reports, default=1)  # reports per trial; ablating epochs or steps makes them differ by cell
     _check_baseline(study, cells)
     return StudyPlan(study, cells, tuned, seeds, base, metric, mode, epochs, origins)
 
@@ -243,10 +245,10 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
 def _task_names() -> list[str]:
     from trainables.data import TASKS
 
-    return [name for name, spec in TASKS.items() if spec.kind != "unlabeled"]
+    return [name for name, spec in TASKS.items() if spec.kind != "unlabeled" and not spec.eval_only]
 
 
-def _check_trial(schema: type[TrialConfig], config: dict, origins: dict[str, str]) -> None:
+def _check_trial(schema: type[TrialConfig], config: dict, origins: dict[str, str]) -> TrialConfig:
     try:
         parsed = parse_config(schema, config)
     except UserInputError as exc:
@@ -263,6 +265,13 @@ def _check_trial(schema: type[TrialConfig], config: dict, origins: dict[str, str
     pooling = getattr(parsed, "pooling", None)
     if pooling is not None and pooling not in POOLINGS:
         raise UserInputError(origins.get("pooling", "train.pooling"), pooling, "use one of: " + ", ".join(POOLINGS))
+    if isinstance(parsed, ContrastiveConfig):
+        depth = parsed.layer if parsed.layer is not None else _depth(parsed.model, origins.get("model", "model"))
+        try:
+            resolve_attention_layers(parsed, depth)
+        except UserInputError as exc:
+            raise UserInputError(origins.get(exc.key, f"train.{exc.key}"), exc.value, exc.fix) from None
+    return parsed
 
 
 def _check_baseline(study: StudyConfig, cells: tuple[Cell, ...]) -> None:

@@ -161,9 +161,6 @@ class StudyTracker:
             self.client.set_terminated(self.parent_id, status="FINISHED" if finished else "KILLED")
         return changed
 
-    def child_runs(self) -> list:
-        return self._runs(f"tags.`mlflow.parentRunId` = '{self.parent_id}'")
-
 
 def _cell_values(cell_key: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in cell_key.split() if "=" in part)

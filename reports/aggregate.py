@@ -4,22 +4,10 @@ test value per column, missing cells with the reason. Rendering does none of thi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import pandas as pd
 
 from reports.collect import StudyRuns
-
-
-@dataclass(frozen=True)
-class Table:
-    """A grid of cells: rows x columns of an ablation, each a summary over seeds."""
-
-    title: str
-    row_axes: list[str]
-    column_axis: str | None
-    cells: pd.DataFrame  # one row per (row key, column value): mean, std, n, dev, params, missing, marks
-    footnotes: list[str]
 
 
 def row_key(values: dict, axes: list[str]) -> str:
@@ -107,3 +95,24 @@ def row_groups(summary: pd.DataFrame, row_axes: list[str]):
     for values, group in summary.groupby(row_axes, sort=False):
         values = values if isinstance(values, tuple) else (values,)
         yield row_key(dict(zip(row_axes, values, strict=True)), row_axes), group
+
+
+SUITE_METRICS = (("STS12", "sts12"), ("STS13", "sts13"), ("STS14", "sts14"), ("STS15", "sts15"), ("STS16", "sts16"),
+                 ("STS-B", "stsb"), ("SICK-R", "sick"), ("Avg.", "suite_avg"))
+
+
+def suite_summary(runs: StudyRuns) -> pd.DataFrame:
+    """The STS suite per cell, when the runs scored it: one row per (cell, set) with mean / std /
+    n of test Spearman over completed replicates, and `best` on the best mean of each set."""
+    columns = {label: f"test_{name}_spearman" for label, name in SUITE_METRICS}
+    if runs.runs.empty or columns["Avg."] not in runs.runs:
+        return pd.DataFrame()
+    parts = []
+    for label, metric in columns.items():
+        part = summarize(runs, metric)[["cell", "mean", "std", "n"]].assign(set=label)
+        if part["mean"].notna().any():
+            part["best"] = part["mean"] == part["mean"].max()
+        else:
+            part["best"] = False
+        parts.append(part)
+    return pd.concat(parts, ignore_index=True)

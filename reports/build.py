@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from reports.aggregate import best_per_column, dev_selected, row_groups, summarize
+from reports.aggregate import SUITE_METRICS, best_per_column, dev_selected, row_groups, suite_summary, summarize
 from reports.collect import StudyRuns
 from reports.plots import layer_plot, pareto_plot
 from reports.render import BEST_NOTE, SELECTED_NOTE, Cell, Grid, to_latex, to_markdown
@@ -89,6 +89,22 @@ def headline_grid(runs: StudyRuns, summary: pd.DataFrame, rows: list[str], decim
                 out, [], decimals)
 
 
+def suite_grid(runs: StudyRuns, decimals: int) -> Grid | None:
+    """The SentEval-style table (STS12-16, STS-B, SICK-R, average) of every cell, as miCSE's."""
+    suite = suite_summary(runs)
+    if suite.empty:
+        return None
+    labels = [label for label, _ in SUITE_METRICS]
+    rows = []
+    for cell, group in suite.groupby("cell", sort=False):
+        by_set = {r["set"]: r for _, r in group.iterrows()}
+        rows.append((cell, [Cell(mean=by_set[label]["mean"], std=by_set[label]["std"], bold=bool(by_set[label]["best"]))
+                            for label in labels]))
+    return Grid(f"{runs.name}: STS suite, test Spearman ×100 of cosine (mean ± std over seeds)", "cell", labels,
+                rows, [BEST_NOTE, "STS12-16: all subsets of a year pooled (SentEval's \"all\"); STS-B and SICK-R: "
+                       "test splits"], decimals)
+
+
 def tuning_grid(runs: StudyRuns) -> Grid | None:
     tuning = runs.runs[runs.runs.phase == "tune"]
     if tuning.empty:
@@ -124,6 +140,9 @@ def build_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] = FORMATS)
         headline = headline_grid(runs, summary, rows, decimals)
         if headline is not None:
             grids.append(("headline", headline))
+    suite = suite_grid(runs, decimals)
+    if suite is not None:
+        grids.append(("suite", suite))
     tuning = tuning_grid(runs)
     if tuning is not None:
         grids.append(("tuning", tuning))

@@ -7,7 +7,6 @@ a mapping names a distribution: {uniform: [a, b]}, {loguniform: [a, b]}, {int: [
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,19 +96,3 @@ def parse_ablated(key: str, raw: Any) -> Fixed | Grid:
             raise UserInputError(key, raw, "values repeat; list each once")
         return Grid(tuple(raw))
     return Fixed(raw)
-
-
-def values(param: Fixed | Grid) -> tuple:
-    """The values a grid axis takes (one for Fixed)."""
-    return (param.value,) if isinstance(param, Fixed) else param.values
-
-
-def contains(param: Param, value: Any) -> bool:
-    """Whether `value` lies in the domain of `param` (used when re-enqueuing trials)."""
-    if isinstance(param, Fixed):
-        return value == param.value
-    if isinstance(param, Grid | Choice):
-        return value in param.values
-    if isinstance(param, IntRange):
-        return float(value).is_integer() and param.low <= value <= param.high
-    return param.low <= value <= param.high and not math.isnan(value)

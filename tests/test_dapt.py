@@ -8,7 +8,7 @@ import torch
 
 from trainables import dapt
 from trainables.contract import collect
-from trainables.dapt import DaptConfig, adapt, corpus_sentences, dapt_schedule
+from trainables.dapt import DaptConfig, adapt, dapt_corpus, dapt_schedule
 from trainables.errors import UserInputError
 
 
@@ -72,16 +72,16 @@ def test_a_second_trial_hits_the_cache_and_concurrent_trials_build_once(config, 
 
 
 def test_corpora_and_the_transductive_guard(config, tmp_path):
-    assert len(corpus_sentences(DaptConfig(**{**config, "dapt_corpus": "task"}))) > 10_000
+    assert len(dapt_corpus(DaptConfig(**{**config, "dapt_corpus": "task"}))) > 10_000
     text = tmp_path / "domain.txt"
     text.write_text("first line\n\nsecond line\nfirst line\n")
-    assert corpus_sentences(DaptConfig(**{**config, "dapt_corpus": str(text)})) == ["first line", "second line"]
+    assert dapt_corpus(DaptConfig(**{**config, "dapt_corpus": str(text)})) == ["first line", "second line"]
     with pytest.raises(UserInputError, match="dapt_corpus: 'task\\+test' is not valid; test sentences train only"):
-        corpus_sentences(DaptConfig(**{**config, "dapt_corpus": "task+test"}))
-    with_test = corpus_sentences(DaptConfig(**{**config, "dapt_corpus": "task+test", "transductive": True}))
-    assert len(with_test) > len(corpus_sentences(DaptConfig(**{**config, "dapt_corpus": "task+dev"})))
+        dapt_corpus(DaptConfig(**{**config, "dapt_corpus": "task+test"}))
+    with_test = dapt_corpus(DaptConfig(**{**config, "dapt_corpus": "task+test", "transductive": True}))
+    assert len(with_test) > len(dapt_corpus(DaptConfig(**{**config, "dapt_corpus": "task+dev"})))
     with pytest.raises(UserInputError, match="dapt_corpus: 'wiki' is not valid"):
-        corpus_sentences(DaptConfig(**{**config, "dapt_corpus": "wiki"}))
+        dapt_corpus(DaptConfig(**{**config, "dapt_corpus": "wiki"}))
 
 
 @pytest.mark.slow

@@ -54,8 +54,8 @@ def test_caps_take_the_same_rows_in_their_original_order(synthetic_data_dir):
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"name": "stsbb"}, "task: 'stsbb' is not valid; use one of: korsts, mrpc, sick, sick_full, stsb, stsb_multi_mt, "
-                        "unlabeled_en"),
+    ({"name": "stsbb"}, "task: 'stsbb' is not valid; use one of: korsts, mrpc, sick, sick_full, sts12, sts13, sts14, "
+                        "sts15, sts16, stsb, stsb_multi_mt, unlabeled_en"),
     ({"name": "stsb_multi_mt"}, "language: None is not valid; task stsb_multi_mt needs a language, one of: de, en"),
     ({"name": "stsb_multi_mt", "language": "ko"}, "(Korean STS-B is the task korsts)"),
     ({"name": "stsb", "language": "de"}, "language: 'de' is not valid; task stsb has the languages: en"),
@@ -99,7 +99,35 @@ def test_hub_copy_is_used_when_the_folder_lacks_the_files(tmp_path, monkeypatch)
 
 
 def test_registry_is_closed_and_every_task_names_its_files():
-    assert set(TASKS) == {"stsb", "stsb_multi_mt", "korsts", "sick", "sick_full", "mrpc", "unlabeled_en"}
+    assert set(TASKS) == {"stsb", "stsb_multi_mt", "korsts", "sick", "sick_full", "mrpc", "unlabeled_en",
+                          "sts12", "sts13", "sts14", "sts15", "sts16"}
     for spec in TASKS.values():
         assert spec.local_files(spec.languages[0])
     assert data_module.DATA_DIR_ENV == "ORCHESTRATOR_DATA_DIR"
+
+
+# SemEval STS years: scored pairs per subset, as PROVENANCE.md and SentEval count them
+STS_YEARS = {"sts12": {"MSRpar": 750, "MSRvid": 750, "SMTeuroparl": 459, "surprise.OnWN": 750,
+                       "surprise.SMTnews": 399},
+             "sts13": {"FNWN": 189, "headlines": 750, "OnWN": 561},
+             "sts14": {"deft-forum": 450, "deft-news": 300, "headlines": 750, "images": 750, "OnWN": 750,
+                       "tweet-news": 750},
+             "sts15": {"answers-forums": 375, "answers-students": 750, "belief": 375, "headlines": 750, "images": 750},
+             "sts16": {"answer-answer": 254, "headlines": 249, "plagiarism": 230, "postediting": 244,
+                       "question-question": 209}}
+
+
+@pytest.mark.parametrize("task", sorted(STS_YEARS))
+def test_every_sts_year_loads_its_scored_pairs_per_subset(data_dir, task):
+    data = load_task(task, None, data_dir)
+    assert data.dev is None and len(data.train) == 0  # evaluation only
+    assert data.test.groupby("subset").size().to_dict() == STS_YEARS[task]
+    assert list(data.test.columns) == ["sentence1", "sentence2", "score", "subset"]
+    assert data.test.score.between(0, 1).all() and data.test.sentence1.str.len().min() > 0
+    assert not data.test.sentence1.str.startswith(" ").any() and not data.test.sentence2.str.endswith(" ").any()
+
+
+def test_an_sts_year_is_not_a_study_task(synthetic_data_dir):
+    from orchestrator.plan import _task_names
+
+    assert "sts12" not in _task_names() and "stsb" in _task_names()

@@ -26,4 +26,10 @@ def _dapt(*args, **kwargs):
     return run(*args, **kwargs)
 
 
-TRAINABLES: dict[str, Callable] = {"finetune": _finetune, "probe": _probe, "dapt": _dapt}
+def _contrastive(*args, **kwargs):
+    from trainables.contrastive import run
+
+    return run(*args, **kwargs)
+
+
+TRAINABLES: dict[str, Callable] = {"finetune": _finetune, "probe": _probe, "dapt": _dapt, "contrastive": _contrastive}

@@ -22,6 +22,10 @@ class TrialConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    def num_reports(self) -> int:
+        """How many times a trial reports (epochs, evaluation rounds): the pruner's resource."""
+        return int(getattr(self, "epochs", 1))
+
 
 ConfigT = TypeVar("ConfigT", bound=TrialConfig)
 

@@ -23,7 +23,7 @@ from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling, 
 from trainables import finetune
 from trainables.batching import tokenize
 from trainables.contract import Report, parse_config
-from trainables.data import load_task
+from trainables.data import corpus_sentences
 from trainables.errors import TrainingDivergedError, UserInputError
 from trainables.finetune import FinetuneConfig
 from trainables.models import load_config, load_tokenizer, resolve_model_path
@@ -33,13 +33,14 @@ from trainables.stages import get_or_build
 DAPT_FIELDS = ("dapt_corpus", "dapt_objective", "dapt_steps", "dapt_lr", "dapt_batch_size", "dapt_grad_accum",
                "dapt_warmup_ratio", "dapt_max_seq_length", "dapt_mlm_probability", "dapt_seed", "dapt_generator",
                "dapt_rtd_weight")
-OBJECTIVES = ("mlm", "rtd")
+OBJECTIVES = ("mlm", "rtd", "simcse", "micse")
 
 
 class DaptConfig(FinetuneConfig):
     dapt_corpus: str = Field("unlabeled_en", description="unlabeled_en, task (the task's train sentences), "
                                                          "task+dev, or a path to a text file (one sentence a line)")
-    dapt_objective: str = Field("mlm", description="mlm (any encoder) or rtd (ELECTRA discriminators)")
+    dapt_objective: str = Field("mlm", description="mlm (any encoder), rtd (ELECTRA discriminators), or the "
+                                                   "unsupervised contrastive simcse / micse (with this pooling)")
     dapt_generator: str | None = Field(None, description="rtd: a generator hub id or folder; default a fresh "
                                                          "generator a quarter of the discriminator's width")
     dapt_rtd_weight: float = Field(50.0, gt=0, description="rtd: weight of the discriminator loss (ELECTRA: 50)")
@@ -56,24 +57,8 @@ class DaptConfig(FinetuneConfig):
     cache_dir: str | None = None
 
 
-def corpus_sentences(cfg: DaptConfig) -> list[str]:
-    """Distinct non-empty sentences of the corpus; test sentences only with transductive: true."""
-    source = cfg.dapt_corpus
-    if source == "unlabeled_en":
-        sentences = list(load_task("unlabeled_en", data_folder=cfg.data_dir).train["sentence"])
-    elif source in ("task", "task+dev", "task+test"):
-        if source == "task+test" and not cfg.transductive:
-            raise UserInputError("dapt_corpus", source, "test sentences train only with transductive: true")
-        data = load_task(cfg.task, cfg.language, cfg.data_dir)
-        frames = [data.train] + ([data.dev] if source != "task" else []) + ([data.test] if source == "task+test"
-                                                                            else [])
-        sentences = [s for f in frames for column in ("sentence1", "sentence2") for s in f[column]]
-    elif Path(source).expanduser().is_file():
-        sentences = Path(source).expanduser().read_text(encoding="utf-8").splitlines()
-    else:
-        raise UserInputError("dapt_corpus", source, "use unlabeled_en, task, task+dev, task+test (transductive) "
-                                                    "or the path of a text file")
-    return list(dict.fromkeys(s.strip() for s in sentences if s.strip()))
+def dapt_corpus(cfg: DaptConfig) -> list[str]:
+    return corpus_sentences(cfg.dapt_corpus, cfg.task, cfg.language, cfg.data_dir, cfg.transductive, "dapt_corpus")
 
 
 def dapt_schedule(optimizer: torch.optim.Optimizer, steps: int, warmup_ratio: float):
@@ -176,14 +161,43 @@ def pretrain(cfg: DaptConfig, sentences: list[str], folder: Path) -> dict:
             "last_loss": float(sum(losses[-10:]) / max(1, len(losses[-10:])))}
 
 
+def contrastive_pretrain(cfg: DaptConfig, folder: Path) -> dict:
+    """An unsupervised SimCSE / miCSE stage on the whole encoder, with the study's pooling; the
+    task's dev split picks the best of four evaluation points. Saves the encoder and tokenizer."""
+    from trainables.contract import collect
+    from trainables.contrastive import ContrastiveConfig, train
+
+    stage = ContrastiveConfig(
+        model=cfg.model, method=cfg.dapt_objective, task=cfg.task, language=cfg.language, corpus=cfg.dapt_corpus,
+        pooling=cfg.pooling, lr=cfg.dapt_lr, steps=cfg.dapt_steps, eval_every=max(1, math.ceil(cfg.dapt_steps / 4)),
+        batch_size=cfg.dapt_batch_size, max_seq_length=cfg.dapt_max_seq_length, warmup_ratio=cfg.dapt_warmup_ratio,
+        score_test=False, transductive=cfg.transductive, seed=cfg.dapt_seed, precision=cfg.precision,
+        device=cfg.device, data_dir=cfg.data_dir, max_eval_samples=cfg.max_eval_samples)
+    started, curve = time.perf_counter(), []
+    model, last = train(stage, collect(curve))
+    model.sentence_encoder.encoder.save_pretrained(folder, safe_serialization=True)
+    load_tokenizer(cfg.model).save_pretrained(folder)
+    return {"loss_curve": [m["train_loss"] for m in curve], "corpus_sentences": last["corpus_sentences"],
+            "seconds": time.perf_counter() - started, "first_loss": curve[0]["train_loss"],
+            "last_loss": curve[-1]["train_loss"], "stage_dev_spearman": last["best_dev_spearman"],
+            "stage_best_step": last["best_step"]}
+
+
 def adapt(cfg: DaptConfig) -> tuple[Path, dict, bool]:
     """The adapted encoder for this stage configuration, from the cache or built now."""
     if cfg.dapt_objective not in OBJECTIVES:
-        raise UserInputError("dapt_objective", cfg.dapt_objective, "use mlm (any encoder) or rtd (ELECTRA)")
+        raise UserInputError("dapt_objective", cfg.dapt_objective, "use mlm (any encoder), rtd (ELECTRA), "
+                                                                   "simcse or micse")
+    contrastive = cfg.dapt_objective in ("simcse", "micse")
+    if contrastive and cfg.dapt_grad_accum != 1:
+        raise UserInputError("dapt_grad_accum", cfg.dapt_grad_accum, "contrastive objectives take their negatives "
+                                                                     "from the batch: use 1 and a larger batch")
     params = {"model": cfg.model, "corpus": cfg.dapt_corpus, "task": cfg.task if cfg.dapt_corpus.startswith("task")
-              else None, "language": cfg.language, "transductive": cfg.transductive,
-              **{k: getattr(cfg, k) for k in DAPT_FIELDS}}
-    return get_or_build(cfg.cache_dir, "dapt", params, lambda folder: pretrain(cfg, corpus_sentences(cfg), folder))
+              or contrastive else None, "language": cfg.language, "transductive": cfg.transductive,
+              **{k: getattr(cfg, k) for k in DAPT_FIELDS}, **({"pooling": cfg.pooling} if contrastive else {})}
+    build = (lambda folder: contrastive_pretrain(cfg, folder)) if contrastive else \
+        (lambda folder: pretrain(cfg, dapt_corpus(cfg), folder))
+    return get_or_build(cfg.cache_dir, "dapt", params, build)
 
 
 def run(config: dict, report: Report, checkpoint_dir: str | None = None) -> dict:

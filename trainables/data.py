@@ -50,6 +50,7 @@ class TaskSpec:
     read_hub: Callable[[str], dict[str, pd.DataFrame]] | None = None
     languages: tuple[str, ...] = ("en",)
     hub_id: str | None = None
+    eval_only: bool = False  # a test split only (the SentEval STS years): scored, never trained on
 
 
 # --- local readers -------------------------------------------------------------------------
@@ -135,6 +136,35 @@ def _unlabeled_en_local(root: Path, language: str) -> dict[str, pd.DataFrame]:
     return {"train": pd.DataFrame({"sentence": [s for s in lines if s]})}
 
 
+SENTEVAL_YEARS = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16"}
+
+
+def _senteval_subsets(folder: Path) -> list[str]:
+    return sorted(p.name.removeprefix("STS.input.").removesuffix(".txt") for p in folder.glob("STS.input.*.txt"))
+
+
+def _senteval_local(year: str) -> Callable[[Path, str], dict[str, pd.DataFrame]]:
+    """A SemEval STS year in SentEval's layout: every subset's pairs with a gold score (0-5; an
+    empty gold line is an unscored pair and is dropped, as SentEval does), with a `subset` column."""
+
+    def read(root: Path, language: str) -> dict[str, pd.DataFrame]:
+        folder = root / "sts12-16" / f"{year}-en-test"
+        subsets = _senteval_subsets(folder)
+        if not subsets:
+            raise FileNotFoundError(folder)
+        frames = []
+        for subset in subsets:
+            pairs = (folder / f"STS.input.{subset}.txt").read_text(encoding="utf-8").split("\n")
+            gold = (folder / f"STS.gs.{subset}.txt").read_text(encoding="utf-8").split("\n")
+            rows = [(*pair.split("\t")[:2], score) for pair, score in zip(pairs, gold, strict=False)
+                    if score.strip()]
+            frame = _sts_frame([(a.strip(), b.strip(), s) for a, b, s in rows], max_score=5.0)
+            frames.append(frame.assign(subset=subset))
+        return {"test": pd.concat(frames, ignore_index=True)}
+
+    return read
+
+
 # --- hub readers (used only when the data folder lacks the files) --------------------------
 
 
@@ -176,6 +206,9 @@ TASKS: dict[str, TaskSpec] = {
                  lambda lang: [f"sick/semeval2014/{f}" for f in _SICK_FILES.values()]),
         TaskSpec("sick_full", "sts", _sick_full_local, lambda lang: ["sick/SICK.txt"]),
         TaskSpec("mrpc", "classification", _mrpc_local, lambda lang: [f"mrpc/glue/{s}.tsv" for s in SPLITS]),
+        *[TaskSpec(name, "sts", _senteval_local(year),
+                   lambda lang, year=year: [f"sts12-16/{year}-en-test/STS.input.<subset>.txt and STS.gs.<subset>.txt"],
+                   eval_only=True) for name, year in SENTEVAL_YEARS.items()],
         TaskSpec("unlabeled_en", "unlabeled", _unlabeled_en_local,
                  lambda lang: ["unlabeled-en/wiki1m_for_simcse.txt"]),
     ]
@@ -236,6 +269,8 @@ def load_task(name: str, language: str | None = None, data_folder: str | os.Path
             frames = None
     if frames is None:
         frames = _load_from_hub(spec, lang, root)
+    if "train" not in frames:  # an evaluation-only set: an empty train split with its columns
+        frames["train"] = frames["test"].iloc[:0]
     return TaskData(
         name=name, kind=spec.kind, language=lang,
         train=_cap(frames["train"], max_train_samples),
@@ -255,3 +290,24 @@ def _load_from_hub(spec: TaskSpec, language: str, root: Path | None) -> dict[str
         return spec.read_hub(language)
     except Exception as exc:  # network, auth or schema failure: the local layout is the fix
         raise missing from exc
+
+
+def corpus_sentences(source: str, task: str, language: str | None, data_folder: str | os.PathLike | None,
+                     transductive: bool, key: str = "corpus") -> list[str]:
+    """Distinct non-empty sentences of an unlabeled corpus: `unlabeled_en`, `task` (the task's train
+    sentences), `task+dev`, `task+test` (only with `transductive`) or a text file, one sentence a line."""
+    if source == "unlabeled_en":
+        sentences = list(load_task("unlabeled_en", data_folder=data_folder).train["sentence"])
+    elif source in ("task", "task+dev", "task+test"):
+        if source == "task+test" and not transductive:
+            raise UserInputError(key, source, "test sentences train only with transductive: true")
+        data = load_task(task, language, data_folder)
+        frames = [data.train] + ([data.dev] if source != "task" else []) + ([data.test] if source == "task+test"
+                                                                            else [])
+        sentences = [s for f in frames for column in ("sentence1", "sentence2") for s in f[column]]
+    elif Path(source).expanduser().is_file():
+        sentences = Path(source).expanduser().read_text(encoding="utf-8").splitlines()
+    else:
+        raise UserInputError(key, source, "use unlabeled_en, task, task+dev, task+test (transductive) "
+                                          "or the path of a text file")
+    return list(dict.fromkeys(s.strip() for s in sentences if s.strip()))

@@ -27,6 +27,7 @@ from trainables.models import (
     truncated_parameter_count,
 )
 from trainables.runtime import resolve_device, resolve_precision
+from trainables.sts_suite import load_suite, score_suite, suite_sentences
 
 
 class ProbeConfig(TrialConfig):
@@ -67,43 +68,62 @@ def resolve_layers(layers: Sequence[int] | None, depth: int) -> list[int]:
     return sorted(set(layers))
 
 
+class LayerTable:
+    """Pooled vectors of chosen layers for a fixed set of sentences, from one pass over them;
+    `embedder(j)` is an Embed function for the j-th chosen layer."""
+
+    def __init__(self, cfg: ProbeConfig, sentences: Sequence[str]):
+        if cfg.pooling not in POOLINGS:
+            raise one_of("pooling", cfg.pooling, POOLINGS)
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        device = resolve_device(cfg.device)
+        dtype = resolve_precision(cfg.precision, device)
+        encoder = load_encoder(cfg.model)
+        self.layers = resolve_layers(cfg.layers, encoder_depth(encoder.config))
+        self.params = {k: truncated_parameter_count(encoder, k) for k in self.layers}
+        truncate_encoder(encoder, max(self.layers))
+        model = AllLayers(encoder, self.layers, cfg.pooling).to(device)
+        embed_all = Embedder(model, TokenCache(load_tokenizer(cfg.model), cfg.max_seq_length), device, dtype)
+        sentences = list(dict.fromkeys(sentences))
+        self.table = embed_all(sentences)  # (sentences, layers, dim), one pass
+        self.row = {s: i for i, s in enumerate(sentences)}
+
+    def embedder(self, j: int):
+        def embed(batch: Sequence[str]) -> torch.Tensor:
+            return self.table[torch.as_tensor([self.row[s] for s in batch], dtype=torch.long), j]
+
+        return embed
+
+
 def probe_layers(cfg: ProbeConfig) -> list[dict]:
     """One row per layer: `layer`, `params` (of the model cut there) and the metrics of each split."""
-    if cfg.pooling not in POOLINGS:
-        raise one_of("pooling", cfg.pooling, POOLINGS)
-    if cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
-    device = resolve_device(cfg.device)
-    dtype = resolve_precision(cfg.precision, device)
     data = load_task(cfg.task, cfg.language, cfg.data_dir, max_eval_samples=cfg.max_eval_samples)
     if data.kind == "unlabeled":
         raise UserInputError("task", cfg.task, "probe scores labeled pair tasks (stsb, sick, mrpc, ...)")
     for split in cfg.splits:
         data.split(split)
-    encoder = load_encoder(cfg.model)
-    layers = resolve_layers(cfg.layers, encoder_depth(encoder.config))
-    params = {k: truncated_parameter_count(encoder, k) for k in layers}
-    truncate_encoder(encoder, max(layers))
-    model = AllLayers(encoder, layers, cfg.pooling).to(device)
-    embed_all = Embedder(model, TokenCache(load_tokenizer(cfg.model), cfg.max_seq_length), device, dtype)
-
     needed = {"dev", *cfg.splits} if data.kind == "classification" else set(cfg.splits)
-    sentences = list(dict.fromkeys(s for split in sorted(needed) for column in ("sentence1", "sentence2")
-                                   for s in data.split(split)[column]))
-    table = embed_all(sentences)  # (sentences, layers, dim), one pass
-    row = {s: i for i, s in enumerate(sentences)}
+    sentences = [s for split in sorted(needed) for column in ("sentence1", "sentence2")
+                 for s in data.split(split)[column]]
+    table = LayerTable(cfg, sentences)
     evaluator = make_evaluator(data.kind, {split: data.split(split) for split in needed})
-
     results = []
-    for j, layer in enumerate(layers):
-        def embed(batch: Sequence[str], j: int = j) -> torch.Tensor:
-            return table[torch.as_tensor([row[s] for s in batch], dtype=torch.long), j]
-
-        metrics = {"layer": layer, "params": params[layer]}
+    for j, layer in enumerate(table.layers):
+        metrics = {"layer": layer, "params": table.params[layer]}
         for split in cfg.splits:
-            metrics.update(evaluator.evaluate(embed, split))
+            metrics.update(evaluator.evaluate(table.embedder(j), split))
         results.append(metrics)
     return results
+
+
+def probe_suite(cfg: ProbeConfig, suite: str = "sts") -> list[dict]:
+    """One row per layer: `layer`, `params` and the suite's Spearman per set and on average (test
+    splits; see trainables.sts_suite for the aggregation)."""
+    frames = load_suite(suite, cfg.data_dir, cfg.max_eval_samples)
+    table = LayerTable(cfg, suite_sentences(frames))
+    return [{"layer": layer, "params": table.params[layer], **score_suite(table.embedder(j), frames)}
+            for j, layer in enumerate(table.layers)]
 
 
 def run(config: dict, report: Report, checkpoint_dir: str | None = None) -> dict:

@@ -1,0 +1,180 @@
+"""The contrastive trainable (SimCSE, miCSE) on tiny random encoders, and one real-data run."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+
+from trainables import contrastive
+from trainables.batching import pad
+from trainables.contract import collect
+from trainables.contrastive import (
+    ContrastiveConfig,
+    ContrastiveModel,
+    attention_alignment,
+    info_nce,
+    resolve_attention_layers,
+    step_batches,
+)
+from trainables.errors import UserInputError
+from trainables.models import build_sentence_encoder, load_tokenizer
+
+
+@pytest.fixture()
+def corpus(tmp_path) -> str:
+    import random
+
+    words = ["cat", "dog", "man", "woman", "child", "plays", "runs", "eats", "sits", "red", "blue", "green", "small",
+             "large", "house", "park", "street", "ball", "guitar", "car", "river", "tree", "sings", "walks", "reads"]
+    rng = random.Random(0)
+    lines = {" ".join(rng.choice(words) for _ in range(rng.randint(4, 10))) for _ in range(400)}
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(sorted(lines)) + "\n")
+    return str(path)
+
+
+@pytest.fixture()
+def config(tiny_bert, synthetic_data_dir, corpus) -> dict:
+    return {"model": tiny_bert, "task": "stsb", "corpus": corpus, "data_dir": str(synthetic_data_dir),
+            "pooling": "mean", "lr": 1e-3, "steps": 30, "eval_every": 10, "batch_size": 16, "max_seq_length": 16,
+            "num_threads": 1, "device": "cpu", "precision": "fp32"}
+
+
+def test_the_two_dropout_views_of_a_sentence_differ_only_while_training(tiny_bert):
+    model = ContrastiveModel(build_sentence_encoder(tiny_bert, 2, "mean"), mlp_head=False)
+    ids = load_tokenizer(tiny_bert)(["a man plays the guitar in the park"])["input_ids"]
+    input_ids, mask = pad(ids + ids, 0, torch.device("cpu"))
+    model.train()
+    vectors, _ = model.views(input_ids, mask, None)
+    assert not torch.allclose(vectors[0], vectors[1])
+    model.eval()
+    vectors, _ = model.views(input_ids, mask, None)
+    assert torch.allclose(vectors[0], vectors[1])
+
+
+def test_info_nce_is_cross_entropy_over_in_batch_cosines():
+    first = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    second = torch.tensor([[2.0, 0.1], [0.1, 3.0], [1.0, 0.9]])
+    cosines = torch.nn.functional.normalize(first, dim=1) @ torch.nn.functional.normalize(second, dim=1).T
+    expected = -torch.log_softmax(cosines / 0.05, dim=1).diagonal().mean()
+    assert info_nce(first, second, 0.05).item() == pytest.approx(expected.item(), rel=1e-6)
+    assert info_nce(first, first, 0.01).item() < 1e-6  # aligned views, separated negatives
+
+
+def test_attention_term_is_zero_for_identical_attention_and_positive_otherwise():
+    torch.manual_seed(0)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    logits = torch.randn(2, 2, 4, 4).masked_fill(mask[:, None, None, :] == 0, -1e9)
+    attention = logits.softmax(-1)
+    assert attention_alignment([attention], [attention.clone()], mask).item() == pytest.approx(0.0, abs=1e-6)
+    other = (logits + torch.randn_like(logits)).softmax(-1)
+    value = attention_alignment([attention], [other], mask).item()
+    assert 0 < value <= 2
+    dropped = attention.clone()
+    dropped[0, 0, 0, 1] = 0.0  # attention dropout zeroed one entry of one view: it is left out
+    assert attention_alignment([attention], [dropped], mask).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_batches_cover_the_corpus_each_pass_and_resume_to_the_same_order():
+    batches = step_batches(10, 4, seed=3, steps=6)
+    assert all(len(b) == 4 for b in batches)  # a short last batch is dropped
+    assert len(set(batches[0] + batches[1])) == 8
+    assert step_batches(10, 4, seed=3, steps=6, done=4) == batches[4:]
+
+
+def test_simcse_loss_falls_and_reports_every_eval_round(config):
+    reports = []
+    final = contrastive.run(config, collect(reports))
+    assert [r["epoch"] for r in reports] == [1, 2, 3] and [r["step"] for r in reports] == [10, 20, 30]
+    assert reports[-1]["contrastive_loss"] < 0.5 * reports[0]["contrastive_loss"]
+    assert "attention_loss" not in final and math.isfinite(final["dev_spearman"])
+    assert final["test_epoch"] == final["best_epoch"] and "test_spearman" in final
+    assert all("test_spearman" not in r for r in reports[:-1])  # test is scored once
+
+
+def test_micse_adds_the_attention_term_and_still_trains(config):
+    reports = []
+    final = contrastive.run({**config, "method": "micse", "layer": 2, "attention_layers": [1, 2]},
+                            collect(reports))
+    assert all(r["attention_loss"] > 0 for r in reports)
+    assert final["train_loss"] == pytest.approx(final["contrastive_loss"] + final["attention_loss"], rel=1e-6)
+    assert reports[-1]["train_loss"] < reports[0]["train_loss"]
+
+
+def test_same_seed_same_numbers_and_resume_from_a_checkpoint(config, tmp_path):
+    first, second = [], []
+    contrastive.run({**config, "steps": 20}, collect(first))
+    contrastive.run({**config, "steps": 20}, collect(second))
+    timeless = [[{k: v for k, v in r.items() if k != "train_seconds"} for r in rs] for rs in (first, second)]
+    assert timeless[0] == timeless[1]
+    saved = {}
+
+    def keep(metrics, checkpoint_dir=None):
+        if metrics["epoch"] == 1:
+            import shutil
+
+            saved["dir"] = shutil.copytree(checkpoint_dir, tmp_path / "ckpt")
+
+    contrastive.run({**config, "steps": 20}, keep)
+    resumed = []
+    contrastive.run({**config, "steps": 20}, collect(resumed), checkpoint_dir=str(saved["dir"]))
+    assert len(resumed) == 1
+    for key in ("dev_spearman", "train_loss", "test_spearman"):
+        assert resumed[0][key] == pytest.approx(first[-1][key], abs=1e-6)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"corpus": "task+test"}, "corpus: 'task+test' is not valid; test sentences train only with transductive: true"),
+    ({"method": "mocse"}, "method: 'mocse' is not valid; use one of: micse, simcse"),
+    ({"method": "micse", "layer": 0}, "layer: 0 is not valid; micse aligns attention, and layer 0 has none"),
+    ({"method": "micse", "layer": 2, "attention_layers": [3]},
+     "attention_layers: [3] is not valid; the encoder keeps 2 layers: use numbers in 1..2"),
+    ({"task": "mrpc"}, "task: 'mrpc' is not valid; contrastive selects on an STS dev split"),
+])
+def test_bad_settings_are_one_clear_error(config, changes, message):
+    with pytest.raises(UserInputError, match=re.escape(message)):
+        contrastive.run({**config, **changes}, collect([]))
+
+
+def test_test_sentences_train_only_when_transductive_and_it_is_recorded(config):
+    reports = []
+    final = contrastive.run({**config, "corpus": "task+test", "transductive": True, "steps": 10}, collect(reports))
+    assert final["transductive"] == 1 and final["corpus_sentences"] > 400
+
+
+def test_attention_layers_resolve_to_zero_based_kept_layers():
+    cfg = ContrastiveConfig(model="m", method="micse")
+    assert resolve_attention_layers(cfg, 4) == [3]
+    assert resolve_attention_layers(ContrastiveConfig(model="m", method="micse", attention_layers=[2, 1, 2]), 4) \
+        == [0, 1]
+    assert resolve_attention_layers(ContrastiveConfig(model="m"), 4) is None
+
+
+def test_a_contrastive_stage_starts_finetune_through_the_stage_cache(config, tmp_path):
+    from trainables import dapt
+
+    reports = []
+    common = {"model": config["model"], "task": "stsb", "data_dir": config["data_dir"], "layer": 2, "epochs": 1,
+              "batch_size": 16, "max_seq_length": 16, "dapt_objective": "simcse", "dapt_corpus": config["corpus"],
+              "dapt_steps": 8, "dapt_batch_size": 16, "dapt_lr": 1e-3, "cache_dir": str(tmp_path / "stages"),
+              "num_threads": 1}
+    dapt.run(common, collect(reports))
+    dapt.run({**common, "layer": 1}, collect(reports))
+    assert [r["dapt_cache_hit"] for r in reports] == [0, 1]
+    assert len(list((tmp_path / "stages").glob("dapt-*/model.safetensors"))) == 1
+    with pytest.raises(UserInputError, match="dapt_grad_accum: 2 is not valid; contrastive objectives"):
+        dapt.run({**common, "dapt_grad_accum": 2}, collect([]))
+
+
+@pytest.mark.slow
+def test_minilm_short_simcse_on_the_wikipedia_slice_reports_dev_spearman(data_dir, minilm_path):
+    reports = []
+    final = contrastive.run({"model": "sentence-transformers/all-MiniLM-L6-v2", "corpus": "unlabeled_en",
+                             "layer": 6, "pooling": "mean", "steps": 20, "eval_every": 10, "batch_size": 32,
+                             "max_train_samples": 2000, "max_eval_samples": 400, "data_dir": str(data_dir),
+                             "num_threads": 2}, collect(reports))
+    assert len(reports) == 2 and final["corpus_sentences"] == 2000
+    assert final["dev_spearman"] > 75 and final["test_spearman"] > 70  # the packaged model stays a good encoder
