@@ -18,9 +18,11 @@ from orchestrator.config import StudyConfig
 from search_spaces.params import Choice, Fixed, Grid, IntRange, LogUniform, Param, Uniform, parse_ablated, parse_tuned
 from search_spaces.presets import expand_language, expand_layer, expand_pooling, expand_seeds, expand_tuned_preset
 from trainables.contract import TrialConfig, parse_config
-from trainables.contrastive import ContrastiveConfig, resolve_attention_layers
+from trainables.contrastive import METHODS, ContrastiveConfig, resolve_attention_layers
+from trainables.cross_encoder import CROSS_LOSSES, CrossEncoderConfig
 from trainables.dapt import DaptConfig
 from trainables.data import load_task, resolve_language, task_spec
+from trainables.distill import MODES, DistillConfig
 from trainables.errors import UserInputError
 from trainables.finetune import FinetuneConfig, primary_metric
 from trainables.models import POOLINGS, encoder_depth, load_config
@@ -28,7 +30,11 @@ from trainables.objectives import LOSSES
 from trainables.probe import ProbeConfig
 
 SCHEMAS: dict[str, type[TrialConfig]] = {"finetune": FinetuneConfig, "probe": ProbeConfig, "dapt": DaptConfig,
-                                          "contrastive": ContrastiveConfig}
+                                          "contrastive": ContrastiveConfig, "cross_encoder": CrossEncoderConfig,
+                                          "distill": DistillConfig}
+# closed registries of names inside trial configs: field -> valid names
+NAMES: dict[str, tuple[str, ...]] = {"pooling": POOLINGS, "cross_pooling": POOLINGS, "method": METHODS,
+                                     "mode": MODES, "cross_loss": CROSS_LOSSES}
 # keys the orchestrator sets itself; a study may not put them in train/ablate/tune
 MANAGED = {"seed", "model", "task", "data_dir", "num_threads", "device", "max_train_samples", "max_eval_samples",
            "score_test", "cache_dir"}
@@ -55,6 +61,11 @@ class StudyPlan:
     mode: str
     epochs: int
     origins: dict[str, str] = field(default_factory=dict)
+    cell_reports: tuple[int, ...] = ()  # reports per trial of each cell (cells may ablate epochs, steps, mode)
+
+    def reports_of(self, cell_index: int) -> int:
+        """How many reports a full trial of this cell makes (what a completed trial reached)."""
+        return self.cell_reports[cell_index] if self.cell_reports else self.epochs
 
     @property
     def trials_per_cell(self) -> int:
@@ -70,7 +81,7 @@ class StudyPlan:
 
     @property
     def max_trial_epochs(self) -> int:
-        return (self.tuning_trials + self.replicate_trials) * self.epochs
+        return sum(self.reports_of(c.index) for c in self.cells) * (self.trials_per_cell + len(self.seeds))
 
     def trial_config(self, cell: Cell, tuned: dict[str, Any], seed: int, phase: str = "replicate") -> dict[str, Any]:
         """A tuning trial never scores test: selection only ever looks at dev."""
@@ -230,7 +241,7 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
 
     cells = tuple(Cell(i, values) for i, values in enumerate(_cells(study, axes)))
     sample = {k: _sample(p) for k, p in tuned.items()}
-    reports = {_check_trial(schema, {**base, **cell.values, **sample}, origins).num_reports() for cell in cells}
+    reports = tuple(_check_trial(schema, {**base, **cell.values, **sample}, origins).num_reports() for cell in cells)
     checked = {(c.values.get("task", study.task), c.values.get("language", study.language)) for c in cells}
     for task, language in sorted(checked, key=str):
         load_task(task, language, base.get("data_dir"))
@@ -239,7 +250,7 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
     metric, mode = primary_metric(spec.kind)
     epochs = max(reports, default=1)  # reports per trial; ablating epochs or steps makes them differ by cell
     _check_baseline(study, cells)
-    return StudyPlan(study, cells, tuned, seeds, base, metric, mode, epochs, origins)
+    return StudyPlan(study, cells, tuned, seeds, base, metric, mode, epochs, origins, reports)
 
 
 def _task_names() -> list[str]:
@@ -254,7 +265,10 @@ def _check_trial(schema: type[TrialConfig], config: dict, origins: dict[str, str
     except UserInputError as exc:
         raise UserInputError(origins.get(exc.key, exc.key), exc.value, exc.fix) from None
     loss = getattr(parsed, "loss", None)
-    if loss is not None:
+    if isinstance(parsed, CrossEncoderConfig):
+        if loss not in CROSS_LOSSES:
+            raise UserInputError(origins.get("loss", "train.loss"), loss, "use one of: " + ", ".join(CROSS_LOSSES))
+    elif loss is not None:
         kind = task_spec(parsed.task).kind
         if loss not in LOSSES:
             raise UserInputError(origins.get("loss", "train.loss"), loss, "use one of: " + ", ".join(sorted(LOSSES)))
@@ -262,9 +276,10 @@ def _check_trial(schema: type[TrialConfig], config: dict, origins: dict[str, str
             fitting = ", ".join(n for n, (k, _) in LOSSES.items() if k == kind)
             raise UserInputError(origins.get("loss", "train.loss"), loss,
                                  f"it trains {LOSSES[loss][0]} tasks; task {parsed.task} needs one of: {fitting}")
-    pooling = getattr(parsed, "pooling", None)
-    if pooling is not None and pooling not in POOLINGS:
-        raise UserInputError(origins.get("pooling", "train.pooling"), pooling, "use one of: " + ", ".join(POOLINGS))
+    for name, valid in NAMES.items():
+        value = getattr(parsed, name, None)
+        if value is not None and value not in valid:
+            raise UserInputError(origins.get(name, f"train.{name}"), value, "use one of: " + ", ".join(valid))
     if isinstance(parsed, ContrastiveConfig):
         depth = parsed.layer if parsed.layer is not None else _depth(parsed.model, origins.get("model", "model"))
         try:

@@ -158,7 +158,7 @@ class StudyState:
         if record.phase != "tune" or trial is None or "epoch" not in metrics or not _finite(value):
             return False
         trial.report(value, step=int(metrics["epoch"]))
-        return int(metrics["epoch"]) < self.plan.epochs and trial.should_prune()
+        return int(metrics["epoch"]) < self.plan.reports_of(record.cell) and trial.should_prune()
 
     def on_checkpoint(self, key: str, path: str) -> None:
         if key in self.records:
@@ -183,7 +183,8 @@ class StudyState:
         record = self.records[key]
         if record.finished:
             return
-        if outcome == Outcome.COMPLETED and int(record.last.get("epoch", self.plan.epochs)) < self.plan.epochs:
+        full = self.plan.reports_of(record.cell)
+        if outcome == Outcome.COMPLETED and int(record.last.get("epoch", full)) < full:
             outcome = Outcome.PRUNED  # stopped before the last epoch: tell the truth
         record.outcome, record.error = outcome, error
         self.journal.write("finished", key=key, outcome=outcome.value, error=error)

@@ -14,7 +14,7 @@ from ray.tune.search import Searcher
 
 from orchestrator.journal import Outcome
 from orchestrator.study_state import FINISHED, StudyState
-from trainables.checkpoints import PREDICTIONS
+from trainables.checkpoints import ARTIFACTS
 
 RAY_RESULT_KEYS = {"timestamp", "checkpoint_dir_name", "done", "training_iteration", "trial_id", "date",
                    "time_this_iter_s", "time_total_s", "pid", "hostname", "node_ip", "config", "time_since_restore",
@@ -143,8 +143,9 @@ class TrackingCallback(Callback):
         record = self.state.records.get(trial.config.get("trial_key"))
         if record is None:
             return
-        if record.checkpoint and os.path.exists(os.path.join(record.checkpoint, PREDICTIONS)):
-            self.tracker.log_artifact(record.key, os.path.join(record.checkpoint, PREDICTIONS))
+        for name in ARTIFACTS if record.checkpoint else ():
+            if os.path.exists(os.path.join(record.checkpoint, name)):
+                self.tracker.log_artifact(record.key, os.path.join(record.checkpoint, name))
         self.tracker.finish_trial(record)
 
 

@@ -4,6 +4,7 @@ test value per column, missing cells with the reason. Rendering does none of thi
 from __future__ import annotations
 
 import math
+import re
 
 import pandas as pd
 
@@ -116,3 +117,26 @@ def suite_summary(runs: StudyRuns) -> pd.DataFrame:
             part["best"] = False
         parts.append(part)
     return pd.concat(parts, ignore_index=True)
+
+
+CYCLE_METRIC = re.compile(r"^cycle(\d+)_(partner_)?(cross_)?(dev|test)_spearman$")
+
+
+def cycle_summary(runs: StudyRuns) -> pd.DataFrame:
+    """Distillation per cycle, when the runs logged it: one row per (cell, encoder, split, cycle)
+    with mean / std / n of Spearman over completed replicates. `encoder` is bi or cross, with a
+    `partner ` prefix for the second pair of a mutual run."""
+    found = [(c, CYCLE_METRIC.match(c)) for c in runs.runs.columns] if not runs.runs.empty else []
+    rows = []
+    for column, match in ((c, m) for c, m in found if m):
+        cycle, partner, cross, split = int(match[1]), match[2], match[3], match[4]
+        encoder = ("partner " if partner else "") + ("cross" if cross else "bi")
+        for _, row in summarize(runs, column).iterrows():
+            rows.append({"cell": row["cell"], "encoder": encoder, "split": split, "cycle": cycle,
+                         "mean": row["mean"], "std": row["std"], "n": row["n"]})
+    if not rows:
+        return pd.DataFrame()
+    frame = pd.DataFrame(rows)
+    order = {cell: i for i, cell in enumerate(dict.fromkeys(frame["cell"]))}
+    return frame.sort_values(["cell", "encoder", "split", "cycle"], key=lambda c: c.map(order) if c.name == "cell"
+                             else c, kind="stable").reset_index(drop=True)

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from reports.aggregate import SUITE_METRICS, best_per_column, dev_selected, row_groups, suite_summary, summarize
+from reports.aggregate import (
+    SUITE_METRICS,
+    best_per_column,
+    cycle_summary,
+    dev_selected,
+    row_groups,
+    suite_summary,
+    summarize,
+)
 from reports.collect import StudyRuns
 from reports.plots import layer_plot, pareto_plot
 from reports.render import BEST_NOTE, SELECTED_NOTE, Cell, Grid, to_latex, to_markdown
@@ -105,6 +113,24 @@ def suite_grid(runs: StudyRuns, decimals: int) -> Grid | None:
                        "test splits"], decimals)
 
 
+def cycle_grid(runs: StudyRuns, decimals: int) -> Grid | None:
+    """Distillation: bi- and cross-encoder Spearman on dev and test after every cycle."""
+    cycles = cycle_summary(runs)
+    if cycles.empty:
+        return None
+    numbers = sorted(cycles["cycle"].unique())
+    rows = []
+    for (cell, encoder, split), group in cycles.groupby(["cell", "encoder", "split"], sort=False):
+        by_cycle = {r["cycle"]: r for _, r in group.iterrows()}
+        rows.append((f"{cell} · {encoder} · {split}",
+                     [Cell(mean=by_cycle[c]["mean"], std=by_cycle[c]["std"]) if c in by_cycle else Cell(text="—")
+                      for c in numbers]))
+    return Grid(f"{runs.name}: Spearman ×100 after each distillation cycle (mean ± std over seeds)",
+                "cell · encoder · split", [f"cycle {c}" for c in numbers], rows,
+                ["the run's own test figure is the dev-selected cycle's (best bi-encoder dev); test of the other "
+                 "cycles is shown, never used"], decimals)
+
+
 def tuning_grid(runs: StudyRuns) -> Grid | None:
     tuning = runs.runs[runs.runs.phase == "tune"]
     if tuning.empty:
@@ -140,9 +166,9 @@ def build_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] = FORMATS)
         headline = headline_grid(runs, summary, rows, decimals)
         if headline is not None:
             grids.append(("headline", headline))
-    suite = suite_grid(runs, decimals)
-    if suite is not None:
-        grids.append(("suite", suite))
+    for name, extra in (("suite", suite_grid(runs, decimals)), ("cycles", cycle_grid(runs, decimals))):
+        if extra is not None:
+            grids.append((name, extra))
     tuning = tuning_grid(runs)
     if tuning is not None:
         grids.append(("tuning", tuning))

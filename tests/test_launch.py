@@ -198,3 +198,60 @@ def test_a_dapt_study_pretrains_once_per_stage_config(tiny_bert, data_dir, tmp_p
     assert sorted(c.data.metrics["dapt_cache_hit"] for c in adapted) == [0.0, 1.0]
     plain = [c for c in trials if c.data.params["dapt_steps"] == "0"]
     assert len(plain) == 2 and all("stage.run_id" not in c.data.tags for c in plain)
+
+
+def test_a_contrastive_study_lands_in_mlflow_and_the_suite_table(tiny_bert, data_dir, tmp_path):
+    study = write_study(tmp_path, tiny_bert, data_dir, trainable="contrastive", ablate={"method": ["simcse", "micse"]},
+                        tune={"params": {"lr": {"loguniform": [1e-4, 1e-3]}}, "trials": 2, "startup_trials": 2},
+                        replicate={"seeds": [0]},
+                        train={"corpus": "task", "layer": 2, "pooling": "mean", "steps": 6, "eval_every": 3,
+                               "batch_size": 16, "max_seq_length": 32, "suite": True},
+                        data={"max_train_samples": 200, "max_eval_samples": 40},
+                        report={"columns": "method"})
+    result = launch(study, storage=tmp_path / "studies", progress=False)
+    assert result.finished and result.counts["failed"] == 0
+    from reports.build import build_report
+    from reports.collect import collect
+
+    build_report(collect(f"sqlite:///{tmp_path / 'mlflow.db'}", "e2e"), tmp_path / "report")
+    _, children = runs_of(tmp_path)
+    assert len(children) == 6
+    replicas = [c for c in children if c.data.tags["phase"] == "replicate"]
+    assert sorted(c.data.params["method"] for c in replicas) == ["micse", "simcse"]
+    assert all("test_sts12_spearman" in c.data.metrics and "test_suite_avg_spearman" in c.data.metrics
+               for c in replicas)
+    assert not any("test_spearman" in c.data.metrics for c in children if c.data.tags["phase"] == "tune")
+    micse = next(c for c in replicas if c.data.params["method"] == "micse")
+    assert micse.data.metrics["attention_loss"] > 0
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "STS suite, test Spearman" in report and "| STS12 | STS13 |" in report
+    runs = pd.read_csv(tmp_path / "report" / "runs.csv")
+    avg = runs[runs.phase == "replicate"].set_index("method")["test_suite_avg_spearman"]
+    table = next(line for line in report.splitlines() if line.startswith("| method=micse"))
+    assert f"{avg['micse']:.2f}" in table.split("|")[-2]  # the Avg. column is the run's own average
+
+
+def test_a_distill_study_reaches_every_mode_from_the_study_file(tiny_bert, data_dir, tmp_path):
+    study = write_study(tmp_path, tiny_bert, data_dir, trainable="distill",
+                        ablate={"mode": ["self", "mutual", "teacher"]}, tune=None, replicate={"seeds": [0]},
+                        train={"layer": 2, "partner_layer": 1, "cycles": 2, "bi_epochs": 1, "bi_batch_size": 32,
+                               "cross_epochs": 1, "cross_batch_size": 16, "bi_max_seq_length": 24,
+                               "cross_max_seq_length": 48},
+                        data={"max_train_samples": 64, "max_eval_samples": 40}, report={"columns": "mode"})
+    result = launch(study, storage=tmp_path / "studies", progress=False)
+    assert result.finished and result.counts["completed"] == 3 and result.counts["pruned"] == 0
+    from reports.build import build_report
+    from reports.collect import collect
+
+    build_report(collect(f"sqlite:///{tmp_path / 'mlflow.db'}", "e2e"), tmp_path / "report")
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    _, children = runs_of(tmp_path)
+    by_mode = {c.data.params["mode"]: c for c in children}
+    assert set(by_mode) == {"self", "mutual", "teacher"}
+    assert "partner_cross_test_spearman" in by_mode["mutual"].data.metrics
+    assert len(client.get_metric_history(by_mode["self"].info.run_id, "cross_dev_spearman")) == 2  # per cycle
+    assert len(client.get_metric_history(by_mode["teacher"].info.run_id, "dev_spearman")) == 1
+    artifacts = {a.path for a in client.list_artifacts(by_mode["self"].info.run_id)}
+    assert {"pseudo_labels.csv", "test_predictions.csv"} <= artifacts
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "after each distillation cycle" in report and "| mode=self · cross · test |" in report

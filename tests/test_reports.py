@@ -159,3 +159,61 @@ def test_report_command_writes_the_folder_and_rejects_bad_formats(store, tmp_pat
     assert not (tmp_path / "bad").exists()
     missing = runner.invoke(app, ["report", "nope", "--tracking-uri", store[0]])
     assert missing.exit_code == 2 and "no MLflow experiment of that name" in missing.stderr
+
+
+def test_the_suite_table_is_mean_and_std_over_seeds_with_the_best_of_each_set_bold(tmp_path):
+    from reports.build import suite_grid
+    from reports.collect import StudyRuns
+    from reports.render import to_latex, to_markdown
+
+    rows = []
+    for method, base in (("simcse", 70.0), ("micse", 72.0)):
+        for seed in (0, 1):
+            metrics = {f"test_{s}_spearman": base + i + seed for i, s in enumerate(
+                ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sick"))}
+            metrics["test_suite_avg_spearman"] = base + 3 + seed
+            if method == "simcse":
+                metrics["test_sick_spearman"] = 90.0 + seed  # simcse wins one set
+            rows.append({"run_id": f"{method}{seed}", "cell": f"method={method}", "phase": "replicate", "seed": seed,
+                         "outcome": "completed", "method": method, "test_spearman": metrics["test_stsb_spearman"],
+                         "best_dev_spearman": 80.0, **metrics})
+    runs = StudyRuns("suite", pd.DataFrame(rows), ["method"], "dev_spearman")
+    grid = suite_grid(runs, 2)
+    assert grid.columns == ["STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", "Avg."]
+    cells = dict(grid.rows)
+    assert cells["method=micse"][0].mean == 72.5 and cells["method=micse"][0].std == pytest.approx(0.7071, abs=1e-4)
+    assert cells["method=micse"][0].bold and not cells["method=simcse"][0].bold
+    assert cells["method=simcse"][6].bold and cells["method=simcse"][6].mean == 90.5
+    markdown = to_markdown(grid)
+    assert "| method=micse | **72.50 ± 0.71** |" in markdown
+    assert suite_grid(StudyRuns("plain", pd.DataFrame(rows).drop(columns=["test_suite_avg_spearman"]), ["method"],
+                                "dev_spearman"), 2) is None
+    if shutil.which("pdflatex") is None:
+        return
+    from reports.render import latex_document
+
+    (tmp_path / "suite.tex").write_text(to_latex(grid, "suite"))
+    (tmp_path / "all.tex").write_text(latex_document(["suite"]))
+    result = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "all.tex"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:]
+
+
+def test_the_cycle_table_shows_both_encoders_on_dev_and_test_after_every_cycle():
+    from reports.build import cycle_grid
+    from reports.collect import StudyRuns
+
+    rows = []
+    for seed in (0, 1):
+        metrics = {f"cycle{c}_{enc}{split}_spearman": 10 * c + (5 if enc else 0) + (1 if split == "test" else 0) + seed
+                   for c in (1, 2) for enc in ("", "cross_") for split in ("dev", "test")}
+        rows.append({"run_id": f"r{seed}", "cell": "layer=6", "phase": "replicate", "seed": seed,
+                     "outcome": "completed", "layer": 6, "test_spearman": 1.0, "best_dev_spearman": 1.0, **metrics})
+    grid = cycle_grid(StudyRuns("d", pd.DataFrame(rows), ["layer"], "dev_spearman"), 2)
+    assert grid.columns == ["cycle 1", "cycle 2"]
+    labels = [label for label, _ in grid.rows]
+    assert labels == ["layer=6 · bi · dev", "layer=6 · bi · test", "layer=6 · cross · dev", "layer=6 · cross · test"]
+    cross_test = dict(grid.rows)["layer=6 · cross · test"]
+    assert [c.mean for c in cross_test] == [16.5, 26.5] and cross_test[0].std == pytest.approx(0.7071, abs=1e-4)
+    assert cycle_grid(StudyRuns("d", pd.DataFrame(rows).drop(columns=[c for c in rows[0] if c.startswith("cycle")]),
+                                ["layer"], "dev_spearman"), 2) is None

@@ -42,7 +42,8 @@ CASES = [
     ("name", DELETE, "name: None is not valid; this key is required"),
     ("name", "my study", "name: 'my study' is not valid; use letters, digits"),
     ("trainable", "finetuning",
-     "trainable: 'finetuning' is not valid; use 'finetune', 'probe', 'dapt' or 'contrastive'"),
+     "trainable: 'finetuning' is not valid; use 'finetune', 'probe', 'dapt', 'contrastive', 'cross_encoder' or "
+     "'distill'"),
     ("task", "stsbb", "task: 'stsbb' is not valid; did you mean stsb? valid names: korsts, mrpc, sick"),
     ("task", "unlabeled_en", "task: 'unlabeled_en' is not valid; valid names: korsts, mrpc, sick, sick_full"),
     ("language", "de", "language: 'de' is not valid; task stsb has the languages: en"),
@@ -139,3 +140,22 @@ def test_schema_is_json_schema_of_the_study_file():
     result = runner.invoke(app, ["schema"])
     schema = json.loads(result.stdout)
     assert schema["title"] == "StudyConfig" and "ablate" in schema["properties"] and "name" in schema["required"]
+
+
+@pytest.mark.parametrize(("trainable", "train", "message"), [
+    ("distill", {"mode": "both"}, "error: train.mode: 'both' is not valid; use one of: self, mutual, teacher"),
+    ("distill", {"cross_pooling": "sum"}, "error: train.cross_pooling: 'sum' is not valid; use one of: mean, cls"),
+    ("contrastive", {"method": "mocse"}, "error: train.method: 'mocse' is not valid; use one of: simcse, micse"),
+    ("contrastive", {"method": "micse", "attention_layers": [5]},
+     "error: train.attention_layers: [5] is not valid; the encoder keeps 3 layers: use numbers in 1..3"),
+    ("cross_encoder", {"loss": "cosine_mse"}, "error: train.loss: 'cosine_mse' is not valid; use one of: bce, mse"),
+])
+def test_names_inside_the_newer_trainables_are_checked_before_launch(good, tmp_path, monkeypatch, trainable, train,
+                                                                      message):
+    monkeypatch.chdir(tmp_path)
+    study = {**good, "trainable": trainable, "train": train, "tune": None, "ablate": {}}
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
+    result = runner.invoke(app, ["validate", str(tmp_path / "study.yaml")])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().startswith(message)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]

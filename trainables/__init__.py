@@ -32,4 +32,17 @@ def _contrastive(*args, **kwargs):
     return run(*args, **kwargs)
 
 
-TRAINABLES: dict[str, Callable] = {"finetune": _finetune, "probe": _probe, "dapt": _dapt, "contrastive": _contrastive}
+def _cross_encoder(*args, **kwargs):
+    from trainables.cross_encoder import run
+
+    return run(*args, **kwargs)
+
+
+def _distill(*args, **kwargs):
+    from trainables.distill import run
+
+    return run(*args, **kwargs)
+
+
+TRAINABLES: dict[str, Callable] = {"finetune": _finetune, "probe": _probe, "dapt": _dapt, "contrastive": _contrastive,
+                                   "cross_encoder": _cross_encoder, "distill": _distill}

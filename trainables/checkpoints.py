@@ -14,6 +14,8 @@ BEST_WEIGHTS = "best.safetensors"
 OPTIMIZER = "optimizer.safetensors"
 STATE = "trainer_state.json"
 PREDICTIONS = "test_predictions.csv"  # written with the last checkpoint of a run that scores test
+PSEUDO_LABELS = "pseudo_labels.csv"  # distill: every cycle's labels, in every checkpoint
+ARTIFACTS = (PREDICTIONS, PSEUDO_LABELS)  # files of a trial's last checkpoint that are logged to MLflow
 
 
 def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,0 +1,197 @@
+"""Cross-encoders and Trans-Encoder distillation on tiny random encoders, and one real-data cycle."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from trainables import cross_encoder, distill
+from trainables.contract import collect
+from trainables.cross_encoder import CrossEncoder, PairTokens, cross_loss, predict
+from trainables.errors import UserInputError
+from trainables.models import load_tokenizer
+
+
+@pytest.fixture()
+def config(tiny_bert, synthetic_data_dir, tmp_path) -> dict:
+    return {"model": tiny_bert, "task": "stsb", "data_dir": str(synthetic_data_dir), "layer": 2, "cycles": 2,
+            "bi_epochs": 2, "bi_lr": 1e-3, "bi_batch_size": 32, "cross_epochs": 2, "cross_lr": 1e-3,
+            "cross_batch_size": 32, "bi_max_seq_length": 24, "cross_max_seq_length": 48, "max_train_samples": 160,
+            "num_threads": 1, "device": "cpu", "precision": "fp32", "cache_dir": str(tmp_path / "stages")}
+
+
+def test_cross_encoder_reads_both_sentences_in_one_input(tiny_bert):
+    tokens = PairTokens(load_tokenizer(tiny_bert), 16)
+    (ids,) = tokens.lookup(["a man plays"], ["a guitar"])
+    tokenizer = load_tokenizer(tiny_bert)
+    assert ids.count(tokenizer.sep_token_id) == 2 and ids[0] == tokenizer.cls_token_id
+    (long_ids,) = tokens.lookup(["word " * 40], ["other " * 40])
+    assert len(long_ids) == 16 and long_ids.count(tokenizer.sep_token_id) == 2  # both sides truncated
+    model = CrossEncoder(tiny_bert, 2)
+    scores = predict(model, tokens.lookup(["a", "b c"], ["d", "e"]), tokens.pad_id, torch.device("cpu"),
+                     torch.float32)
+    assert scores.shape == (2,) and ((scores > 0) & (scores < 1)).all()
+    forward = predict(model, tokens.lookup(["b c", "a"], ["e", "d"]), tokens.pad_id, torch.device("cpu"),
+                      torch.float32)
+    assert np.allclose(scores, forward[::-1], atol=1e-6)  # padding and order do not change a pair's score
+
+
+def test_targets_are_clipped_to_zero_one_before_bce():
+    logits = torch.tensor([0.0, 2.0])
+    assert cross_loss("bce", logits, torch.tensor([-0.4, 1.3])).item() == pytest.approx(
+        cross_loss("bce", logits, torch.tensor([0.0, 1.0])).item())
+    assert cross_loss("mse", torch.tensor([100.0]), torch.tensor([1.0])).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_cross_encoder_trainable_fits_its_training_pairs(tiny_bert, tmp_path):
+    """A tiny random cross-encoder cannot generalize word overlap from 240 pairs, but it must fit
+    the pairs it trains on: here dev and test are the training pairs."""
+    from tests.conftest import _synthetic_pairs
+
+    (tmp_path / "stsb").mkdir()
+    lines = [f"c\ts\t2024\t{i:04d}\t{s:.3f}\t{a}\t{b}" for i, (a, b, s) in enumerate(_synthetic_pairs(64, 1))]
+    for split in ("train", "dev", "test"):
+        (tmp_path / "stsb" / f"sts-{split}.csv").write_text("\n".join(lines) + "\n")
+    reports = []
+    final = cross_encoder.run({"model": tiny_bert, "task": "stsb", "data_dir": str(tmp_path), "layer": 2,
+                               "epochs": 10, "lr": 3e-3, "batch_size": 8, "max_seq_length": 48, "num_threads": 1},
+                              collect(reports))
+    assert [r["epoch"] for r in reports] == list(range(1, 11))
+    assert reports[-1]["train_loss"] < reports[0]["train_loss"] - 0.1
+    assert reports[0]["dev_spearman"] < 40 < 70 < final["best_dev_spearman"]
+    assert final["test_epoch"] == final["best_epoch"] and "test_spearman" in final
+    assert all("test_spearman" not in r for r in reports[:-1])
+
+
+def test_self_distillation_moves_labels_between_the_encoders(config, monkeypatch):
+    seen = []
+    original = distill.fit_cross_encoder
+
+    def spy(model, tokens, frame, *args, **kwargs):
+        seen.append(("cross", frame["score"].to_numpy().copy()))
+        return original(model, tokens, frame, *args, **kwargs)
+
+    original_bi = distill.fit_bi_encoder
+
+    def spy_bi(model, tokens, frame, *args, **kwargs):
+        seen.append(("bi", frame["score"].to_numpy().copy()))
+        return original_bi(model, tokens, frame, *args, **kwargs)
+
+    monkeypatch.setattr(distill, "fit_cross_encoder", spy)
+    monkeypatch.setattr(distill, "fit_bi_encoder", spy_bi)
+    reports = []
+    final = distill.run(config, collect(reports))
+    assert [kind for kind, _ in seen] == ["cross", "bi", "cross", "bi"]
+    assert all(labels.min() >= 0 and labels.max() <= 1 for _, labels in seen)  # cosines clipped, sigmoids
+    assert not np.allclose(seen[0][1], seen[2][1])  # the second cycle's bi-encoder labels differ: it learned
+    assert [r["cycle"] for r in reports] == [1, 2]
+    assert {"dev_spearman", "cross_dev_spearman", "bi_train_loss", "cross_train_loss"} <= set(reports[0])
+    assert final["test_epoch"] == final["best_epoch"]
+    assert final["best_dev_spearman"] == max(r["dev_spearman"] for r in reports)  # chosen on dev
+    assert {"cycle1_test_spearman", "cycle2_cross_test_spearman", "cycle2_dev_spearman"} <= set(final)
+
+
+def test_pseudo_labels_of_every_cycle_are_in_the_checkpoint_and_resume_continues(config, tmp_path):
+    saved = {}
+
+    def keep(metrics, checkpoint_dir=None):
+        import shutil
+
+        saved[metrics["cycle"]] = shutil.copytree(checkpoint_dir, tmp_path / f"ckpt{metrics['cycle']}")
+
+    distill.run(config, keep)
+    labels = pd.read_csv(saved[2] / "pseudo_labels.csv")
+    assert labels.groupby(["cycle", "step"]).size().to_dict() == {(1, "bi_to_cross"): 160, (1, "cross_to_bi"): 160,
+                                                                  (2, "bi_to_cross"): 160, (2, "cross_to_bi"): 160}
+    resumed = []
+    distill.run(config, collect(resumed), checkpoint_dir=str(saved[1]))
+    assert [r["cycle"] for r in resumed] == [2]
+    assert len(pd.read_csv(saved[2] / "pseudo_labels.csv")) == 640
+
+
+def test_restart_each_cycle_restarts_both_encoders_before_every_later_cycle(config, monkeypatch):
+    restarts = []
+    monkeypatch.setattr(distill, "_restart", lambda side, cfg, device, **kw: restarts.append(side.prefix))
+    distill.run({**config, "restart_each_cycle": True, "cycles": 3, "bi_epochs": 1, "cross_epochs": 1},
+                collect([]))
+    assert restarts == ["", ""]  # before cycles 2 and 3
+
+
+def test_a_restart_brings_back_the_initial_weights_of_both_encoders(config):
+    cfg = distill.DistillConfig(**config)
+    side = distill.build_side(cfg, "", config["model"], 2, config["model"], torch.device("cpu"))
+    initial = distill._weights([side])
+    with torch.no_grad():
+        for p in [*side.bi.parameters(), *side.cross.encoder.parameters()]:
+            p.add_(1.0)
+    distill._restart(side, cfg, torch.device("cpu"))
+    after = distill._weights([side])
+    encoder_keys = [k for k in initial if not k.startswith("cross.head")]  # a fresh head is drawn anew
+    assert all(torch.equal(initial[k], after[k]) for k in encoder_keys)
+
+
+def test_mutual_distillation_trains_both_on_the_averaged_labels(config, monkeypatch):
+    seen = []
+    original = distill.fit_bi_encoder
+
+    def spy(model, tokens, frame, *args, **kwargs):
+        seen.append((id(model), frame["score"].to_numpy().copy()))
+        return original(model, tokens, frame, *args, **kwargs)
+
+    monkeypatch.setattr(distill, "fit_bi_encoder", spy)
+    scores = []
+    original_cross = distill.cross_scores
+    monkeypatch.setattr(distill, "cross_scores", lambda side, frame, d, t: scores.append(
+        original_cross(side, frame, d, t)) or scores[-1])
+    final = distill.run({**config, "mode": "mutual", "partner_layer": 1, "cycles": 1}, collect([]))
+    (first, labels_a), (second, labels_b) = seen
+    assert first != second and np.array_equal(labels_a, labels_b)
+    assert np.allclose(labels_a, (scores[0] + scores[1]) / 2)
+    assert {"partner_dev_spearman", "partner_cross_dev_spearman", "partner_test_spearman"} <= set(final)
+
+
+def test_teacher_mode_trains_the_teacher_once_and_reads_its_scores_as_labels(config):
+    first, second = [], []
+    distill.run({**config, "mode": "teacher"}, collect(first))
+    distill.run({**config, "mode": "teacher", "seed": 1}, collect(second))
+    assert len(first) == 1 and first[0]["teacher_cache_hit"] == 0 and second[0]["teacher_cache_hit"] == 1
+    assert first[0]["cross_dev_spearman"] == pytest.approx(second[0]["cross_dev_spearman"])  # the same teacher
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"pairs": "task+test"}, "pairs: 'task+test' is not valid; test pairs train only with transductive: true"),
+    ({"mode": "both"}, "mode: 'both' is not valid; use one of: mutual, self, teacher"),
+    ({"pairs": "nowhere.tsv"}, "pairs: 'nowhere.tsv' is not valid; use task, task+dev"),
+    ({"task": "mrpc"}, "task: 'mrpc' is not valid; distillation selects on an STS dev split"),
+])
+def test_bad_settings_are_one_clear_error(config, changes, message):
+    with pytest.raises(UserInputError, match=re.escape(message)):
+        distill.run({**config, **changes}, collect([]))
+
+
+def test_pairs_from_a_file_and_test_pairs_only_when_transductive(config, tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text('a "quoted" man\ta woman\nx\ty\na "quoted" man\ta woman\n\t\n')
+    frame = distill.unlabeled_pairs(distill.DistillConfig(**{**config, "pairs": str(path)}), None)
+    assert frame.values.tolist() == [['a "quoted" man', "a woman"], ["x", "y"]]
+    with_test = distill.unlabeled_pairs(distill.DistillConfig(**{**config, "pairs": "task+test",
+                                                                 "transductive": True, "max_train_samples": None}),
+                                        None)
+    assert len(with_test) == 240 + 80 + 80  # train, dev and test pairs (Trans-Encoder's transductive set)
+    assert list(with_test.columns) == ["sentence1", "sentence2"]
+
+
+@pytest.mark.slow
+def test_minilm_one_self_distillation_cycle_on_1000_unlabeled_stsb_pairs(data_dir, minilm_path):
+    reports = []
+    final = distill.run({"model": "sentence-transformers/all-MiniLM-L6-v2", "task": "stsb", "pairs": "task",
+                         "cycles": 1, "bi_epochs": 1, "bi_batch_size": 64, "cross_epochs": 1, "cross_lr": 5e-5,
+                         "cross_batch_size": 16, "cross_pooling": "mean", "max_train_samples": 1000,
+                         "max_eval_samples": 500, "data_dir": str(data_dir), "num_threads": 2}, collect(reports))
+    assert len(reports) == 1 and final["pairs"] == 1000
+    assert final["dev_spearman"] > 75  # the bi-encoder stays good on its own pseudo-labels
+    assert np.isfinite(final["cross_dev_spearman"]) and final["cross_dev_spearman"] > 20  # the cross-encoder learned
