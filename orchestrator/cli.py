@@ -6,6 +6,7 @@ import functools
 import json
 import logging
 import math
+import os
 import shutil
 import sys
 import traceback
@@ -214,6 +215,43 @@ def status(name: str, storage: str | None = STORAGE, debug: bool = DEBUG) -> Non
 
     quiet_libraries()
     Console().print(status_table(open_state(name, storage)))
+
+
+@app.command()
+@user_errors
+def doctor(address: str | None = ADDRESS, study: Annotated[str | None, typer.Option(
+        "--study", help="Also check this study file: model, data, tracking URI, plan.")] = None,
+           storage: str | None = STORAGE, debug: bool = DEBUG) -> None:
+    """Check the cluster (nodes, resources, versions), storage from every node, and a study's model,
+    data and tracker: one line per check; exit 1 if any fails."""
+    from orchestrator.config import load_study
+    from orchestrator.doctor import Check, cluster_checks, study_checks
+    from orchestrator.launch import DEFAULT_STORAGE, connect_ray
+
+    quiet_libraries()
+    checks: list[Check] = []
+    config = None
+    if study:
+        checks += study_checks(Path(study))
+        try:
+            config = load_study(study)
+        except UserInputError:
+            config = None
+    folder = Path(storage or (config.storage_path if config and config.storage_path else DEFAULT_STORAGE))
+    try:
+        ray = connect_ray(address)
+        checks += cluster_checks(ray, folder.expanduser().resolve(),
+                                 config.resources.gpu if config else 0.0, config.resources.cpu if config else 1.0)
+    except UserInputError as exc:
+        checks.append(Check("ray cluster", False, str(exc)))
+    data = os.environ.get("ORCHESTRATOR_DATA_DIR")
+    if data and not study:
+        checks.append(Check("data folder", Path(data).is_dir(), data if Path(data).is_dir() else
+                            f"{data} does not exist; set ORCHESTRATOR_DATA_DIR to the data folder"))
+    for check in checks:
+        typer.echo(check.line())
+    if not all(c.ok for c in checks):
+        raise typer.Exit(1)
 
 
 @app.command()

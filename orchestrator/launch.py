@@ -64,8 +64,11 @@ def connect_ray(address: str | None):
     try:
         ray.init(address=target, include_dashboard=False, log_to_driver=False, configure_logging=False)
     except (ConnectionError, ValueError, RuntimeError) as exc:
+        auth = "" if os.environ.get("RAY_AUTH_MODE") == "token" else (
+            "; if the cluster uses token authentication, set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN or "
+            "RAY_AUTH_TOKEN_PATH as on its nodes")
         raise UserInputError("--address", target, f"cannot reach a Ray cluster there ({exc}); start one or "
-                                                  "omit --address for a local Ray") from None
+                                                  f"omit --address for a local Ray{auth}") from None
     return ray
 
 

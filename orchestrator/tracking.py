@@ -52,6 +52,7 @@ class StudyTracker:
         self.parent_id: str | None = None
         self.children: dict[str, str] = {}
         self.stage_links: dict[str, str] = {}
+        self.nodes: dict[str, list[str]] = {}
 
     def _runs(self, filter_string: str):
         return self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=50_000)
@@ -101,6 +102,19 @@ class StudyTracker:
                    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))]
         if numeric:
             self.client.log_batch(run_id, metrics=numeric)
+
+    def set_tag(self, key: str, name: str, value: str) -> None:
+        if key in self.children:
+            self.client.set_tag(self.children[key], name, value)
+
+    def set_node(self, key: str, node_ip: str) -> None:
+        """Tag where the trial runs (`ray.node_ip`; every node it ran on, in order, in `ray.nodes`)."""
+        run_id = self.children.get(key)
+        if run_id is None or self.nodes.get(key, [None])[-1] == node_ip:
+            return
+        self.nodes.setdefault(key, []).append(node_ip)
+        self.client.set_tag(run_id, "ray.node_ip", node_ip)
+        self.client.set_tag(run_id, "ray.nodes", ",".join(self.nodes[key]))
 
     def link_stage(self, key: str, stage_dir: str) -> None:
         """The stage (e.g. a DAPT checkpoint) as its own run, once, with its loss curve and config;

@@ -115,6 +115,7 @@ class TrackingCallback(Callback):
 
     def __init__(self, state: StudyState, tracker):
         self.state, self.tracker = state, tracker
+        self.retries: dict[str, int] = {}
 
     def __getstate__(self) -> dict:
         return {}  # driver-only: an MLflow client does not travel with Tune's experiment pickle
@@ -127,8 +128,18 @@ class TrackingCallback(Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         key = trial.config.get("trial_key")
         self.tracker.log_epoch(key, trial_metrics(result))
+        if result.get("node_ip"):
+            self.tracker.set_node(key, str(result["node_ip"]))
         if result.get("dapt_stage_dir"):
             self.tracker.link_stage(key, result["dapt_stage_dir"])
+
+    def on_trial_recover(self, iteration, trials, trial, **info) -> None:
+        """A trial failed (its worker or node died) and Tune restarts it from its last checkpoint."""
+        key = trial.config.get("trial_key")
+        if key in self.state.records:
+            self.retries[key] = self.retries.get(key, 0) + 1
+            self.state.journal.write("retry", key=key, error=error_summary(trial))
+            self.tracker.set_tag(key, "ray.retries", str(self.retries[key]))
 
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info) -> None:
         self.state.on_checkpoint(trial.config.get("trial_key"), checkpoint.path)

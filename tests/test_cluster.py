@@ -1,0 +1,278 @@
+"""The cluster path for real on one machine: a two-node Ray cluster (separate `ray start`
+processes on loopback addresses, token authentication on), an MLflow tracking server, and
+faults injected while a study runs. Each test launches through the CLI, as a user would."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from orchestrator.journal import Journal
+
+pytestmark = pytest.mark.slow
+
+HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"  # loopback addresses: Ray resolves 127.0.0.1 to the host's IP
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kill_matching(pattern: str, sig: int = signal.SIGKILL) -> int:
+    """Signal every process whose command line contains `pattern`; how many there were."""
+    pids = [int(p) for p in subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()]
+    for pid in pids:
+        if pid != os.getpid():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+    return len(pids)
+
+
+class RayCluster:
+    """A head node and a worker node, each its own `ray start`, sharing one token file."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.port = free_port()
+        self.address = f"{HEAD_IP}:{self.port}"
+        token = folder / "ray_token"
+        token.write_text(secrets.token_hex(32))
+        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
+                    "HF_HUB_OFFLINE": "1", "RAY_health_check_period_ms": "1000",
+                    "RAY_health_check_failure_threshold": "3"}
+        # every process of this cluster carries this path, so teardown kills by it; short, because Ray's
+        # socket paths under it must stay within 107 bytes
+        self.temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
+
+    def ray(self, *args: str) -> None:
+        subprocess.run([str(BIN / "ray"), *args], env=self.env, check=True, capture_output=True, timeout=180)
+
+    def start(self) -> RayCluster:
+        self.ray("start", "--head", f"--node-ip-address={HEAD_IP}", f"--port={self.port}", "--num-cpus=1",
+                 "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={self.temp}")
+        self.add_worker()
+        return self
+
+    def add_worker(self) -> None:
+        self.ray("start", f"--address={self.address}", f"--node-ip-address={WORKER_IP}", "--num-cpus=1",
+                 "--disable-usage-stats")
+
+    def kill_worker_node(self) -> int:
+        """SIGKILL every process of the worker node: those naming its address and all their
+        descendants (worker processes rename themselves `ray::...`, so only the tree finds them)."""
+        roots = subprocess.run(["pgrep", "-f", f"node.ip.address={WORKER_IP}"], capture_output=True,
+                               text=True).stdout.split()
+        tree, frontier = set(roots), list(roots)
+        while frontier:
+            children = subprocess.run(["pgrep", "-P", frontier.pop()], capture_output=True, text=True).stdout.split()
+            frontier += [c for c in children if c not in tree]
+            tree.update(children)
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        return len(tree)
+
+    def stop(self) -> None:
+        kill_matching(str(self.temp))
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+class MlflowServer:
+    """`mlflow server` on 127.0.0.1 with a SQLite backend and an artifact destination."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.port = folder, free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> MlflowServer:
+        self.process = subprocess.Popen(
+            [str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{self.folder / 'server.db'}",
+             "--artifacts-destination", str(self.folder / "artifacts"), "--host", "127.0.0.1",
+             "--port", str(self.port), "--workers", "1"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        import urllib.request
+
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.uri + "/health", timeout=2):
+                    return self
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError("mlflow server did not start")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            self.process = None
+
+
+@pytest.fixture()
+def cluster(tmp_path):
+    cluster = RayCluster(tmp_path).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture()
+def server(tmp_path):
+    server = MlflowServer(tmp_path).start()
+    yield server
+    server.stop()
+
+
+def write_study(folder: Path, model: str, data_dir: Path, uri: str, **changes) -> Path:
+    study = {"name": "cluster", "trainable": "finetune", "task": "stsb", "model": model,
+             "ablate": {"layer": [1, 2]}, "replicate": {"seeds": [0, 1]},
+             "train": {"epochs": 3, "batch_size": 8, "max_seq_length": 32},
+             "data": {"max_train_samples": 400, "max_eval_samples": 80}, "data_dir": str(data_dir),
+             "resources": {"cpu": 1}, "max_concurrent": 2,  # one CPU per node: two trials run on two nodes
+             "max_failures": 2, "tracking": {"mlflow_uri": uri},
+             "report": {"baseline": {"layer": "last"}}}
+    study.update(changes)
+    path = folder / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+def orchestrator(*args: str, env: dict, cwd: Path, timeout: int = 900, background: bool = False):
+    command = [sys.executable, "-m", "orchestrator.cli", *args]
+    if background:
+        return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def child_runs(uri: str, name: str = "cluster"):
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(name)
+    runs = client.search_runs([experiment.experiment_id], max_results=1000)
+    return client, [r for r in runs if "mlflow.parentRunId" in r.data.tags], \
+        [r for r in runs if r.data.tags.get("orchestrator.role") == "study"]
+
+
+def wait_for(journal: Journal, predicate, process, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate(journal.events()):
+            return
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        time.sleep(0.2)
+    raise AssertionError("the study did not get there in time")
+
+
+def running_with_checkpoint(events: list[dict]) -> set[str]:
+    """Trials that saved a checkpoint and have not finished."""
+    done = {e["key"] for e in events if e["event"] == "finished"}
+    return {e["key"] for e in events if e["event"] == "checkpoint"} - done
+
+
+def shape(report: str) -> str:
+    """A report with every number blanked: what must not depend on where the study ran."""
+    return re.sub(r"\d+(\.\d+)?", "#", report)
+
+
+def test_a_study_on_two_nodes_tracked_by_a_server_reports_like_a_local_one(cluster, server, tiny_bert, data_dir,
+                                                                            tmp_path):
+    doctor = orchestrator("doctor", "--address", cluster.address, "--storage", str(tmp_path / "shared"),
+                          env=cluster.env, cwd=tmp_path, timeout=300)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr[-2000:]
+    assert "ok    ray cluster: 2 node(s) alive, 2 CPUs" in doctor.stdout
+    assert "written by every node and read back by the driver" in doctor.stdout
+
+    study = write_study(tmp_path, tiny_bert, data_dir, server.uri)
+    result = orchestrator("launch", str(study), "--address", cluster.address, "--storage", str(tmp_path / "shared"),
+                          env=cluster.env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    client, children, parents = child_runs(server.uri)
+    assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
+    assert {c.data.tags["ray.node_ip"] for c in children} == {HEAD_IP, WORKER_IP}  # trials ran on both nodes
+    for run in children:  # per-pair predictions arrive through the server's artifact proxy
+        path = client.download_artifacts(run.info.run_id, "test_predictions.csv", str(tmp_path / run.info.run_id))
+        assert len(pd.read_csv(path)) == 80
+    assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} >= {"study.yaml", "plan.json"}
+    checkpoints = list((tmp_path / "shared" / "cluster" / "ray").rglob("trainer_state.json"))
+    assert len(checkpoints) >= 4  # checkpoints live in the shared storage
+
+    local_dir = tmp_path / "local"
+    local_dir.mkdir()
+    local = write_study(local_dir, tiny_bert, data_dir, "sqlite:///mlflow.db")
+    env = {k: v for k, v in cluster.env.items() if not k.startswith("RAY_AUTH")}
+    result = orchestrator("launch", str(local), "--storage", str(local_dir / "studies"), env=env, cwd=local_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    remote_report = orchestrator("report", "cluster", "--tracking-uri", server.uri, "--out", str(tmp_path / "r"),
+                                 env=cluster.env, cwd=tmp_path)
+    assert remote_report.returncode == 0, remote_report.stderr[-2000:]
+    local_report = (local_dir / "reports" / "cluster" / "report.md").read_text()
+    assert shape((tmp_path / "r" / "report.md").read_text()) == shape(local_report)
+
+
+def test_a_killed_trial_worker_resumes_from_its_checkpoint(cluster, tiny_bert, data_dir, tmp_path):
+    study = write_study(tmp_path, tiny_bert, data_dir, "sqlite:///mlflow.db",
+                        train={"epochs": 4, "batch_size": 8, "max_seq_length": 32},
+                        data={"max_train_samples": 400, "max_eval_samples": 80})
+    driver = orchestrator("launch", str(study), "--address", cluster.address, "--storage", str(tmp_path / "shared"),
+                          env=cluster.env, cwd=tmp_path, background=True)
+    journal = Journal(tmp_path / "shared" / "cluster" / "journal.jsonl")
+    wait_for(journal, lambda events: any(e["event"] == "checkpoint" for e in events), driver)
+    victim = next(e for e in journal.events() if e["event"] == "result")["key"]
+    assert kill_matching("ray::ImplicitFunc") >= 1  # SIGKILL the trial processes mid-epoch
+    out, err = driver.communicate(timeout=900)
+    assert driver.returncode == 0, err[-3000:]
+    retried = {e["key"] for e in journal.events() if e["event"] == "retry"}
+    assert victim in retried
+    records = journal.records()
+    assert all(r.outcome.value == "completed" for r in records.values())
+    assert Counter(r.cell for r in records.values() if r.phase == "replicate") == {0: 2, 1: 2}  # every seed
+    client, children, _ = child_runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert len(children) == 4 and not [c for c in children if c.info.status == "RUNNING"]
+    for run in children:
+        if run.data.tags["orchestrator.trial_key"] in retried:
+            epochs = [m.step for m in client.get_metric_history(run.info.run_id, "epoch")]
+            assert sorted(epochs) == [1, 2, 3, 4]  # continued from its checkpoint, no epoch trained twice
+            assert int(run.data.tags["ray.retries"]) >= 1
+
+
+def test_the_second_node_dies_and_its_trials_finish_on_the_head(cluster, tiny_bert, data_dir, tmp_path):
+    study = write_study(tmp_path, tiny_bert, data_dir, "sqlite:///mlflow.db",
+                        train={"epochs": 4, "batch_size": 8, "max_seq_length": 32},
+                        data={"max_train_samples": 400, "max_eval_samples": 80})
+    driver = orchestrator("launch", str(study), "--address", cluster.address, "--storage", str(tmp_path / "shared"),
+                          env=cluster.env, cwd=tmp_path, background=True)
+    journal = Journal(tmp_path / "shared" / "cluster" / "journal.jsonl")
+    wait_for(journal, lambda events: len(running_with_checkpoint(events)) == 2, driver)  # one on each node
+    started = time.monotonic()
+    assert cluster.kill_worker_node() >= 1
+    out, err = driver.communicate(timeout=900)
+    assert driver.returncode == 0, err[-3000:]
+    records = journal.records()
+    assert len(records) == 4 and all(r.outcome.value == "completed" for r in records.values())
+    client, children, _ = child_runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    moved = [c for c in children if c.data.tags.get("ray.nodes", "").split(",")[-1] == HEAD_IP
+             and WORKER_IP in c.data.tags.get("ray.nodes", "")]
+    assert moved, [c.data.tags.get("ray.nodes") for c in children]  # a trial of the dead node finished on the head
+    assert {c.data.tags["orchestrator.trial_key"] for c in moved} <= {e["key"] for e in journal.events()
+                                                                      if e["event"] == "retry"}
+    assert not [c for c in children if c.info.status == "RUNNING"]
+    print(f"recovered {len(moved)} trial(s) of the dead node in {time.monotonic() - started:.0f} s")
