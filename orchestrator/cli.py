@@ -186,10 +186,8 @@ def launch(study_file: str, address: str | None = ADDRESS, storage: str | None =
     from orchestrator import launch as launcher
 
     quiet_libraries()
-    result = launcher.launch(study_file, storage=storage, address=address, max_concurrent=max_concurrent,
-                             resume=resume_existing)
-    summarize(result)
-    write_report(result.study_dir.name, result.study_dir.parent)
+    finish(launcher.launch(study_file, storage=storage, address=address, max_concurrent=max_concurrent,
+                           resume=resume_existing))
 
 
 @app.command()
@@ -200,8 +198,7 @@ def resume(name: str, address: str | None = ADDRESS, storage: str | None = STORA
     from orchestrator import launch as launcher
 
     quiet_libraries()
-    summarize(launcher.resume(name, storage=storage, address=address, max_concurrent=max_concurrent))
-    write_report(name, storage)
+    finish(launcher.resume(name, storage=storage, address=address, max_concurrent=max_concurrent))
 
 
 @app.command()
@@ -215,6 +212,18 @@ def status(name: str, storage: str | None = STORAGE, debug: bool = DEBUG) -> Non
 
     quiet_libraries()
     Console().print(status_table(open_state(name, storage)))
+
+
+@app.command()
+@user_errors
+def sync(name: str, storage: str | None = STORAGE, debug: bool = DEBUG) -> None:
+    """Replay a study's journal into MLflow: runs, epochs and outcomes an outage missed."""
+    from orchestrator.launch import sync as sync_study
+
+    quiet_libraries()
+    counts = sync_study(name, storage)
+    typer.echo(f"{name}: created {counts['runs']} runs, logged {counts['epochs']} epochs, closed "
+               f"{counts['closed']} runs; {counts['killed']} unfinished runs marked KILLED")
 
 
 @app.command()
@@ -298,6 +307,17 @@ def write_report(name: str, storage, tracking_uri: str | None = None, out: str |
     folder = Path(out) if out else Path("reports") / name
     written = build_report(collect(tracking_uri, name), folder, formats)
     typer.echo(f"report: {folder / 'report.md'} ({len(written)} files)")
+
+
+def finish(result) -> None:
+    """The summary line, then the report (unless MLflow is down: then how to catch up)."""
+    summarize(result)
+    name = result.study_dir.name
+    if result.reconciled.get("unsynced"):
+        typer.echo(f"MLflow is unreachable: no report yet; when it is back run `orchestrator sync {name}` and "
+                   f"`orchestrator report {name}`", err=True)
+        return
+    write_report(name, result.study_dir.parent)
 
 
 def summarize(result) -> None:

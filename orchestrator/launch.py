@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -106,18 +107,40 @@ def launch(study_file: str | Path, storage: str | Path | None = None, address: s
         (folder / META).write_text(json.dumps({**meta, "tracking_uri": uri}, indent=1))
     journal = Journal(journal_path)
     state = StudyState(plan, journal)
-    from orchestrator.tracking import StudyTracker, plan_summary
+    from orchestrator.tracking import ResilientTracker, StudyTracker, plan_summary
 
     tracker = StudyTracker(uri, study.name, folder / "mlartifacts")
     tracker.start_parent(folder / STUDY_FILE, plan_summary(plan), package_version())
+    resilient = ResilientTracker(tracker, lambda: state.records, {c.index: c.key for c in plan.cells})
     launches = len([p for p in (folder / "ray").glob("launch-*")]) if (folder / "ray").exists() else 0
     try:
-        run_tuner(plan, state, tracker, folder / "ray", f"launch-{launches + 1}",
+        run_tuner(plan, state, resilient, folder / "ray", f"launch-{launches + 1}",
                   max_concurrent or study.max_concurrent, progress)
     finally:
         finished = state.is_complete()
-        reconciled = tracker.reconcile(state.records, finished)
+        reconciled = close_tracking(resilient, state, finished)
     return LaunchResult(folder, state.counts(), finished, reconciled)
+
+
+def close_tracking(resilient, state: StudyState, finished: bool) -> dict[str, int]:
+    """Replay what an outage missed, then close the runs; if MLflow is still down the journal
+    keeps everything and `orchestrator sync NAME` finishes the job later."""
+    try:
+        grace = float(os.environ.get("ORCHESTRATOR_TRACKING_GRACE_S", "30"))
+        deadline = time.monotonic() + grace  # a tracker restarting as the study ends gets this long
+        while not resilient.reconnect(force=True) and time.monotonic() < deadline:
+            time.sleep(2)
+        if resilient.offline_since is not None:
+            raise ConnectionError(f"still unreachable after {grace:g} s")
+        return {**resilient.tracker.reconcile(state.records, finished), **{
+            f"replayed_{k}": v for k, v in resilient.synced.items()}, "outages": resilient.outages}
+    except Exception as exc:
+        import logging
+
+        logging.getLogger("orchestrator").warning(
+            "MLflow at %s is unreachable (%s); the study's journal has every result: run `orchestrator sync %s` "
+            "when the server is back", resilient.tracker.uri, exc, state.plan.study.name)
+        return {"unsynced": 1}
 
 
 def run_tuner(plan: StudyPlan, state: StudyState, tracker, storage: Path, name: str,
@@ -126,6 +149,9 @@ def run_tuner(plan: StudyPlan, state: StudyState, tracker, storage: Path, name: 
     os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our own progress view replaces Tune's console output
+    # a trial that diverges in its first epoch reports no dev metric; the plan's searcher and
+    # scheduler handle that, Tune's strict check would end the whole study
+    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
     from ray import tune
 
     from orchestrator.progress import ProgressCallback
@@ -182,3 +208,19 @@ def stored_tracking_uri(name: str, storage: str | Path | None = None) -> str:
 class ReadOnlyJournal(Journal):
     def write(self, event: str, **fields) -> None:
         pass
+
+
+def sync(name: str, storage: str | Path | None = None) -> dict[str, int]:
+    """Replay a study's journal into MLflow (after an outage the driver could not outlast) and
+    close its runs; run it while the study is not running."""
+    from orchestrator.tracking import StudyTracker
+
+    state = open_state(name, storage)
+    tracker = StudyTracker(stored_tracking_uri(name, storage), name)
+    try:
+        tracker.attach_parent()
+    except RuntimeError as exc:
+        raise UserInputError("NAME", name, f"{exc}; give the study's name as launched") from None
+    counts = tracker.sync(state.records, {c.index: c.key for c in state.plan.cells})
+    closed = tracker.reconcile(state.records, state.is_complete())
+    return {**counts, "closed": counts["closed"] + closed["closed"], "killed": closed["killed"]}

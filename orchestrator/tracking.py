@@ -5,15 +5,21 @@ The only module that imports mlflow; only the driver writes."""
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.tracking import MlflowClient
 
 from orchestrator.journal import Outcome, TrialRecord
+from trainables.checkpoints import ARTIFACTS
+
+log = logging.getLogger("orchestrator.tracking")
 
 ROLE = "orchestrator.role"
 TRIAL_KEY = "orchestrator.trial_key"
@@ -41,6 +47,9 @@ def _flat(prefix: str, value, out: dict) -> dict:
 
 class StudyTracker:
     def __init__(self, uri: str, study_name: str, artifact_root: Path | None = None):
+        if uri.startswith(("http://", "https://")):  # fail fast when the server is down: the outage is
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # handled by ResilientTracker
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
         self.client = MlflowClient(tracking_uri=uri)
         self.uri, self.study_name = uri, study_name
         experiment = self.client.get_experiment_by_name(study_name)
@@ -156,6 +165,46 @@ class StudyTracker:
             self.client.set_tag(run_id, "error", record.error[:5000])
         self.client.set_terminated(run_id, status=STATUS_OF[record.outcome])
 
+    def attach_parent(self) -> str:
+        """The study's existing parent run and its children, without changing their status."""
+        existing = self._runs(f"tags.`{ROLE}` = 'study'")
+        if not existing:
+            raise RuntimeError(f"no study run for {self.study_name} at {self.uri}")
+        self.parent_id = existing[0].info.run_id
+        for run in self._runs(f"tags.`mlflow.parentRunId` = '{self.parent_id}'"):
+            self.children[run.data.tags.get(TRIAL_KEY, "")] = run.info.run_id
+        return self.parent_id
+
+    def sync(self, records: dict[str, TrialRecord], cell_keys: dict[int, str]) -> dict[str, int]:
+        """Bring MLflow up to the journal (idempotent): create the runs it lacks, log the epochs it
+        lacks, close the runs of finished trials with their outcome and artifacts."""
+        counts = {"runs": 0, "epochs": 0, "closed": 0}
+        existing = {run.data.tags.get(TRIAL_KEY, ""): run
+                    for run in self._runs(f"tags.`mlflow.parentRunId` = '{self.parent_id}'")}
+        for key, record in records.items():
+            run = existing.get(key)
+            if run is None:
+                self.children.pop(key, None)
+                self.start_trial(record, cell_keys.get(record.cell, str(record.cell)), "")
+                counts["runs"] += 1
+                logged: set[int] = set()
+            else:
+                self.children[key] = run.info.run_id
+                logged = {m.step for m in self.client.get_metric_history(run.info.run_id, "epoch")}
+            for result in record.results:
+                if "epoch" in result and int(result["epoch"]) not in logged:
+                    self.log_epoch(key, result)
+                    logged.add(int(result["epoch"]))
+                    counts["epochs"] += 1
+            if record.finished and (run is None or run.info.status not in TERMINAL):
+                for name in ARTIFACTS if record.checkpoint else ():
+                    path = Path(record.checkpoint) / name
+                    if path.exists():
+                        self.log_artifact(key, str(path))
+                self.finish_trial(record)
+                counts["closed"] += 1
+        return counts
+
     def reconcile(self, records: dict[str, TrialRecord], finished: bool) -> dict[str, int]:
         """Close every child run the journal has an outcome for; runs of trials that are not
         finished are KILLED (a later resume sets them RUNNING again). Counts what it changed."""
@@ -174,6 +223,62 @@ class StudyTracker:
         if self.parent_id:
             self.client.set_terminated(self.parent_id, status="FINISHED" if finished else "KILLED")
         return changed
+
+
+class ResilientTracker:
+    """The driver's writes to MLflow that survive a tracking-server outage: a failed write puts
+    the tracker offline (training goes on; the journal keeps everything), writes are skipped
+    until a probe every `retry_s` seconds finds the server again, and then `sync` replays what
+    the outage missed from the journal before the next write."""
+
+    WRITES = ("start_trial", "log_epoch", "set_tag", "set_node", "link_stage", "log_artifact", "finish_trial")
+
+    def __init__(self, tracker: StudyTracker, records: Callable[[], dict[str, TrialRecord]],
+                 cell_keys: dict[int, str], retry_s: float = 5.0):
+        self.tracker, self.records, self.cell_keys, self.retry_s = tracker, records, cell_keys, retry_s
+        self.offline_since: float | None = None
+        self.outages = 0
+        self.synced: dict[str, int] = {"runs": 0, "epochs": 0, "closed": 0}
+
+    def __getattr__(self, name: str):
+        if name not in self.WRITES:
+            return getattr(self.tracker, name)
+        method = getattr(self.tracker, name)
+        return lambda *args, **kwargs: self._write(name, method, *args, **kwargs)
+
+    def _write(self, name: str, method: Callable, *args, **kwargs):
+        if self.offline_since is not None and not self.reconnect():
+            return None
+        try:
+            return method(*args, **kwargs)
+        except Exception as exc:  # the server is down or refused the write: the journal has it
+            self._went_offline(name, exc)
+            return None
+
+    def _went_offline(self, name: str, exc: Exception) -> None:
+        if self.offline_since is None:
+            self.outages += 1
+            log.warning("MLflow at %s failed on %s (%s); training goes on, the journal keeps every result and "
+                        "they are replayed when the server is back", self.tracker.uri, name, exc)
+        self.offline_since = time.monotonic()
+
+    def reconnect(self, force: bool = False) -> bool:
+        """Online again? Probes at most every `retry_s`; on success replays the journal."""
+        if self.offline_since is None:
+            return True
+        if not force and time.monotonic() - self.offline_since < self.retry_s:
+            return False
+        try:
+            self.tracker.client.get_run(self.tracker.parent_id)
+            counts = self.tracker.sync(self.records(), self.cell_keys)
+        except Exception as exc:
+            self.offline_since = time.monotonic()
+            log.debug("MLflow still unreachable: %s", exc)
+            return False
+        self.synced = {k: self.synced[k] + v for k, v in counts.items()}
+        self.offline_since = None
+        log.warning("MLflow at %s is back: replayed %s", self.tracker.uri, counts)
+        return True
 
 
 def _cell_values(cell_key: str) -> dict[str, str]:

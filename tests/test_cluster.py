@@ -237,7 +237,11 @@ def test_a_killed_trial_worker_resumes_from_its_checkpoint(cluster, tiny_bert, d
     journal = Journal(tmp_path / "shared" / "cluster" / "journal.jsonl")
     wait_for(journal, lambda events: any(e["event"] == "checkpoint" for e in events), driver)
     victim = next(e for e in journal.events() if e["event"] == "result")["key"]
-    assert kill_matching("ray::ImplicitFunc") >= 1  # SIGKILL the trial processes mid-epoch
+    killed_at, killed = time.monotonic(), kill_matching("ray::ImplicitFunc")
+    assert killed >= 1  # SIGKILL the trial processes mid-epoch
+    checkpoints = len([e for e in journal.events() if e["event"] == "checkpoint"])
+    wait_for(journal, lambda events: len([e for e in events if e["event"] == "checkpoint"]) > checkpoints, driver)
+    print(f"killed {killed} trial process(es); training checkpointed again after {time.monotonic() - killed_at:.0f} s")
     out, err = driver.communicate(timeout=900)
     assert driver.returncode == 0, err[-3000:]
     retried = {e["key"] for e in journal.events() if e["event"] == "retry"}
@@ -276,3 +280,62 @@ def test_the_second_node_dies_and_its_trials_finish_on_the_head(cluster, tiny_be
                                                                       if e["event"] == "retry"}
     assert not [c for c in children if c.info.status == "RUNNING"]
     print(f"recovered {len(moved)} trial(s) of the dead node in {time.monotonic() - started:.0f} s")
+
+
+def outage_study(folder: Path, model: str, data_dir: Path, uri: str, seeds: int = 2) -> Path:
+    return write_study(folder, model, data_dir, uri, train={"epochs": 4, "batch_size": 8, "max_seq_length": 32},
+                       data={"max_train_samples": 400, "max_eval_samples": 80}, replicate={"seeds": seeds})
+
+
+def assert_fully_tracked(uri: str, epochs: int = 4, trials: int = 4) -> None:
+    client, children, parents = child_runs(uri)
+    assert len(children) == trials and len(parents) == 1 and parents[0].info.status == "FINISHED"
+    keys = Counter(c.data.tags["orchestrator.trial_key"] for c in children)
+    assert max(keys.values()) == 1  # no duplicate runs
+    for run in children:
+        assert run.info.status == "FINISHED" and run.data.tags["outcome"] == "completed"
+        history = sorted(m.step for m in client.get_metric_history(run.info.run_id, "dev_spearman"))
+        assert history == list(range(1, epochs + 1))  # every epoch, once
+        assert "test_spearman" in run.data.metrics
+        assert "test_predictions.csv" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+def test_a_tracking_server_outage_mid_study_loses_nothing(server, tiny_bert, data_dir, tmp_path):
+    study = outage_study(tmp_path, tiny_bert, data_dir, server.uri, seeds=4)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    driver = orchestrator("launch", str(study), "--storage", str(tmp_path / "studies"), env=env, cwd=tmp_path,
+                          background=True)
+    journal = Journal(tmp_path / "studies" / "cluster" / "journal.jsonl")
+    wait_for(journal, lambda events: any(e["event"] == "result" for e in events), driver)
+    server.stop()
+    down = len([e for e in journal.events() if e["event"] == "result"])
+    time.sleep(10)  # training goes on while the tracker is down
+    during = len([e for e in journal.events() if e["event"] == "result"])
+    server.start()
+    out, err = driver.communicate(timeout=900)
+    assert driver.returncode == 0, err[-3000:]
+    assert during > down  # results kept coming during the outage
+    assert "training goes on" in err and "is back: replayed" in err
+    print(f"outage of about 10 s during {during - down} results; " + re.search(r"is back: replayed \{[^}]*\}", err)[0])
+    assert "report: reports/cluster/report.md" in out
+    assert_fully_tracked(server.uri, trials=8)
+
+
+def test_a_server_down_until_the_end_is_caught_up_by_sync(server, tiny_bert, data_dir, tmp_path):
+    study = outage_study(tmp_path, tiny_bert, data_dir, server.uri)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ORCHESTRATOR_TRACKING_GRACE_S": "3"}
+    driver = orchestrator("launch", str(study), "--storage", str(tmp_path / "studies"), env=env, cwd=tmp_path,
+                          background=True)
+    journal = Journal(tmp_path / "studies" / "cluster" / "journal.jsonl")
+    wait_for(journal, lambda events: any(e["event"] == "result" for e in events), driver)
+    server.stop()
+    out, err = driver.communicate(timeout=900)
+    assert driver.returncode == 0, err[-3000:]
+    assert "cluster: finished: 4 completed" in out and "orchestrator sync cluster" in err
+    server.start()
+    synced = orchestrator("sync", "cluster", "--storage", str(tmp_path / "studies"), env=env, cwd=tmp_path)
+    assert synced.returncode == 0, synced.stderr[-2000:]
+    assert "unfinished runs marked KILLED" in synced.stdout
+    assert_fully_tracked(server.uri)
+    again = orchestrator("sync", "cluster", "--storage", str(tmp_path / "studies"), env=env, cwd=tmp_path)
+    assert "created 0 runs, logged 0 epochs, closed 0 runs" in again.stdout  # idempotent

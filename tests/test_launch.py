@@ -255,3 +255,22 @@ def test_a_distill_study_reaches_every_mode_from_the_study_file(tiny_bert, data_
     assert {"pseudo_labels.csv", "test_predictions.csv"} <= artifacts
     report = (tmp_path / "report" / "report.md").read_text()
     assert "after each distillation cycle" in report and "| mode=self · cross · test |" in report
+
+
+def test_a_diverging_cell_ends_as_diverged_and_the_report_says_so(tiny_bert, data_dir, tmp_path):
+    study = write_study(tmp_path, tiny_bert, data_dir, ablate={"lr": [1e-3, 1e12], "layer": 2}, tune=None,
+                        replicate={"seeds": [0]}, train={"epochs": 2, "batch_size": 16, "max_seq_length": 32,
+                                                         "max_grad_norm": None},
+                        report={"rows": ["layer"], "columns": "lr"})
+    result = launch(study, storage=tmp_path / "studies", progress=False)
+    assert result.finished and result.counts["diverged"] == 1 and result.counts["completed"] == 1
+    _, children = runs_of(tmp_path)
+    diverged = next(c for c in children if c.data.params["lr"] == "1000000000000.0")
+    assert diverged.info.status == "FAILED" and diverged.data.tags["outcome"] == "diverged"
+    assert "loss became" in diverged.data.tags["error"] and "lower the learning rate" in diverged.data.tags["error"]
+    from reports.build import build_report
+    from reports.collect import collect
+
+    build_report(collect(f"sqlite:///{tmp_path / 'mlflow.db'}", "e2e"), tmp_path / "report")
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "diverged (loss became NaN)" in report
