@@ -84,8 +84,8 @@ def cluster_checks(ray, storage: Path, gpu_per_trial: float = 0.0, cpu_per_trial
         elif path:
             Path(path).unlink(missing_ok=True)
     checks.append(Check("storage", not unreadable, f"{storage} written by every node and read back by the driver"
-                        if not unreadable else f"{storage} not shared with: {', '.join(unreadable)}; use a shared "
-                                               "file system or an object store URI for --storage"))
+                        if not unreadable else f"{storage} not shared with: {', '.join(unreadable)}; give --storage a "
+                                               "file system every node mounts (NFS, EFS, a ReadWriteMany volume)"))
     auth = os.environ.get("RAY_AUTH_MODE", "")
     checks.append(Check("ray auth", True, "token authentication on (RAY_AUTH_MODE=token)" if auth == "token" else
                         "no RAY_AUTH_MODE set here; a cluster reachable by others should use RAY_AUTH_MODE=token "

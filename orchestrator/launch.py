@@ -9,6 +9,7 @@ last checkpoint in their own MLflow run.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -135,8 +136,6 @@ def close_tracking(resilient, state: StudyState, finished: bool) -> dict[str, in
         return {**resilient.tracker.reconcile(state.records, finished), **{
             f"replayed_{k}": v for k, v in resilient.synced.items()}, "outages": resilient.outages}
     except Exception as exc:
-        import logging
-
         logging.getLogger("orchestrator").warning(
             "MLflow at %s is unreachable (%s); the study's journal has every result: run `orchestrator sync %s` "
             "when the server is back", resilient.tracker.uri, exc, state.plan.study.name)

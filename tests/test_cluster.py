@@ -339,3 +339,18 @@ def test_a_server_down_until_the_end_is_caught_up_by_sync(server, tiny_bert, dat
     assert_fully_tracked(server.uri)
     again = orchestrator("sync", "cluster", "--storage", str(tmp_path / "studies"), env=env, cwd=tmp_path)
     assert "created 0 runs, logged 0 epochs, closed 0 runs" in again.stdout  # idempotent
+
+
+def test_doctor_fails_one_line_per_problem_and_exits_1(tiny_bert, data_dir, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    study = write_study(tmp_path, "no-such-org/no-such-model", data_dir, "sqlite:///mlflow.db")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    result = orchestrator("doctor", "--study", str(study), "--storage", str(blocker / "studies"), env=env,
+                          cwd=tmp_path, timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("FAIL  model: model: 'no-such-org/no-such-model' is not valid") for line in lines)
+    assert any(line.startswith("FAIL  storage: ") and "NotADirectoryError" in line for line in lines)
+    assert any(line.startswith("ok    versions: ray ") for line in lines)
+    assert any(line.startswith("ok    tracking: sqlite:///mlflow.db") for line in lines)

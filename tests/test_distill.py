@@ -195,3 +195,18 @@ def test_minilm_one_self_distillation_cycle_on_1000_unlabeled_stsb_pairs(data_di
     assert len(reports) == 1 and final["pairs"] == 1000
     assert final["dev_spearman"] > 75  # the bi-encoder stays good on its own pseudo-labels
     assert np.isfinite(final["cross_dev_spearman"]) and final["cross_dev_spearman"] > 20  # the cross-encoder learned
+
+
+def test_distillation_can_start_from_a_cached_simcse_stage(config, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"sentence number {i} about a {w}" for i, w in enumerate(["cat", "dog"] * 40)))
+    common = {**config, "cycles": 1, "bi_epochs": 1, "cross_epochs": 1, "pretrain": "simcse",
+              "pretrain_corpus": str(corpus), "pretrain_steps": 4, "pretrain_batch_size": 16}
+    first, second = [], []
+    distill.run(common, collect(first))
+    distill.run({**common, "seed": 1}, collect(second))
+    assert first[0]["dapt_cache_hit"] == 0 and second[0]["dapt_cache_hit"] == 1
+    stages = list((tmp_path / "stages").glob("dapt-*/model.safetensors"))
+    assert len(stages) == 1 and first[0]["dapt_stage_dir"] == str(stages[0].parent)
+    with pytest.raises(UserInputError, match="pretrain: 'bert' is not valid; use one of: micse, mlm, rtd, simcse"):
+        distill.run({**common, "pretrain": "bert"}, collect([]))

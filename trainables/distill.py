@@ -62,6 +62,13 @@ class DistillConfig(TrialConfig):
     pooling: str = "mean"
     cross_layer: int | None = Field(None, ge=0)
     cross_pooling: str = "cls"
+    pretrain: str | None = Field(None, description="simcse, micse or mlm: first adapt `model` on "
+                                                    "`pretrain_corpus` (a cached stage shared by the study), as "
+                                                    "Trans-Encoder starts from an unsupervised SimCSE model")
+    pretrain_corpus: str = "unlabeled_en"
+    pretrain_steps: int = Field(200, ge=1)
+    pretrain_lr: float = Field(3e-5, gt=0)
+    pretrain_batch_size: int = Field(64, ge=2)
     cycles: int = Field(3, ge=1)
     bi_epochs: int = Field(10, ge=1)
     bi_lr: float = Field(5e-5, gt=0)
@@ -239,6 +246,25 @@ def teacher_labels(cfg: DistillConfig, side: Side, data: TaskData, pairs: pd.Dat
                     "teacher_train_loss": record["last_loss"]}
 
 
+def pretrained_start(cfg: DistillConfig) -> tuple[str, dict]:
+    """The bi-encoder to start from: `model`, or `model` adapted by the `pretrain` objective
+    through the DAPT stage cache (the same cached stage `trainable: dapt` would build)."""
+    if cfg.pretrain is None:
+        return cfg.model, {}
+    from trainables.dapt import OBJECTIVES, DaptConfig, adapt
+
+    if cfg.pretrain not in OBJECTIVES:
+        raise one_of("pretrain", cfg.pretrain, OBJECTIVES)
+    folder, record, built = adapt(DaptConfig(
+        model=cfg.model, task=cfg.task, language=cfg.language, pooling=cfg.pooling, dapt_objective=cfg.pretrain,
+        dapt_corpus=cfg.pretrain_corpus, dapt_steps=cfg.pretrain_steps, dapt_lr=cfg.pretrain_lr,
+        dapt_batch_size=cfg.pretrain_batch_size, dapt_max_seq_length=cfg.bi_max_seq_length,
+        transductive=cfg.transductive, data_dir=cfg.data_dir, max_eval_samples=cfg.max_eval_samples,
+        device=cfg.device, precision=cfg.precision, cache_dir=cfg.cache_dir))
+    return str(folder), {"dapt_stage_dir": str(folder), "dapt_cache_key": record["key"],
+                         "dapt_cache_hit": int(not built)}
+
+
 def run(config: dict, report: Report, checkpoint_dir: str | None = None) -> dict:
     """Distil for `cycles` (or once, from a teacher); report after each; test the dev-selected cycle."""
     cfg = parse_config(DistillConfig, config)
@@ -255,8 +281,9 @@ def run(config: dict, report: Report, checkpoint_dir: str | None = None) -> dict
         raise UserInputError("task", cfg.task, "distillation selects on an STS dev split: use stsb, sick, korsts, "
                                                "stsb_multi_mt or sick_full")
     pairs = unlabeled_pairs(cfg, data)
+    start, stage = pretrained_start(cfg)
     seed_everything(cfg.seed)
-    sides = [build_side(cfg, "", cfg.model, cfg.layer, cfg.cross_model or cfg.model, device)]
+    sides = [build_side(cfg, "", start, cfg.layer, cfg.cross_model or cfg.model, device)]
     if cfg.mode == "mutual":
         partner = cfg.partner_model or cfg.model
         sides.append(build_side(cfg, "partner_", partner, cfg.partner_layer, cfg.partner_cross_model or partner,
@@ -268,7 +295,7 @@ def run(config: dict, report: Report, checkpoint_dir: str | None = None) -> dict
         state = DistillState(**json.loads((Path(checkpoint_dir) / STATE).read_text()))
         history = pd.read_csv(Path(checkpoint_dir) / PSEUDO_LABELS)
 
-    extra: dict = {"pairs": len(pairs), "transductive": int(cfg.transductive),
+    extra: dict = {**stage, "pairs": len(pairs), "transductive": int(cfg.transductive),
                    "params": count_parameters(sides[0].bi), "cross_params": count_parameters(sides[0].cross)}
     metrics: dict = {}
     for cycle in range(state.cycle + 1, cfg.num_reports() + 1):
