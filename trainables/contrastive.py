@@ -24,7 +24,7 @@ from transformers import get_linear_schedule_with_warmup
 from trainables.batching import TokenCache, pad
 from trainables.checkpoints import PREDICTIONS, load_checkpoint, save_checkpoint
 from trainables.contract import Report, TrialConfig, parse_config
-from trainables.data import corpus_sentences, load_task
+from trainables.data import corpus_sentences, load_sts_task
 from trainables.errors import TrainingDivergedError, UserInputError, one_of
 from trainables.evaluation import Embedder, make_evaluator
 from trainables.finetune import build_optimizer, write_predictions
@@ -36,7 +36,7 @@ from trainables.models import (
     load_tokenizer,
     pool,
 )
-from trainables.runtime import autocast, resolve_device, resolve_precision, seed_everything
+from trainables.runtime import autocast, prepare, seed_everything
 from trainables.sts_suite import load_suite, score_suite, suite_metrics
 
 METHODS = ("simcse", "micse")
@@ -194,14 +194,8 @@ def run(config: dict, report: Report, checkpoint_dir: str | None = None) -> dict
 
 def train(cfg: ContrastiveConfig, report: Report, checkpoint_dir: str | None = None) -> tuple[ContrastiveModel, dict]:
     """The training loop; returns the model holding its best-dev weights, and the last metrics."""
-    if cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
-    device = resolve_device(cfg.device)
-    dtype = resolve_precision(cfg.precision, device)
-    data = load_task(cfg.task, cfg.language, cfg.data_dir, max_eval_samples=cfg.max_eval_samples)
-    if data.kind != "sts" or data.dev is None:
-        raise UserInputError("task", cfg.task, "contrastive selects on an STS dev split: use stsb, sick, korsts, "
-                                               "stsb_multi_mt or sick_full")
+    device, dtype = prepare(cfg.device, cfg.precision, cfg.num_threads)
+    data = load_sts_task(cfg.task, cfg.language, cfg.data_dir, "contrastive", max_eval_samples=cfg.max_eval_samples)
     sentences = corpus_sentences(cfg.corpus, cfg.task, cfg.language, cfg.data_dir, cfg.transductive, key="corpus")
     if cfg.max_train_samples is not None and cfg.max_train_samples < len(sentences):
         keep = torch.randperm(len(sentences), generator=torch.Generator().manual_seed(0))[: cfg.max_train_samples]

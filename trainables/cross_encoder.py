@@ -26,8 +26,8 @@ from transformers import get_linear_schedule_with_warmup
 from trainables.batching import EVAL_TOKENS_PER_CHUNK, length_chunks, pad
 from trainables.checkpoints import PREDICTIONS, load_checkpoint, save_checkpoint
 from trainables.contract import Report, TrialConfig, parse_config
-from trainables.data import load_task
-from trainables.errors import TrainingDivergedError, UserInputError, one_of
+from trainables.data import load_sts_task
+from trainables.errors import TrainingDivergedError, one_of
 from trainables.finetune import TrainerState, build_optimizer, epoch_batches, write_predictions
 from trainables.models import (
     POOLINGS,
@@ -38,7 +38,7 @@ from trainables.models import (
     pool,
     truncate_encoder,
 )
-from trainables.runtime import autocast, resolve_device, resolve_precision, seed_everything
+from trainables.runtime import autocast, prepare, seed_everything
 
 CROSS_LOSSES = ("bce", "mse")
 
@@ -189,14 +189,9 @@ def run(config: dict, report: Report, checkpoint_dir: str | None = None) -> dict
     cfg = parse_config(CrossEncoderConfig, config)
     if cfg.loss not in CROSS_LOSSES:
         raise one_of("loss", cfg.loss, CROSS_LOSSES)
-    if cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
-    device = resolve_device(cfg.device)
-    dtype = resolve_precision(cfg.precision, device)
-    data = load_task(cfg.task, cfg.language, cfg.data_dir, cfg.max_train_samples, cfg.max_eval_samples)
-    if data.kind != "sts" or data.dev is None:
-        raise UserInputError("task", cfg.task, "the cross-encoder regresses similarity scores: use an STS task "
-                                               "(stsb, sick, korsts, stsb_multi_mt, sick_full)")
+    device, dtype = prepare(cfg.device, cfg.precision, cfg.num_threads)
+    data = load_sts_task(cfg.task, cfg.language, cfg.data_dir, "the cross-encoder", cfg.max_train_samples,
+                         cfg.max_eval_samples)
     seed_everything(cfg.seed)
     model = CrossEncoder(cfg.model, cfg.layer, cfg.pooling).to(device)
     tokens = PairTokens(load_tokenizer(cfg.model), cfg.max_seq_length)

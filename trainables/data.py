@@ -311,3 +311,13 @@ def corpus_sentences(source: str, task: str, language: str | None, data_folder: 
         raise UserInputError(key, source, "use unlabeled_en, task, task+dev, task+test (transductive) "
                                           "or the path of a text file")
     return list(dict.fromkeys(s.strip() for s in sentences if s.strip()))
+
+
+def load_sts_task(name: str, language: str | None, data_folder: str | os.PathLike | None, who: str,
+                  max_train_samples: int | None = None, max_eval_samples: int | None = None) -> TaskData:
+    """An STS task with a dev split (what selects epochs, steps, cycles and trials for `who`)."""
+    data = load_task(name, language, data_folder, max_train_samples, max_eval_samples)
+    if data.kind != "sts" or data.dev is None:
+        raise UserInputError("task", name, f"{who} selects on an STS dev split: use stsb, sick, korsts, "
+                                           "stsb_multi_mt or sick_full")
+    return data

@@ -32,13 +32,13 @@ from trainables.batching import TokenCache
 from trainables.checkpoints import PREDICTIONS, PSEUDO_LABELS
 from trainables.contract import Report, TrialConfig, parse_config
 from trainables.cross_encoder import CROSS_LOSSES, CrossEncoder, PairTokens, fit_cross_encoder, predict, score_split
-from trainables.data import TaskData, load_task
+from trainables.data import TaskData, load_sts_task, load_task
 from trainables.errors import TrainingDivergedError, UserInputError, one_of
 from trainables.evaluation import Embedder, STSEvaluator, pair_cosines
 from trainables.finetune import build_optimizer, epoch_batches, train_step, write_predictions
 from trainables.models import SentenceEncoder, build_sentence_encoder, count_parameters, load_tokenizer
 from trainables.objectives import CosineMSELoss
-from trainables.runtime import resolve_device, resolve_precision, seed_everything
+from trainables.runtime import prepare, seed_everything
 from trainables.stages import get_or_build
 
 MODES = ("self", "mutual", "teacher")
@@ -272,14 +272,8 @@ def run(config: dict, report: Report, checkpoint_dir: str | None = None) -> dict
         raise one_of("mode", cfg.mode, MODES)
     if cfg.cross_loss not in CROSS_LOSSES:
         raise one_of("cross_loss", cfg.cross_loss, CROSS_LOSSES)
-    if cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
-    device = resolve_device(cfg.device)
-    dtype = resolve_precision(cfg.precision, device)
-    data = load_task(cfg.task, cfg.language, cfg.data_dir, max_eval_samples=cfg.max_eval_samples)
-    if data.kind != "sts" or data.dev is None:
-        raise UserInputError("task", cfg.task, "distillation selects on an STS dev split: use stsb, sick, korsts, "
-                                               "stsb_multi_mt or sick_full")
+    device, dtype = prepare(cfg.device, cfg.precision, cfg.num_threads)
+    data = load_sts_task(cfg.task, cfg.language, cfg.data_dir, "distillation", max_eval_samples=cfg.max_eval_samples)
     pairs = unlabeled_pairs(cfg, data)
     start, stage = pretrained_start(cfg)
     seed_everything(cfg.seed)

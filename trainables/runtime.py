@@ -61,3 +61,11 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def prepare(device: str, precision: str, num_threads: int | None) -> tuple[torch.device, torch.dtype]:
+    """A trial's torch threads (the CPUs Ray granted), device and autocast dtype."""
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    resolved = resolve_device(device)
+    return resolved, resolve_precision(precision, resolved)
