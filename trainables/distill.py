@@ -297,9 +297,9 @@ def run(config: dict, report: Report, checkpoint_dir: str | None = None) -> dict
             for side in sides:
                 _restart(side, cfg, device)
         if cfg.mode == "teacher":
-            cross_labels, stage = teacher_labels(cfg, sides[0], data, pairs, device, dtype)
-            extra.update(stage)
-            cross_loss = stage["teacher_train_loss"]
+            cross_labels, teacher = teacher_labels(cfg, sides[0], data, pairs, device, dtype)
+            extra.update(teacher)
+            cross_loss = teacher["teacher_train_loss"]
         else:
             bi_labels = np.mean([np.clip(bi_scores(s, pairs, device, dtype), 0.0, 1.0) for s in sides], axis=0)
             history = _append(history, cycle, "bi_to_cross", bi_labels)
