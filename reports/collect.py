@@ -75,6 +75,8 @@ def collect(tracking_uri: str, study: str) -> StudyRuns:
     rows = []
     for run in children:
         tags = run.data.tags
+        if tags.get("orchestrator.role") == "stage":  # a shared stage (e.g. DAPT) is not a trial
+            continue
         row = {"run_id": run.info.run_id, "trial_key": tags.get("orchestrator.trial_key"), "cell": tags.get("cell"),
                "phase": tags.get("phase"), "seed": _number(tags.get("seed")), "outcome": tags.get("outcome"),
                "status": run.info.status, "error": tags.get("error")}

@@ -198,6 +198,14 @@ def test_a_dapt_study_pretrains_once_per_stage_config(tiny_bert, data_dir, tmp_p
     assert sorted(c.data.metrics["dapt_cache_hit"] for c in adapted) == [0.0, 1.0]
     plain = [c for c in trials if c.data.params["dapt_steps"] == "0"]
     assert len(plain) == 2 and all("stage.run_id" not in c.data.tags for c in plain)
+    from reports.build import build_report
+    from reports.collect import collect
+
+    runs = collect(f"sqlite:///{tmp_path / 'mlflow.db'}", "e2e")
+    assert len(runs.runs) == 4 and set(runs.runs.phase) == {"replicate"}  # the stage run is not a trial
+    build_report(runs, tmp_path / "report")
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "| dapt_steps | layer 1 | layer 2 |" in report  # axis values stay integers
 
 
 def test_a_contrastive_study_lands_in_mlflow_and_the_suite_table(tiny_bert, data_dir, tmp_path):
