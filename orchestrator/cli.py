@@ -107,7 +107,8 @@ def probe(
             return
         shown = [{"layer": r["layer"], "params": r["params"], **{LABELS[t]: r[t] for t in suite_tasks(suite)},
                   "Avg.": r["avg"]} for r in rows]
-        print_layer_table(shown, f"{model} · {suite} suite (test, Spearman of cosine) · {pooling} pooling")
+        print_layer_table(shown, f"{model} · {suite} suite (test, Spearman ×100 of cosine) · {pooling} pooling",
+                          unit="")
         return
     rows = [{k.removeprefix(f"{split}_"): v for k, v in row.items()} for row in probe_layers(cfg)]
     if as_json:  # an undefined correlation (constant vectors, e.g. CLS at layer 0) is null
@@ -328,7 +329,7 @@ def summarize(result) -> None:
                f"study folder {result.study_dir}")
 
 
-def print_layer_table(rows: list[dict], title: str) -> None:
+def print_layer_table(rows: list[dict], title: str, unit: str = " ×100") -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -337,7 +338,7 @@ def print_layer_table(rows: list[dict], title: str) -> None:
     table = Table(title=title)
     table.add_column("layer", justify="right")
     for metric in metrics:
-        table.add_column(metric if metric[:1].isupper() else f"{metric} ×100", justify="right")
+        table.add_column(f"{metric}{unit}", justify="right")
     table.add_column("params (M)", justify="right")
     for row in rows:
         cells = ["—" if math.isnan(row[m]) else f"[bold]{row[m]:.2f}[/bold]" if row[m] == best[m] else f"{row[m]:.2f}"

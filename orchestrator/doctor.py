@@ -66,10 +66,9 @@ def cluster_checks(ray, storage: Path, gpu_per_trial: float = 0.0, cpu_per_trial
         reports = ray.get(futures, timeout=120)
     except Exception as exc:  # a node that cannot run a task at all
         return checks + [Check("nodes run tasks", False, f"{type(exc).__name__}: {exc}")]
-    import ray as driver_ray
     import torch
 
-    mine = (driver_ray.__version__, platform.python_version(), torch.__version__)
+    mine = (ray.__version__, platform.python_version(), torch.__version__)
     mismatched = [r for r in reports if (r["ray"], r["python"], r["torch"]) != mine]
     checks.append(Check("versions", not mismatched,
                         f"ray {mine[0]}, python {mine[1]}, torch {mine[2]} on the driver and every node" if not

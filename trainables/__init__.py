@@ -5,44 +5,19 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 
-def _finetune(*args, **kwargs):
-    from trainables.finetune import run
+def _lazy(module: str) -> Callable:
+    """`trainables.<module>.run`, imported on first call (Ray workers import only their kind)."""
 
-    return run(*args, **kwargs)
+    def run(*args, **kwargs):
+        return importlib.import_module(f"trainables.{module}").run(*args, **kwargs)
 
-
-def _probe(*args, **kwargs):
-    from trainables.probe import run
-
-    return run(*args, **kwargs)
+    run.__name__ = module
+    return run
 
 
-def _dapt(*args, **kwargs):
-    from trainables.dapt import run
-
-    return run(*args, **kwargs)
-
-
-def _contrastive(*args, **kwargs):
-    from trainables.contrastive import run
-
-    return run(*args, **kwargs)
-
-
-def _cross_encoder(*args, **kwargs):
-    from trainables.cross_encoder import run
-
-    return run(*args, **kwargs)
-
-
-def _distill(*args, **kwargs):
-    from trainables.distill import run
-
-    return run(*args, **kwargs)
-
-
-TRAINABLES: dict[str, Callable] = {"finetune": _finetune, "probe": _probe, "dapt": _dapt, "contrastive": _contrastive,
-                                   "cross_encoder": _cross_encoder, "distill": _distill}
+TRAINABLES: dict[str, Callable] = {kind: _lazy(kind) for kind in
+                                   ("finetune", "probe", "dapt", "contrastive", "cross_encoder", "distill")}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainables.errors import UserInputError
 
@@ -25,6 +25,20 @@ class TrialConfig(BaseModel):
     def num_reports(self) -> int:
         """How many times a trial reports (epochs, evaluation rounds): the pruner's resource."""
         return int(getattr(self, "epochs", 1))
+
+
+class TrainingConfig(TrialConfig):
+    """Fields every training trial has; the orchestrator sets them (seed per replicate, threads per
+    granted CPUs, the data folder, the study's caps, test scoring off for tuning trials)."""
+
+    score_test: bool = Field(True, description="score test at the end (tuning trials do not)")
+    seed: int = 0
+    precision: str = "auto"
+    device: str = "auto"
+    num_threads: int | None = Field(None, ge=1)
+    data_dir: str | None = None
+    max_train_samples: int | None = Field(None, ge=1)
+    max_eval_samples: int | None = Field(None, ge=1)
 
 
 ConfigT = TypeVar("ConfigT", bound=TrialConfig)

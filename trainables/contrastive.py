@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -23,11 +23,11 @@ from transformers import get_linear_schedule_with_warmup
 
 from trainables.batching import TokenCache, pad
 from trainables.checkpoints import PREDICTIONS, load_checkpoint, save_checkpoint
-from trainables.contract import Report, TrialConfig, parse_config
+from trainables.contract import Report, TrainingConfig, parse_config
 from trainables.data import corpus_sentences, load_sts_task
 from trainables.errors import TrainingDivergedError, UserInputError, one_of
 from trainables.evaluation import Embedder, make_evaluator
-from trainables.finetune import build_optimizer, write_predictions
+from trainables.finetune import TrainerState, build_optimizer, write_predictions
 from trainables.models import (
     SentenceEncoder,
     build_sentence_encoder,
@@ -42,7 +42,7 @@ from trainables.sts_suite import load_suite, score_suite, suite_metrics
 METHODS = ("simcse", "micse")
 
 
-class ContrastiveConfig(TrialConfig):
+class ContrastiveConfig(TrainingConfig):
     model: str
     method: str = Field("simcse", description="simcse, or micse (plus attention alignment of the two views)")
     task: str = Field("stsb", description="the STS task whose dev split selects steps, trials and layers")
@@ -65,27 +65,12 @@ class ContrastiveConfig(TrialConfig):
     warmup_ratio: float = Field(0.0, ge=0, le=1)
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float | None = Field(1.0, gt=0)
-    score_test: bool = True
     suite: bool = Field(False, description="also score the STS suite (STS12-16, STS-B, SICK-R) at the end")
     transductive: bool = Field(False, description="allow test sentences in the corpus (recorded on the run)")
-    seed: int = 0
-    precision: str = "auto"
-    device: str = "auto"
-    num_threads: int | None = Field(None, ge=1)
-    data_dir: str | None = None
     max_train_samples: int | None = Field(None, ge=1, description="at most this many corpus sentences")
-    max_eval_samples: int | None = Field(None, ge=1)
 
     def num_reports(self) -> int:
         return math.ceil(self.steps / self.eval_every)
-
-
-@dataclass
-class ContrastiveState:
-    epoch: int = 0  # reports made so far (the scheduler's step)
-    step: int = 0
-    best_epoch: int = 0
-    best_dev: float | None = None
 
 
 def info_nce(first: torch.Tensor, second: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -129,11 +114,11 @@ class ContrastiveModel(nn.Module):
     def views(self, input_ids: torch.Tensor, mask: torch.Tensor, attention_layers: list[int] | None):
         """Pooled (and head-projected) vectors of each row; with `attention_layers`, also the
         attention probabilities of those layers (0-based)."""
-        encoder = self.sentence_encoder.encoder
-        output = encoder(input_ids=input_ids, attention_mask=mask, output_attentions=bool(attention_layers))
+        if not attention_layers:
+            return self.head(self.sentence_encoder(input_ids, mask)), []
+        output = self.sentence_encoder.encoder(input_ids=input_ids, attention_mask=mask, output_attentions=True)
         vectors = self.head(pool(output.last_hidden_state, mask, self.sentence_encoder.pooling))
-        attentions = [output.attentions[k] for k in attention_layers] if attention_layers else []
-        return vectors, attentions
+        return vectors, [output.attentions[k] for k in attention_layers]
 
 
 def contrastive_step(model: ContrastiveModel, token_lists: list[list[int]], pad_id: int, device, dtype,
@@ -183,10 +168,6 @@ def step_batches(count: int, batch_size: int, seed: int, steps: int, done: int =
     return out
 
 
-def _weights(model: ContrastiveModel) -> dict[str, torch.Tensor]:
-    return dict(model.state_dict())
-
-
 def run(config: dict, report: Report, checkpoint_dir: str | None = None) -> dict:
     """Train with SimCSE or miCSE; report dev every `eval_every` steps; returns the final metrics."""
     return train(parse_config(ContrastiveConfig, config), report, checkpoint_dir)[1]
@@ -217,11 +198,11 @@ def train(cfg: ContrastiveConfig, report: Report, checkpoint_dir: str | None = N
 
     optimizer = build_optimizer(list(model.named_parameters()), cfg.lr, cfg.weight_decay)
     scheduler = get_linear_schedule_with_warmup(optimizer, round(cfg.warmup_ratio * cfg.steps), cfg.steps)
-    state, best = ContrastiveState(), None
+    state, best = TrainerState(), None
     if checkpoint_dir:
         weights, best_weights, saved = load_checkpoint(checkpoint_dir, optimizer, scheduler)
         model.load_state_dict(weights)
-        state, best = ContrastiveState(**saved), {k: v.clone() for k, v in best_weights.items()}
+        state, best = TrainerState(**saved), {k: v.clone() for k, v in best_weights.items()}
 
     params = count_parameters(model.sentence_encoder)
     metrics: dict = {}
@@ -248,10 +229,10 @@ def train(cfg: ContrastiveConfig, report: Report, checkpoint_dir: str | None = N
             losses.append(loss.item())
             for name, value in parts.items():
                 parts_sum[name] = parts_sum.get(name, 0.0) + value.item()
-        state.epoch += 1
+        state.epoch += 1  # an evaluation round is the pruner's epoch
         train_seconds = time.perf_counter() - started
         dev = evaluator.evaluate(embed, "dev")
-        current = _weights(model)
+        current = model.state_dict()
         if state.best_dev is None or dev["dev_spearman"] > state.best_dev:
             state.best_dev, state.best_epoch = dev["dev_spearman"], state.epoch
             best = {k: v.detach().to("cpu", copy=True) for k, v in current.items()}

@@ -25,7 +25,7 @@ from transformers import get_linear_schedule_with_warmup
 
 from trainables.batching import EVAL_TOKENS_PER_CHUNK, length_chunks, pad
 from trainables.checkpoints import PREDICTIONS, load_checkpoint, save_checkpoint
-from trainables.contract import Report, TrialConfig, parse_config
+from trainables.contract import Report, TrainingConfig, parse_config
 from trainables.data import load_sts_task
 from trainables.errors import TrainingDivergedError, one_of
 from trainables.finetune import TrainerState, build_optimizer, epoch_batches, write_predictions
@@ -43,7 +43,7 @@ from trainables.runtime import autocast, prepare, seed_everything
 CROSS_LOSSES = ("bce", "mse")
 
 
-class CrossEncoderConfig(TrialConfig):
+class CrossEncoderConfig(TrainingConfig):
     model: str
     task: str = "stsb"
     language: str | None = None
@@ -58,14 +58,6 @@ class CrossEncoderConfig(TrialConfig):
     weight_decay: float = Field(0.01, ge=0)
     max_grad_norm: float | None = Field(1.0, gt=0)
     group_by_length: bool = True
-    score_test: bool = True
-    seed: int = 0
-    precision: str = "auto"
-    device: str = "auto"
-    num_threads: int | None = Field(None, ge=1)
-    data_dir: str | None = None
-    max_train_samples: int | None = Field(None, ge=1)
-    max_eval_samples: int | None = Field(None, ge=1)
 
 
 class CrossEncoder(nn.Module):

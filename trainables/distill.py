@@ -30,7 +30,7 @@ from transformers import get_linear_schedule_with_warmup
 
 from trainables.batching import TokenCache
 from trainables.checkpoints import PREDICTIONS, PSEUDO_LABELS
-from trainables.contract import Report, TrialConfig, parse_config
+from trainables.contract import Report, TrainingConfig, parse_config
 from trainables.cross_encoder import CROSS_LOSSES, CrossEncoder, PairTokens, fit_cross_encoder, predict, score_split
 from trainables.data import TaskData, load_sts_task, load_task
 from trainables.errors import TrainingDivergedError, UserInputError, one_of
@@ -47,7 +47,7 @@ WEIGHTS = "models.safetensors"
 BEST = "best.safetensors"
 
 
-class DistillConfig(TrialConfig):
+class DistillConfig(TrainingConfig):
     model: str = Field(description="the bi-encoder to start from (Trans-Encoder: an unsupervised SimCSE model)")
     mode: str = Field("self", description="self, mutual (two encoder pairs, averaged labels) or teacher")
     cross_model: str | None = Field(None, description="the cross-encoder's backbone; null is `model`")
@@ -81,15 +81,8 @@ class DistillConfig(TrialConfig):
     cross_loss: str = "bce"
     restart_each_cycle: bool = Field(False, description="both encoders restart from their initial weights every "
                                                         "cycle, so only the labels carry over")
-    score_test: bool = True
     transductive: bool = False
-    seed: int = 0
-    precision: str = "auto"
-    device: str = "auto"
-    num_threads: int | None = Field(None, ge=1)
-    data_dir: str | None = None
     max_train_samples: int | None = Field(None, ge=1, description="at most this many unlabeled pairs")
-    max_eval_samples: int | None = Field(None, ge=1)
     cache_dir: str | None = None
 
     def num_reports(self) -> int:

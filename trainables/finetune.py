@@ -19,16 +19,16 @@ from transformers.trainer_pt_utils import get_length_grouped_indices
 
 from trainables.batching import TokenCache, encode_tokens
 from trainables.checkpoints import PREDICTIONS, load_checkpoint, save_checkpoint
-from trainables.contract import Report, TrialConfig, parse_config
+from trainables.contract import Report, TrainingConfig, parse_config
 from trainables.data import TaskData, load_task
 from trainables.errors import TrainingDivergedError, UserInputError
 from trainables.evaluation import Embedder, PairEvaluator, make_evaluator
 from trainables.models import SentenceEncoder, build_sentence_encoder, count_parameters, load_tokenizer
 from trainables.objectives import build_loss
-from trainables.runtime import autocast, resolve_device, resolve_precision, seed_everything
+from trainables.runtime import autocast, prepare, seed_everything
 
 
-class FinetuneConfig(TrialConfig):
+class FinetuneConfig(TrainingConfig):
     model: str
     task: str = "stsb"
     language: str | None = None
@@ -45,14 +45,6 @@ class FinetuneConfig(TrialConfig):
     weight_decay: float = Field(0.01, ge=0)
     max_grad_norm: float | None = Field(1.0, gt=0)
     group_by_length: bool = True
-    score_test: bool = Field(True, description="score test at the end (tuning trials do not)")
-    seed: int = 0
-    precision: str = "auto"
-    device: str = "auto"
-    num_threads: int | None = Field(None, ge=1)
-    data_dir: str | None = None
-    max_train_samples: int | None = Field(None, ge=1)
-    max_eval_samples: int | None = Field(None, ge=1)
 
 
 @dataclass
@@ -155,10 +147,7 @@ def write_predictions(path: Path, frame, scores) -> None:
 def run(config: dict, report: Report, checkpoint_dir: str | None = None) -> dict:
     """Train and evaluate one configuration; returns the final metrics (also the last report)."""
     cfg = parse_config(FinetuneConfig, config)
-    if cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
-    device = resolve_device(cfg.device)
-    dtype = resolve_precision(cfg.precision, device)
+    device, dtype = prepare(cfg.device, cfg.precision, cfg.num_threads)
     data = load_task(cfg.task, cfg.language, cfg.data_dir, cfg.max_train_samples, cfg.max_eval_samples)
     if data.kind == "unlabeled":
         raise UserInputError("task", cfg.task, "finetune needs a labeled pair task (stsb, sick, mrpc, ...)")
