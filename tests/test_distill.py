@@ -93,6 +93,7 @@ def test_self_distillation_moves_labels_between_the_encoders(config, monkeypatch
     assert final["test_epoch"] == final["best_epoch"]
     assert final["best_dev_spearman"] == max(r["dev_spearman"] for r in reports)  # chosen on dev
     assert {"cycle1_test_spearman", "cycle2_cross_test_spearman", "cycle2_dev_spearman"} <= set(final)
+    assert final["test_spearman"] == final[f"cycle{final['best_epoch']}_test_spearman"]  # scored once
 
 
 def test_pseudo_labels_of_every_cycle_are_in_the_checkpoint_and_resume_continues(config, tmp_path):

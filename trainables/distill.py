@@ -276,6 +276,7 @@ def run(config: dict, report: Report, checkpoint_dir: str | None = None) -> dict
         sides.append(build_side(cfg, "partner_", partner, cfg.partner_layer, cfg.partner_cross_model or partner,
                                 device))
     state, best, history = DistillState(), None, pd.DataFrame(columns=["cycle", "step", "pair", "label"])
+    best_test: tuple[dict, dict] | None = None  # the dev-selected cycle's test metrics and pair scores
     if checkpoint_dir:
         _load_weights(sides, load_file(Path(checkpoint_dir) / WEIGHTS))
         best = load_file(Path(checkpoint_dir) / BEST)
@@ -310,12 +311,14 @@ def run(config: dict, report: Report, checkpoint_dir: str | None = None) -> dict
         dev, _ = _evaluate(sides, data, "dev", device, dtype)
         state.cycle = cycle
         current = _weights(sides)
-        if state.best_dev is None or dev["dev_spearman"] > state.best_dev:
+        improved = state.best_dev is None or dev["dev_spearman"] > state.best_dev
+        if improved:
             state.best_dev, state.best_cycle, best = dev["dev_spearman"], cycle, current
         state.per_cycle.update({f"cycle{cycle}_{k}": v for k, v in dev.items()})
-        if cfg.score_test:  # for the per-cycle table only; nothing selects on it
-            test, _ = _evaluate(sides, data, "test", device, dtype)
-            state.per_cycle.update({f"cycle{cycle}_{k}": v for k, v in test.items()})
+        if cfg.score_test:  # each cycle's test is for the per-cycle table; selection used dev above
+            test = _evaluate(sides, data, "test", device, dtype)
+            state.per_cycle.update({f"cycle{cycle}_{k}": v for k, v in test[0].items()})
+            best_test = test if improved else best_test
         metrics = {"epoch": cycle, "cycle": cycle, "bi_train_loss": bi_loss, "cross_train_loss": cross_loss,
                    "train_loss": bi_loss, **dev, "best_epoch": state.best_cycle,
                    "best_dev_spearman": state.best_dev, **extra}
@@ -325,8 +328,10 @@ def run(config: dict, report: Report, checkpoint_dir: str | None = None) -> dict
             (Path(folder) / STATE).write_text(json.dumps(state.__dict__))
             history.to_csv(Path(folder) / PSEUDO_LABELS, index=False)
             if cycle == cfg.num_reports() and cfg.score_test:
-                _load_weights(sides, best)
-                test, scores = _evaluate(sides, data, "test", device, dtype)
+                if best_test is None:  # resumed after the best cycle: score its weights again
+                    _load_weights(sides, best)
+                    best_test = _evaluate(sides, data, "test", device, dtype)
+                test, scores = best_test
                 metrics.update({**test, "test_epoch": state.best_cycle, **state.per_cycle})
                 write_predictions(Path(folder) / PREDICTIONS, data.test, scores[""])
             report(metrics, checkpoint_dir=folder)
