@@ -17,11 +17,11 @@ import time
 
 import torch
 
-from trainables import finetune
 from trainables.batching import TokenCache
 from trainables.contract import collect
 from trainables.data import load_task
 from trainables.evaluation import Embedder
+from trainables.kinds import get_kind
 from trainables.models import build_sentence_encoder, load_tokenizer, resolve_model_path
 from trainables.runtime import resolve_precision
 
@@ -91,9 +91,9 @@ def main() -> None:
           f"{str(resolve_precision(args.precision, torch.device('cpu'))).replace('torch.', '')}")
 
     their_speed, before, their_test = sentence_transformers_epoch(data.train, data.test)
-    final = finetune.run({"model": MODEL, "task": "stsb", "layer": 6, "epochs": 1, "lr": LR, "batch_size": BATCH,
-                          "warmup_ratio": WARMUP, "loss": "cosine_mse", "precision": args.precision,
-                          "data_dir": args.data_dir, "device": "cpu"}, collect([]))
+    final = get_kind("finetune").run({
+        "model": MODEL, "task": "stsb", "layer": 6, "epochs": 1, "lr": LR, "batch_size": BATCH, "warmup_ratio": WARMUP,
+        "loss": "cosine_mse", "precision": args.precision, "data_dir": args.data_dir, "device": "cpu"}, collect([]))
     our_speed = final["train_samples_per_second"]
     their_enc, our_enc = encode_throughput(data.test, args.precision)
     print(f"{'':34} {'sentence-transformers':>22} {'ours':>10} {'ratio':>7}")

@@ -20,8 +20,8 @@ from pathlib import Path
 import yaml
 
 from orchestrator.launch import connect_ray, launch
-from trainables import finetune
 from trainables.contract import collect
+from trainables.kinds import get_kind
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -39,7 +39,7 @@ def study_file(folder: Path, name: str, data_dir: str, epochs: int, seeds: list[
 
 def bare_seconds(data_dir: str, epochs: int) -> float:
     started = time.perf_counter()
-    finetune.run({"model": MODEL, "task": "stsb", "layer": 2, "epochs": epochs, "batch_size": 32,
+    get_kind("finetune").run({"model": MODEL, "task": "stsb", "layer": 2, "epochs": epochs, "batch_size": 32,
                   "max_seq_length": 64, "max_train_samples": 300, "max_eval_samples": 200, "data_dir": data_dir,
                   "num_threads": 2, "device": "cpu", "seed": 0}, collect([]))
     return time.perf_counter() - started

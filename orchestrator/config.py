@@ -13,11 +13,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trainables import TRAINABLES
-from trainables.errors import UserInputError
+from trainables.errors import UserInputError, one_of
+from trainables.kinds import KINDS
 
-# the closed registry of trainable kinds, as a Literal so the JSON Schema lists them for editors
-TrainableKind = Literal[tuple(TRAINABLES)]  # type: ignore[valid-type]
+DAPT_MOVED = ("DAPT is now `trainable: finetune` with `pretrain: mlm` (or rtd, simcse, micse) in train or ablate; "
+              "rename the dapt_* keys to pretrain_* (dapt_objective -> pretrain, dapt_steps -> pretrain_steps)")
 
 
 class Section(BaseModel):
@@ -61,7 +61,8 @@ class ReportSection(Section):
 
 class StudyConfig(Section):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
-    trainable: TrainableKind = "finetune"
+    trainable: str = Field("finetune", json_schema_extra={"enum": list(KINDS)},
+                           description="a kind from the closed registry trainables.kinds.KINDS")
     task: str = "stsb"
     model: str
     language: str | None = None
@@ -117,6 +118,11 @@ def explain(error: dict, schema: type[BaseModel] = StudyConfig) -> UserInputErro
 def parse_study(raw: Any, source: str = "study") -> StudyConfig:
     if not isinstance(raw, dict):
         raise UserInputError(source, type(raw).__name__, "a study file is a YAML mapping of keys such as name, model")
+    kind = raw.get("trainable", "finetune")
+    if kind == "dapt":
+        raise UserInputError("trainable", kind, DAPT_MOVED)
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise one_of("trainable", kind, KINDS)
     try:
         return StudyConfig(**raw)
     except ValidationError as exc:

@@ -1,8 +1,10 @@
 """The plan: every ablation cell and every trial config, resolved and checked before Ray starts.
 
-Deep checks live here (they need the model's config, the task registry and the data folder):
-unknown axes, layers above the model's depth, losses that do not fit the task, missing data,
-an unusable tracking URI. Each is one UserInputError naming the YAML key path.
+Deep checks happen here (they need the model's config, the task registry and the data folder):
+unknown axes, missing data, an unusable tracking URI, and each trial config checked by its kind
+(layer-like keys against the depth of the model they cut, wherever they are set; losses and other
+closed names). Kinds are reached only through the registry. Each problem is one UserInputError
+naming the YAML key path.
 """
 
 from __future__ import annotations
@@ -17,24 +19,13 @@ from typing import Any
 from orchestrator.config import StudyConfig
 from search_spaces.params import Choice, Fixed, Grid, IntRange, LogUniform, Param, Uniform, parse_ablated, parse_tuned
 from search_spaces.presets import expand_language, expand_layer, expand_pooling, expand_seeds, expand_tuned_preset
-from trainables.contract import TrialConfig, parse_config
-from trainables.contrastive import METHODS, ContrastiveConfig, resolve_attention_layers
-from trainables.cross_encoder import CROSS_LOSSES, CrossEncoderConfig
-from trainables.dapt import DaptConfig
+from trainables.contract import TrialConfig
 from trainables.data import load_task, resolve_language, task_spec
-from trainables.distill import MODES, DistillConfig
 from trainables.errors import UserInputError
-from trainables.finetune import FinetuneConfig, primary_metric
-from trainables.models import POOLINGS, encoder_depth, load_config
-from trainables.objectives import LOSSES
-from trainables.probe import ProbeConfig
+from trainables.kinds import KINDS, TrainableKind, get_kind, load_kind
+from trainables.kinds.base import TrainingKind
+from trainables.models import encoder_depth, load_config
 
-SCHEMAS: dict[str, type[TrialConfig]] = {"finetune": FinetuneConfig, "probe": ProbeConfig, "dapt": DaptConfig,
-                                          "contrastive": ContrastiveConfig, "cross_encoder": CrossEncoderConfig,
-                                          "distill": DistillConfig}
-# closed registries of names inside trial configs: field -> valid names
-NAMES: dict[str, tuple[str, ...]] = {"pooling": POOLINGS, "cross_pooling": POOLINGS, "method": METHODS,
-                                     "mode": MODES, "cross_loss": CROSS_LOSSES}
 # keys the orchestrator sets itself; a study may not put them in train/ablate/tune
 MANAGED = {"seed", "model", "task", "data_dir", "num_threads", "device", "max_train_samples", "max_eval_samples",
            "score_test", "cache_dir"}
@@ -62,6 +53,11 @@ class StudyPlan:
     epochs: int
     origins: dict[str, str] = field(default_factory=dict)
     cell_reports: tuple[int, ...] = ()  # reports per trial of each cell (cells may ablate epochs, steps, mode)
+    kind_path: str = ""  # the registry entry of the study's kind, carried by every trial to its worker
+
+    @property
+    def kind(self) -> TrainableKind:
+        return load_kind(self.kind_path or KINDS[self.study.trainable])
 
     def reports_of(self, cell_index: int) -> int:
         """How many reports a full trial of this cell makes (what a completed trial reached)."""
@@ -86,7 +82,7 @@ class StudyPlan:
     def trial_config(self, cell: Cell, tuned: dict[str, Any], seed: int, phase: str = "replicate") -> dict[str, Any]:
         """A tuning trial never scores test: selection only ever looks at dev."""
         config = {**self.base, **cell.values, **tuned}
-        fields = SCHEMAS[self.study.trainable].model_fields
+        fields = self.kind.Config.model_fields
         if "seed" in fields:
             config["seed"] = seed
         if "score_test" in fields:
@@ -100,16 +96,15 @@ def _did_you_mean(key: str, name: str, valid: list[str]) -> UserInputError:
     return UserInputError(key, name, f"{hint}valid names: {', '.join(sorted(valid))}")
 
 
-def _sample(param: Param) -> Any:
-    """A representative value, to check that the trainable accepts the tuned parameter."""
+def _samples(param: Param) -> list[Any]:
+    """Values that together cover what a tuned parameter can take (every choice, both ends of a
+    range), to check each against the trainable before launch."""
     if isinstance(param, Fixed):
-        return param.value
+        return [param.value]
     if isinstance(param, Grid | Choice):
-        return param.values[0]
-    if isinstance(param, IntRange):
-        return param.low
-    if isinstance(param, Uniform | LogUniform):
-        return param.low
+        return list(param.values)
+    if isinstance(param, IntRange | Uniform | LogUniform):
+        return [param.low, param.high]
     raise TypeError(param)
 
 
@@ -186,7 +181,8 @@ def _depth(model: str, key: str) -> int:
 
 def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Path | None = None) -> StudyPlan:
     """Resolve and check everything a launch needs; raises UserInputError on the first problem."""
-    schema = SCHEMAS[study.trainable]
+    kind = get_kind(study.trainable)
+    schema = kind.Config
     spec = task_spec(study.task) if study.task in _task_names() else None
     if spec is None:
         raise _did_you_mean("task", study.task, _task_names())
@@ -201,8 +197,8 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
 
     tuned: dict[str, Param] = {}
     if study.tune is not None:
-        if study.trainable == "probe":
-            raise UserInputError("tune", "probe", "probe trains nothing: remove the tune section")
+        if not isinstance(kind, TrainingKind):
+            raise UserInputError("tune", study.trainable, f"{study.trainable} trains nothing: remove the tune section")
         for name, raw in study.tune.params.items():
             key = f"tune.params.{name}"
             if name not in schema.model_fields or name in MANAGED:
@@ -211,8 +207,9 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
                 raise UserInputError(key, raw, f"{name} is also ablated; an axis is either ablated or tuned")
             tuned[name] = expand_tuned_preset(name, raw) or parse_tuned(key, raw)
     seeds = expand_seeds(study.replicate.seeds)
-    if study.trainable == "probe" and len(seeds) > 1:
-        raise UserInputError("replicate.seeds", study.replicate.seeds, "probe is deterministic: use one seed")
+    if not isinstance(kind, TrainingKind) and len(seeds) > 1:
+        raise UserInputError("replicate.seeds", study.replicate.seeds,
+                             f"{study.trainable} is deterministic: use one seed")
 
     origins = {"model": "model", "task": "task", "language": "language", "data_dir": "data_dir"}
     base: dict[str, Any] = {"model": study.model, "task": study.task}
@@ -240,17 +237,24 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
     origins.update({k: f"tune.params.{k}" for k in tuned})
 
     cells = tuple(Cell(i, values) for i, values in enumerate(_cells(study, axes)))
-    sample = {k: _sample(p) for k, p in tuned.items()}
-    reports = tuple(_check_trial(schema, {**base, **cell.values, **sample}, origins).num_reports() for cell in cells)
+    covering = {k: _samples(p) for k, p in tuned.items()}
+    sample = {k: values[0] for k, values in covering.items()}
+    parsed = [_check_trial(kind, {**base, **cell.values, **sample}, origins) for cell in cells]
+    for cell in cells:  # every tuned value each cell may meet, one parameter at a time
+        for name, values in covering.items():
+            for value in values[1:]:
+                _check_trial(kind, {**base, **cell.values, **sample, name: value}, origins)
+    reports = tuple(kind.num_reports(p) for p in parsed)
     checked = {(c.values.get("task", study.task), c.values.get("language", study.language)) for c in cells}
     for task, language in sorted(checked, key=str):
         load_task(task, language, base.get("data_dir"))
     check_tracking_uri(study.tracking.mlflow_uri, study_dir or Path.cwd())
 
-    metric, mode = primary_metric(spec.kind)
+    metric, mode = kind.metric(parsed[0]) if parsed else ("dev_spearman", "max")
     epochs = max(reports, default=1)  # reports per trial; ablating epochs or steps makes them differ by cell
     _check_baseline(study, cells)
-    return StudyPlan(study, cells, tuned, seeds, base, metric, mode, epochs, origins, reports)
+    return StudyPlan(study, cells, tuned, seeds, base, metric, mode, epochs, origins, reports,
+                     KINDS[study.trainable])
 
 
 def _task_names() -> list[str]:
@@ -259,33 +263,17 @@ def _task_names() -> list[str]:
     return [name for name, spec in TASKS.items() if spec.kind != "unlabeled" and not spec.eval_only]
 
 
-def _check_trial(schema: type[TrialConfig], config: dict, origins: dict[str, str]) -> TrialConfig:
+def _check_trial(kind: TrainableKind, config: dict, origins: dict[str, str]) -> TrialConfig:
+    """Parse one trial config with its kind's schema, then the kind's deep checks; errors name the
+    YAML key the offending value came from."""
+    def key_of(name: str) -> str:
+        return origins.get(name, f"train.{name}")
+
     try:
-        parsed = parse_config(schema, config)
+        parsed = kind.parse(config)
     except UserInputError as exc:
         raise UserInputError(origins.get(exc.key, exc.key), exc.value, exc.fix) from None
-    loss = getattr(parsed, "loss", None)
-    if isinstance(parsed, CrossEncoderConfig):
-        if loss not in CROSS_LOSSES:
-            raise UserInputError(origins.get("loss", "train.loss"), loss, "use one of: " + ", ".join(CROSS_LOSSES))
-    elif loss is not None:
-        kind = task_spec(parsed.task).kind
-        if loss not in LOSSES:
-            raise UserInputError(origins.get("loss", "train.loss"), loss, "use one of: " + ", ".join(sorted(LOSSES)))
-        if LOSSES[loss][0] != kind:
-            fitting = ", ".join(n for n, (k, _) in LOSSES.items() if k == kind)
-            raise UserInputError(origins.get("loss", "train.loss"), loss,
-                                 f"it trains {LOSSES[loss][0]} tasks; task {parsed.task} needs one of: {fitting}")
-    for name, valid in NAMES.items():
-        value = getattr(parsed, name, None)
-        if value is not None and value not in valid:
-            raise UserInputError(origins.get(name, f"train.{name}"), value, "use one of: " + ", ".join(valid))
-    if isinstance(parsed, ContrastiveConfig):
-        depth = parsed.layer if parsed.layer is not None else _depth(parsed.model, origins.get("model", "model"))
-        try:
-            resolve_attention_layers(parsed, depth)
-        except UserInputError as exc:
-            raise UserInputError(origins.get(exc.key, f"train.{exc.key}"), exc.value, exc.fix) from None
+    kind.check(parsed, key_of)
     return parsed
 
 

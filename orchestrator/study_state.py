@@ -65,6 +65,8 @@ class StudyState:
         steps = {int(r["epoch"]): r[self.plan.metric] for r in record.results
                  if "epoch" in r and _finite(r.get(self.plan.metric))}
         value = self._value(record) if state == TrialState.COMPLETE else None
+        if state == TrialState.COMPLETE and value is None:  # degenerate: finished, but no dev score to tell
+            state = TrialState.FAIL
         return optuna.trial.create_trial(params=record.tuned, distributions=self.space, value=value, state=state,
                                          intermediate_values=steps)
 

@@ -1,6 +1,6 @@
 """Ray Tune's side of the plan: a Searcher that hands out the plan's trials, a scheduler that
 routes each result to its own cell's pruner (never stopping a replicate), and the function
-trainable that runs `trainables.<kind>.run` inside a trial."""
+trainable that runs the trial's kind (its registry entry travels with the trial) inside a trial."""
 
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ class PlanSearcher(Searcher):
             return Searcher.FINISHED if record == FINISHED else None
         self.keys[trial_id] = record.key
         plan = self.state.plan
-        return {"trainable": plan.study.trainable, "trial_key": record.key, "cell": plan.cells[record.cell].key,
+        return {"trainable": plan.study.trainable, "kind": plan.kind_path, "trial_key": record.key,
+                "cell": plan.cells[record.cell].key,
                 "phase": record.phase, "seed": record.seed, "trial": record.config,
                 "resume_from": record.checkpoint}
 
@@ -165,10 +166,10 @@ def run_trial(config: dict) -> None:
     resumed study), else starts fresh. A diverged loss ends the trial with a final report."""
     import tempfile
 
-    from trainables import TRAINABLES
     from trainables.errors import TrainingDivergedError
+    from trainables.kinds import load_kind
 
-    run = TRAINABLES[config["trainable"]]
+    run = load_kind(config["kind"]).run
 
     def report(metrics: dict, checkpoint_dir: str | None = None) -> None:
         clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}

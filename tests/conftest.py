@@ -7,6 +7,9 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no test downloads anything; set before the hub client loads
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Ray workers started by the tests import `tests.toy_kind` (a kind defined only in the test suite)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]),
+                                                       os.environ.get("PYTHONPATH")) if p)
 
 import pytest
 import torch

@@ -8,19 +8,22 @@ import re
 import pytest
 import torch
 
-from trainables import contrastive
 from trainables.batching import pad
 from trainables.contract import collect
-from trainables.contrastive import (
-    ContrastiveConfig,
+from trainables.contrastive_objectives import (
     ContrastiveModel,
-    attention_alignment,
+    attention_correlation,
+    attention_mutual_information,
     info_nce,
     resolve_attention_layers,
     step_batches,
 )
 from trainables.errors import UserInputError
+from trainables.kinds import get_kind
+from trainables.kinds.contrastive import ContrastiveConfig
 from trainables.models import build_sentence_encoder, load_tokenizer
+
+contrastive = get_kind("contrastive")
 
 
 @pytest.fixture()
@@ -64,18 +67,45 @@ def test_info_nce_is_cross_entropy_over_in_batch_cosines():
     assert info_nce(first, first, 0.01).item() < 1e-6  # aligned views, separated negatives
 
 
-def test_attention_term_is_zero_for_identical_attention_and_positive_otherwise():
+def test_correlation_variant_is_zero_for_identical_attention_and_positive_otherwise():
     torch.manual_seed(0)
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
     logits = torch.randn(2, 2, 4, 4).masked_fill(mask[:, None, None, :] == 0, -1e9)
     attention = logits.softmax(-1)
-    assert attention_alignment([attention], [attention.clone()], mask).item() == pytest.approx(0.0, abs=1e-6)
+    assert attention_correlation([attention], [attention.clone()], mask).item() == pytest.approx(0.0, abs=1e-6)
     other = (logits + torch.randn_like(logits)).softmax(-1)
-    value = attention_alignment([attention], [other], mask).item()
+    value = attention_correlation([attention], [other], mask).item()
     assert 0 < value <= 2
     dropped = attention.clone()
     dropped[0, 0, 0, 1] = 0.0  # attention dropout zeroed one entry of one view: it is left out
-    assert attention_alignment([attention], [dropped], mask).item() == pytest.approx(0.0, abs=1e-6)
+    assert attention_correlation([attention], [dropped], mask).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_micse_term_is_the_references_scaled_negative_gaussian_mutual_information():
+    """Rows are sentence x layer x head. Every row here has 24 entries non-zero in both views (fewer
+    than the 150 the reference samples), so every row draws all of them (a permutation, which a
+    correlation ignores) and the value is computable by hand."""
+    torch.manual_seed(1)
+    first = torch.rand(2, 3, 5, 5) + 0.01  # (batch, heads, query, key), all entries non-zero
+    second = first * torch.exp(0.3 * torch.randn_like(first))
+    second[:, :, 0, 0] = 0.0  # attention dropout zeroed one entry per row of one view: left out
+    x, y = first.reshape(6, 25).double(), second.reshape(6, 25).double()
+    rhos = torch.stack([torch.corrcoef(torch.stack([torch.log(x[r][1:]), torch.log(y[r][1:])]))[0, 1]
+                        for r in range(6)])
+    information = -0.5 * torch.log(1 - rhos ** 2)
+    expected = -information.mean() * ((24 / 25) ** 2 + 1e-6)
+    value = attention_mutual_information([first], [second]).item()
+    assert value == pytest.approx(expected.item(), rel=1e-4)
+    assert attention_mutual_information([first], [first.clone()]).item() < value < 0  # aligned views: lower loss
+    assert attention_mutual_information([first], [torch.rand_like(first) + 0.01]).item() > value
+
+
+def test_micse_defaults_follow_the_reference():
+    cfg = ContrastiveConfig(model="m", method="micse")
+    assert cfg.attention_loss == "mi" and cfg.attention_weight == 5e-4
+    assert resolve_attention_layers("micse", None, 12) == [7, 8, 9, 10]  # the reference's min_layer=7, max_layer=11
+    assert resolve_attention_layers("micse", None, 6) == [1, 2, 3, 4]
+    assert resolve_attention_layers("micse", None, 1) == [0]
 
 
 def test_batches_cover_the_corpus_each_pass_and_resume_to_the_same_order():
@@ -88,7 +118,7 @@ def test_batches_cover_the_corpus_each_pass_and_resume_to_the_same_order():
 def test_simcse_loss_falls_and_reports_every_eval_round(config):
     reports = []
     final = contrastive.run(config, collect(reports))
-    assert [r["epoch"] for r in reports] == [1, 2, 3] and [r["step"] for r in reports] == [10, 20, 30]
+    assert [r["round"] for r in reports] == [1, 2, 3] and [r["step"] for r in reports] == [10, 20, 30]
     assert reports[-1]["contrastive_loss"] < 0.5 * reports[0]["contrastive_loss"]
     assert "attention_loss" not in final and math.isfinite(final["dev_spearman"])
     assert final["test_epoch"] == final["best_epoch"] and "test_spearman" in final
@@ -99,8 +129,12 @@ def test_micse_adds_the_attention_term_and_still_trains(config):
     reports = []
     final = contrastive.run({**config, "method": "micse", "layer": 2, "attention_layers": [1, 2]},
                             collect(reports))
-    assert all(r["attention_loss"] > 0 for r in reports)
-    assert final["train_loss"] == pytest.approx(final["contrastive_loss"] + final["attention_loss"], rel=1e-6)
+    assert all(r["attention_loss"] < 0 for r in reports)  # minus the views' mutual information
+    assert final["train_loss"] == pytest.approx(final["contrastive_loss"] + 5e-4 * final["attention_loss"], rel=1e-6)
+    variant = contrastive.run({**config, "method": "micse", "layer": 2, "attention_loss": "correlation",
+                               "attention_weight": 1.0, "steps": 10}, collect([]))
+    assert variant["attention_loss"] > 0 and variant["train_loss"] == pytest.approx(
+        variant["contrastive_loss"] + variant["attention_loss"], rel=1e-6)
     assert reports[-1]["train_loss"] < reports[0]["train_loss"]
 
 
@@ -146,27 +180,41 @@ def test_test_sentences_train_only_when_transductive_and_it_is_recorded(config):
 
 
 def test_attention_layers_resolve_to_zero_based_kept_layers():
-    cfg = ContrastiveConfig(model="m", method="micse")
-    assert resolve_attention_layers(cfg, 4) == [3]
-    assert resolve_attention_layers(ContrastiveConfig(model="m", method="micse", attention_layers=[2, 1, 2]), 4) \
-        == [0, 1]
-    assert resolve_attention_layers(ContrastiveConfig(model="m"), 4) is None
+    assert resolve_attention_layers("micse", [4], 4) == [3]
+    assert resolve_attention_layers("micse", [2, 1, 2], 4) == [0, 1]
+    assert resolve_attention_layers("simcse", None, 4) is None
+    with pytest.raises(UserInputError, match=re.escape("attention_layers: [5] is not valid; the encoder keeps 4")):
+        resolve_attention_layers("micse", [5], 4)
+
+
+def test_evaluation_reads_whole_sentences_while_training_truncates(config, synthetic_data_dir):
+    from trainables.kinds.contrastive import ContrastiveLearner
+
+    cfg = ContrastiveConfig(**{**config, "max_seq_length": 8})
+    learner = ContrastiveLearner(cfg, torch.device("cpu"), torch.float32)
+    longest = max(learner.data.dev.sentence1, key=len)
+    assert len(learner.tokens.tokenizer(longest)["input_ids"]) > 8
+    assert len(learner.tokens.lookup([longest])[0]) == 8  # training length
+    learner.evaluate("dev")
+    assert len(learner.eval_tokens[longest]) == len(learner.tokens.tokenizer(longest)["input_ids"])
+    capped = ContrastiveLearner(ContrastiveConfig(**{**config, "max_seq_length": 8, "eval_max_seq_length": 10}),
+                                torch.device("cpu"), torch.float32)
+    assert len(capped.eval_tokens.lookup([longest])[0]) == 10
 
 
 def test_a_contrastive_stage_starts_finetune_through_the_stage_cache(config, tmp_path):
-    from trainables import dapt
-
+    finetune = get_kind("finetune")
     reports = []
     common = {"model": config["model"], "task": "stsb", "data_dir": config["data_dir"], "layer": 2, "epochs": 1,
-              "batch_size": 16, "max_seq_length": 16, "dapt_objective": "simcse", "dapt_corpus": config["corpus"],
-              "dapt_steps": 8, "dapt_batch_size": 16, "dapt_lr": 1e-3, "cache_dir": str(tmp_path / "stages"),
-              "num_threads": 1}
-    dapt.run(common, collect(reports))
-    dapt.run({**common, "layer": 1}, collect(reports))
+              "batch_size": 16, "max_seq_length": 16, "pretrain": "simcse", "pretrain_corpus": config["corpus"],
+              "pretrain_steps": 8, "pretrain_batch_size": 16, "pretrain_lr": 1e-3, "num_threads": 1,
+              "cache_dir": str(tmp_path / "stages")}
+    finetune.run(common, collect(reports))
+    finetune.run({**common, "layer": 1}, collect(reports))
     assert [r["dapt_cache_hit"] for r in reports] == [0, 1]
     assert len(list((tmp_path / "stages").glob("dapt-*/model.safetensors"))) == 1
-    with pytest.raises(UserInputError, match="dapt_grad_accum: 2 is not valid; contrastive objectives"):
-        dapt.run({**common, "dapt_grad_accum": 2}, collect([]))
+    with pytest.raises(UserInputError, match="pretrain_grad_accum: 2 is not valid; contrastive objectives"):
+        finetune.run({**common, "pretrain_grad_accum": 2}, collect([]))
 
 
 @pytest.mark.slow

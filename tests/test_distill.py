@@ -9,11 +9,14 @@ import pandas as pd
 import pytest
 import torch
 
-from trainables import cross_encoder, distill
 from trainables.contract import collect
-from trainables.cross_encoder import CrossEncoder, PairTokens, cross_loss, predict
+from trainables.cross import CrossEncoder, PairTokens, cross_loss, predict
 from trainables.errors import UserInputError
+from trainables.kinds import distill as distill_module
+from trainables.kinds import get_kind
 from trainables.models import load_tokenizer
+
+cross_encoder, distill = get_kind("cross_encoder"), get_kind("distill")
 
 
 @pytest.fixture()
@@ -67,33 +70,57 @@ def test_cross_encoder_trainable_fits_its_training_pairs(tiny_bert, tmp_path):
     assert all("test_spearman" not in r for r in reports[:-1])
 
 
-def test_self_distillation_moves_labels_between_the_encoders(config, monkeypatch):
+def spy_fits(monkeypatch) -> list:
     seen = []
-    original = distill.fit_cross_encoder
+    original_cross, original_bi = distill_module.fit_cross_encoder, distill_module.fit_bi_encoder
 
-    def spy(model, tokens, frame, *args, **kwargs):
-        seen.append(("cross", frame["score"].to_numpy().copy()))
-        return original(model, tokens, frame, *args, **kwargs)
+    def cross(model, tokens, frame, *args, **kwargs):
+        seen.append(("cross", frame.copy()))
+        return original_cross(model, tokens, frame, *args, **kwargs)
 
-    original_bi = distill.fit_bi_encoder
-
-    def spy_bi(model, tokens, frame, *args, **kwargs):
-        seen.append(("bi", frame["score"].to_numpy().copy()))
+    def bi(model, tokens, frame, *args, **kwargs):
+        seen.append(("bi", frame.copy()))
         return original_bi(model, tokens, frame, *args, **kwargs)
 
-    monkeypatch.setattr(distill, "fit_cross_encoder", spy)
-    monkeypatch.setattr(distill, "fit_bi_encoder", spy_bi)
+    monkeypatch.setattr(distill_module, "fit_cross_encoder", cross)
+    monkeypatch.setattr(distill_module, "fit_bi_encoder", bi)
+    return seen
+
+
+def test_self_distillation_moves_labels_between_the_encoders(config, monkeypatch):
+    seen = spy_fits(monkeypatch)
+    splits = []
+    original_evaluate = distill_module.DistillLearner.evaluate
+    monkeypatch.setattr(distill_module.DistillLearner, "evaluate",
+                        lambda self, split: splits.append(split) or original_evaluate(self, split))
     reports = []
     final = distill.run(config, collect(reports))
     assert [kind for kind, _ in seen] == ["cross", "bi", "cross", "bi"]
-    assert all(labels.min() >= 0 and labels.max() <= 1 for _, labels in seen)  # cosines clipped, sigmoids
-    assert not np.allclose(seen[0][1], seen[2][1])  # the second cycle's bi-encoder labels differ: it learned
+    assert all(frame.score.min() >= 0 and frame.score.max() <= 1 for _, frame in seen)  # cosines clipped, sigmoids
+    assert not np.allclose(seen[0][1].score, seen[2][1].score)  # the second cycle's bi-encoder labels differ
     assert [r["cycle"] for r in reports] == [1, 2]
     assert {"dev_spearman", "cross_dev_spearman", "bi_train_loss", "cross_train_loss"} <= set(reports[0])
     assert final["test_epoch"] == final["best_epoch"]
     assert final["best_dev_spearman"] == max(r["dev_spearman"] for r in reports)  # chosen on dev
-    assert {"cycle1_test_spearman", "cycle2_cross_test_spearman", "cycle2_dev_spearman"} <= set(final)
-    assert final["test_spearman"] == final[f"cycle{final['best_epoch']}_test_spearman"]  # scored once
+    assert {"cycle1_dev_spearman", "cycle2_cross_dev_spearman"} <= set(final)
+    assert splits.count("test") == 1 and not any(k.startswith("cycle") and "test" in k for k in final)
+
+
+def test_the_cross_encoder_learns_both_orders_of_every_pair_with_one_label(config, monkeypatch):
+    seen = spy_fits(monkeypatch)
+    distill.run({**config, "cycles": 1, "bi_epochs": 1, "cross_epochs": 1}, collect([]))
+    frame = seen[0][1]
+    n = len(frame) // 2
+    assert n == 160 and len(frame) == 2 * n
+    forward, backward = frame.iloc[:n].reset_index(drop=True), frame.iloc[n:].reset_index(drop=True)
+    assert (forward.sentence1 == backward.sentence2).all() and (forward.sentence2 == backward.sentence1).all()
+    assert np.array_equal(forward.score.to_numpy(), backward.score.to_numpy())
+
+
+def test_per_cycle_test_is_an_opt_in_diagnostic(config):
+    final = distill.run({**config, "test_every_round": True, "bi_epochs": 1, "cross_epochs": 1}, collect([]))
+    assert {"cycle1_test_spearman", "cycle2_cross_test_spearman"} <= set(final)
+    assert final["test_spearman"] == pytest.approx(final[f"cycle{final['best_epoch']}_test_spearman"])
 
 
 def test_pseudo_labels_of_every_cycle_are_in_the_checkpoint_and_resume_continues(config, tmp_path):
@@ -104,49 +131,61 @@ def test_pseudo_labels_of_every_cycle_are_in_the_checkpoint_and_resume_continues
 
         saved[metrics["cycle"]] = shutil.copytree(checkpoint_dir, tmp_path / f"ckpt{metrics['cycle']}")
 
-    distill.run(config, keep)
+    uninterrupted = []
+    distill.run(config, lambda m, checkpoint_dir=None: (uninterrupted.append(m), keep(m, checkpoint_dir)))
     labels = pd.read_csv(saved[2] / "pseudo_labels.csv")
     assert labels.groupby(["cycle", "step"]).size().to_dict() == {(1, "bi_to_cross"): 160, (1, "cross_to_bi"): 160,
                                                                   (2, "bi_to_cross"): 160, (2, "cross_to_bi"): 160}
     resumed = []
     distill.run(config, collect(resumed), checkpoint_dir=str(saved[1]))
     assert [r["cycle"] for r in resumed] == [2]
-    assert len(pd.read_csv(saved[2] / "pseudo_labels.csv")) == 640
+    assert resumed[0]["dev_spearman"] == pytest.approx(uninterrupted[1]["dev_spearman"], abs=1e-6)
+    assert resumed[0]["test_spearman"] == pytest.approx(uninterrupted[1]["test_spearman"], abs=1e-6)
 
 
-def test_restart_each_cycle_restarts_both_encoders_before_every_later_cycle(config, monkeypatch):
-    restarts = []
-    monkeypatch.setattr(distill, "_restart", lambda side, cfg, device, **kw: restarts.append(side.prefix))
-    distill.run({**config, "restart_each_cycle": True, "cycles": 3, "bi_epochs": 1, "cross_epochs": 1},
+def test_restart_each_cycle_labels_with_the_previous_cycles_models_then_starts_fresh(config, monkeypatch):
+    """Trans-Encoder: cycle 2's labels come from the bi-encoder cycle 1 trained; only then do the
+    encoders restart. Restarting first would make every cycle repeat cycle 1 exactly."""
+    seen = spy_fits(monkeypatch)
+    events = []
+    for name in ("restart_bi", "restart_cross"):
+        original = getattr(distill_module, name)
+        monkeypatch.setattr(distill_module, name, lambda side, cfg, _n=name, _o=original: (events.append(_n),
+                                                                                            _o(side, cfg)))
+    distill.run({**config, "restart_each_cycle": True, "cycles": 2, "bi_epochs": 2, "cross_epochs": 1},
                 collect([]))
-    assert restarts == ["", ""]  # before cycles 2 and 3
+    cross_labels = [frame.score.to_numpy() for kind, frame in seen if kind == "cross"]
+    assert not np.allclose(cross_labels[0], cross_labels[1])  # cycle 2 is labelled by the trained bi-encoder
+    assert events == ["restart_cross", "restart_bi"]  # cycle 2 only, each right before its encoder learns
 
 
 def test_a_restart_brings_back_the_initial_weights_of_both_encoders(config):
-    cfg = distill.DistillConfig(**config)
-    side = distill.build_side(cfg, "", config["model"], 2, config["model"], torch.device("cpu"))
-    initial = distill._weights([side])
+    cfg = distill_module.DistillConfig(**config)
+    side = distill_module.build_side(cfg, "", config["model"], 2, config["model"], torch.device("cpu"))
+    initial = {**side.bi.state_dict(), **{f"cross.{k}": v.clone() for k, v in side.cross.state_dict().items()}}
+    initial = {k: v.clone() for k, v in initial.items()}
     with torch.no_grad():
         for p in [*side.bi.parameters(), *side.cross.encoder.parameters()]:
             p.add_(1.0)
-    distill._restart(side, cfg, torch.device("cpu"))
-    after = distill._weights([side])
+    distill_module.restart_bi(side, cfg)
+    distill_module.restart_cross(side, cfg)
+    after = {**side.bi.state_dict(), **{f"cross.{k}": v for k, v in side.cross.state_dict().items()}}
     encoder_keys = [k for k in initial if not k.startswith("cross.head")]  # a fresh head is drawn anew
     assert all(torch.equal(initial[k], after[k]) for k in encoder_keys)
 
 
 def test_mutual_distillation_trains_both_on_the_averaged_labels(config, monkeypatch):
     seen = []
-    original = distill.fit_bi_encoder
+    original = distill_module.fit_bi_encoder
 
     def spy(model, tokens, frame, *args, **kwargs):
         seen.append((id(model), frame["score"].to_numpy().copy()))
         return original(model, tokens, frame, *args, **kwargs)
 
-    monkeypatch.setattr(distill, "fit_bi_encoder", spy)
+    monkeypatch.setattr(distill_module, "fit_bi_encoder", spy)
     scores = []
-    original_cross = distill.cross_scores
-    monkeypatch.setattr(distill, "cross_scores", lambda side, frame, d, t: scores.append(
+    original_cross = distill_module.cross_scores
+    monkeypatch.setattr(distill_module, "cross_scores", lambda side, frame, d, t: scores.append(
         original_cross(side, frame, d, t)) or scores[-1])
     final = distill.run({**config, "mode": "mutual", "partner_layer": 1, "cycles": 1}, collect([]))
     (first, labels_a), (second, labels_b) = seen
@@ -155,12 +194,16 @@ def test_mutual_distillation_trains_both_on_the_averaged_labels(config, monkeypa
     assert {"partner_dev_spearman", "partner_cross_dev_spearman", "partner_test_spearman"} <= set(final)
 
 
-def test_teacher_mode_trains_the_teacher_once_and_reads_its_scores_as_labels(config):
-    first, second = [], []
+def test_teacher_mode_trains_a_teacher_per_seed_or_one_shared_teacher(config):
+    first, second, third = [], [], []
     distill.run({**config, "mode": "teacher"}, collect(first))
     distill.run({**config, "mode": "teacher", "seed": 1}, collect(second))
-    assert len(first) == 1 and first[0]["teacher_cache_hit"] == 0 and second[0]["teacher_cache_hit"] == 1
-    assert first[0]["cross_dev_spearman"] == pytest.approx(second[0]["cross_dev_spearman"])  # the same teacher
+    assert len(first) == 1 and first[0]["teacher_cache_hit"] == 0 and second[0]["teacher_cache_hit"] == 0
+    assert first[0]["teacher_cache_key"] != second[0]["teacher_cache_key"]  # its own seed in its key
+    assert first[0]["cross_dev_spearman"] != second[0]["cross_dev_spearman"]
+    distill.run({**config, "mode": "teacher", "seed": 2, "stage_seed": "shared"}, collect(third))
+    assert third[0]["teacher_cache_hit"] == 1 and third[0]["stage_seed"] == 0  # the seed-0 teacher, reused
+    assert third[0]["cross_dev_spearman"] == pytest.approx(first[0]["cross_dev_spearman"])
 
 
 @pytest.mark.parametrize(("changes", "message"), [
@@ -177,11 +220,10 @@ def test_bad_settings_are_one_clear_error(config, changes, message):
 def test_pairs_from_a_file_and_test_pairs_only_when_transductive(config, tmp_path):
     path = tmp_path / "pairs.tsv"
     path.write_text('a "quoted" man\ta woman\nx\ty\na "quoted" man\ta woman\n\t\n')
-    frame = distill.unlabeled_pairs(distill.DistillConfig(**{**config, "pairs": str(path)}), None)
+    frame = distill_module.unlabeled_pairs(distill_module.DistillConfig(**{**config, "pairs": str(path)}), None)
     assert frame.values.tolist() == [['a "quoted" man', "a woman"], ["x", "y"]]
-    with_test = distill.unlabeled_pairs(distill.DistillConfig(**{**config, "pairs": "task+test",
-                                                                 "transductive": True, "max_train_samples": None}),
-                                        None)
+    with_test = distill_module.unlabeled_pairs(distill_module.DistillConfig(**{
+        **config, "pairs": "task+test", "transductive": True, "max_train_samples": None}), None)
     assert len(with_test) == 240 + 80 + 80  # train, dev and test pairs (Trans-Encoder's transductive set)
     assert list(with_test.columns) == ["sentence1", "sentence2"]
 
@@ -198,16 +240,23 @@ def test_minilm_one_self_distillation_cycle_on_1000_unlabeled_stsb_pairs(data_di
     assert np.isfinite(final["cross_dev_spearman"]) and final["cross_dev_spearman"] > 20  # the cross-encoder learned
 
 
-def test_distillation_can_start_from_a_cached_simcse_stage(config, tmp_path):
+def test_distillation_starts_both_encoders_from_a_cached_simcse_stage(config, tmp_path):
+    from safetensors.torch import load_file
+
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(f"sentence number {i} about a {w}" for i, w in enumerate(["cat", "dog"] * 40)))
     common = {**config, "cycles": 1, "bi_epochs": 1, "cross_epochs": 1, "pretrain": "simcse",
-              "pretrain_corpus": str(corpus), "pretrain_steps": 4, "pretrain_batch_size": 16}
+              "pretrain_corpus": str(corpus), "pretrain_steps": 4, "pretrain_batch_size": 16, "stage_seed": "shared"}
     first, second = [], []
     distill.run(common, collect(first))
     distill.run({**common, "seed": 1}, collect(second))
     assert first[0]["dapt_cache_hit"] == 0 and second[0]["dapt_cache_hit"] == 1
     stages = list((tmp_path / "stages").glob("dapt-*/model.safetensors"))
     assert len(stages) == 1 and first[0]["dapt_stage_dir"] == str(stages[0].parent)
+    learner = distill_module.DistillLearner(distill_module.DistillConfig(**common), torch.device("cpu"), torch.float32)
+    adapted = load_file(stages[0])
+    name = "embeddings.word_embeddings.weight"
+    assert torch.equal(learner.sides[0].cross.encoder.state_dict()[name], adapted[name])  # the cross-encoder too
+    assert torch.equal(learner.sides[0].bi.encoder.state_dict()[name], adapted[name])
     with pytest.raises(UserInputError, match="pretrain: 'bert' is not valid; use one of: micse, mlm, rtd, simcse"):
         distill.run({**common, "pretrain": "bert"}, collect([]))

@@ -12,6 +12,7 @@ from trainables.evaluation import (
     PairClassificationEvaluator,
     STSEvaluator,
     best_accuracy_threshold,
+    best_f1_threshold,
 )
 from trainables.models import build_sentence_encoder, load_tokenizer
 
@@ -36,6 +37,43 @@ def test_threshold_maximizes_accuracy():
     assert best_accuracy_threshold(np.array([0.9, 0.8, 0.3, 0.2]), np.array([1, 1, 0, 0])) == pytest.approx(0.55)
     assert best_accuracy_threshold(np.array([0.9, 0.8]), np.array([1, 1])) == pytest.approx(0.8)
     assert best_accuracy_threshold(np.array([0.9, 0.8]), np.array([0, 0])) > 0.9
+
+
+def test_f1_threshold_maximizes_f1_where_accuracy_would_cut_elsewhere():
+    scores, labels = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4]), np.array([1, 0, 1, 1, 0, 0])
+    # accuracy: the top 4 (5/6); F1 of the positive class: also the top 4 (2*3/(4+3) = 0.857) beats the top 1 (0.5)
+    assert best_accuracy_threshold(scores, labels) == pytest.approx(0.55)
+    assert best_f1_threshold(scores, labels) == pytest.approx(0.55)
+    scores, labels = np.array([0.9, 0.8, 0.7, 0.6, 0.5]), np.array([1, 0, 0, 1, 1])
+    # accuracy peaks predicting only the top pair (3/5 right); F1 peaks predicting all five (2*3/(5+3) = 0.75)
+    assert best_accuracy_threshold(scores, labels) == pytest.approx(0.85)
+    assert best_f1_threshold(scores, labels) == pytest.approx(0.5)
+
+
+def test_select_f1_makes_f1_the_primary_metric_and_tunes_its_threshold():
+    import pandas as pd
+
+    from trainables.evaluation import make_evaluator
+
+    dev = pd.DataFrame({"sentence1": list("abcde"), "sentence2": list("vwxyz"), "label": [1, 0, 0, 1, 1]})
+    cosines = dict(zip("abcde", [0.9, 0.8, 0.7, 0.6, 0.5], strict=True))
+
+    def embed(sentences):  # 2-d vectors whose pair cosines are the scores above
+        import math
+
+        rows = []
+        for s in sentences:
+            angle = math.acos(cosines[s]) if s in cosines else 0.0
+            rows.append([math.cos(angle), math.sin(angle)])
+        return torch.tensor(rows)
+
+    by_f1 = make_evaluator("classification", {"dev": dev}, "f1")
+    assert by_f1.primary("dev") == "dev_f1"
+    metrics = by_f1.evaluate(embed, "dev")
+    assert metrics["dev_f1"] == pytest.approx(75.0) and metrics["dev_threshold"] == pytest.approx(0.5, abs=1e-6)
+    by_accuracy = make_evaluator("classification", {"dev": dev})
+    assert by_accuracy.primary("dev") == "dev_accuracy"
+    assert by_accuracy.evaluate(embed, "dev")["dev_accuracy"] == pytest.approx(60.0)
 
 
 def test_classification_threshold_comes_from_dev_only():

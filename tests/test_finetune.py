@@ -7,10 +7,12 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 
-from trainables import finetune
 from trainables.contract import collect
 from trainables.errors import TrainingDivergedError, UserInputError
+from trainables.kinds import get_kind
 from trainables.objectives import CosineMSELoss
+
+finetune = get_kind("finetune")
 
 
 @pytest.fixture()

@@ -54,17 +54,23 @@ def test_classification_objectives_train_their_own_parameters():
     assert sum(p.numel() for p in softmax.parameters()) == 3 * 8 * 2 + 2
     logits = softmax.classifier(torch.cat([u, v, (u - v).abs()], dim=-1))
     torch.testing.assert_close(softmax(u, v, labels), F.cross_entropy(logits, labels))
-    bce = build_loss("cosine_bce", "classification", 8)
-    expected = F.binary_cross_entropy_with_logits(20 * F.cosine_similarity(u, v) - 10, labels.float())
+    bce = build_loss("cosine_bce", "classification", 8)  # the paper's: the raw cosine is the logit
+    assert list(bce.parameters()) == []
+    expected = F.binary_cross_entropy_with_logits(F.cosine_similarity(u, v), labels.float())
     torch.testing.assert_close(bce(u, v, labels), expected)
-    bce(u, v, labels).backward()
-    assert bce.weight.grad is not None and bce.bias.grad is not None
+    affine = build_loss("cosine_bce_affine", "classification", 8)
+    expected = F.binary_cross_entropy_with_logits(20 * F.cosine_similarity(u, v) - 10, labels.float())
+    torch.testing.assert_close(affine(u, v, labels), expected)
+    affine(u, v, labels).backward()
+    assert affine.weight.grad is not None and affine.bias.grad is not None
 
 
 def test_loss_must_suit_the_task_and_exist():
-    assert set(LOSSES) == {"cosine_mse", "cosent", "angle", "softmax", "cosine_bce"}
+    assert set(LOSSES) == {"cosine_mse", "cosent", "angle", "softmax", "cosine_bce", "cosine_bce_affine"}
     with pytest.raises(UserInputError, match="train.loss: 'cosine_mse' is not valid; it trains sts tasks; "
-                                             "for a classification task use one of: softmax, cosine_bce"):
+                                             "for a classification task use one of: softmax, cosine_bce, "
+                                             "cosine_bce_affine"):
         build_loss("cosine_mse", "classification", 8)
-    with pytest.raises(UserInputError, match="use one of: angle, cosent, cosine_bce, cosine_mse, softmax"):
+    with pytest.raises(UserInputError, match="use one of: angle, cosent, cosine_bce, cosine_bce_affine, cosine_mse, "
+                                             "softmax"):
         build_loss("mse", "sts", 8)

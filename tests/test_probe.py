@@ -3,11 +3,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainables import probe
 from trainables.batching import TokenCache
 from trainables.contract import collect
 from trainables.errors import UserInputError
 from trainables.evaluation import Embedder, STSEvaluator
+from trainables.kinds import get_kind
 from trainables.models import build_sentence_encoder, load_tokenizer
 from trainables.probe import ProbeConfig, probe_layers
 
@@ -29,7 +29,8 @@ def test_every_layer_is_scored_like_the_model_cut_there(tiny_bert, synthetic_dat
 
 def test_probe_trainable_reports_the_dev_selected_layer(tiny_bert, synthetic_data_dir):
     reports = []
-    metrics = probe.run({"model": tiny_bert, "data_dir": str(synthetic_data_dir), "layers": [1, 3]}, collect(reports))
+    metrics = get_kind("probe").run({"model": tiny_bert, "data_dir": str(synthetic_data_dir), "layers": [1, 3]},
+                                    collect(reports))
     assert len(reports) == 1
     best = metrics["best_layer"]
     assert best in (1, 3)

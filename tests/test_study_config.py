@@ -42,8 +42,8 @@ CASES = [
     ("name", DELETE, "name: None is not valid; this key is required"),
     ("name", "my study", "name: 'my study' is not valid; use letters, digits"),
     ("trainable", "finetuning",
-     "trainable: 'finetuning' is not valid; use 'finetune', 'probe', 'dapt', 'contrastive', 'cross_encoder' or "
-     "'distill'"),
+     "trainable: 'finetuning' is not valid; use one of: contrastive, cross_encoder, distill, finetune, probe"),
+    ("trainable", "dapt", "trainable: 'dapt' is not valid; DAPT is now `trainable: finetune` with `pretrain: mlm`"),
     ("task", "stsbb", "task: 'stsbb' is not valid; did you mean stsb? valid names: korsts, mrpc, sick"),
     ("task", "unlabeled_en", "task: 'unlabeled_en' is not valid; valid names: korsts, mrpc, sick, sick_full"),
     ("language", "de", "language: 'de' is not valid; task stsb has the languages: en"),
@@ -143,9 +143,10 @@ def test_schema_is_json_schema_of_the_study_file():
 
 
 @pytest.mark.parametrize(("trainable", "train", "message"), [
-    ("distill", {"mode": "both"}, "error: train.mode: 'both' is not valid; use one of: self, mutual, teacher"),
-    ("distill", {"cross_pooling": "sum"}, "error: train.cross_pooling: 'sum' is not valid; use one of: mean, cls"),
-    ("contrastive", {"method": "mocse"}, "error: train.method: 'mocse' is not valid; use one of: simcse, micse"),
+    ("distill", {"mode": "both"}, "error: train.mode: 'both' is not valid; use one of: mutual, self, teacher"),
+    ("distill", {"cross_pooling": "sum"},
+     "error: train.cross_pooling: 'sum' is not valid; use one of: cls, max, mean, mean_sqrt_len"),
+    ("contrastive", {"method": "mocse"}, "error: train.method: 'mocse' is not valid; use one of: micse, simcse"),
     ("contrastive", {"method": "micse", "attention_layers": [5]},
      "error: train.attention_layers: [5] is not valid; the encoder keeps 3 layers: use numbers in 1..3"),
     ("cross_encoder", {"loss": "cosine_mse"}, "error: train.loss: 'cosine_mse' is not valid; use one of: bce, mse"),

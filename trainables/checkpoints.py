@@ -1,5 +1,6 @@
-"""Epoch checkpoints as safetensors plus JSON (no pickles): weights, optimizer moments, schedule,
-and the trainer's bookkeeping, so a trial resumes exactly where it stopped."""
+"""The one checkpoint format (safetensors plus JSON, no pickles): weights, the best-dev weights,
+every optimizer's moments and schedule, and the loop's and the learner's bookkeeping, so a trial
+resumes exactly where it stopped."""
 
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ PREDICTIONS = "test_predictions.csv"  # written with the last checkpoint of a ru
 PSEUDO_LABELS = "pseudo_labels.csv"  # distill: every cycle's labels, in every checkpoint
 ARTIFACTS = (PREDICTIONS, PSEUDO_LABELS)  # files of a trial's last checkpoint that are logged to MLflow
 
+Optimizers = list[tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]]
+
 
 def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
 
 
-def save_checkpoint(folder: str | Path, weights: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer,
-                    scheduler: torch.optim.lr_scheduler.LRScheduler, state: dict,
+def save_checkpoint(folder: str | Path, weights: dict[str, torch.Tensor], optimizers: Optimizers, state: dict,
                     best_weights: dict[str, torch.Tensor] | None = None) -> Path:
     """Write one checkpoint; `best_weights` only when they differ from `weights`."""
     folder = Path(folder)
@@ -31,26 +33,29 @@ def save_checkpoint(folder: str | Path, weights: dict[str, torch.Tensor], optimi
     save_file(_contiguous(weights), folder / WEIGHTS)
     if best_weights is not None:
         save_file(_contiguous(best_weights), folder / BEST_WEIGHTS)
-    opt = optimizer.state_dict()
-    flat = {f"{index}.{name}": value if torch.is_tensor(value) else torch.tensor(value)
-            for index, slots in opt["state"].items() for name, value in slots.items()}
+    flat, groups = {}, []
+    for number, (optimizer, scheduler) in enumerate(optimizers):
+        saved = optimizer.state_dict()
+        flat.update({f"{number}.{index}.{name}": value if torch.is_tensor(value) else torch.tensor(value)
+                     for index, slots in saved["state"].items() for name, value in slots.items()})
+        groups.append({"param_groups": saved["param_groups"], "scheduler": scheduler.state_dict()})
     save_file(_contiguous(flat), folder / OPTIMIZER)
-    meta = {"state": state, "param_groups": opt["param_groups"], "scheduler": scheduler.state_dict()}
-    (folder / STATE).write_text(json.dumps(meta, indent=1, default=list))
+    (folder / STATE).write_text(json.dumps({"state": state, "optimizers": groups}, indent=1, default=list))
     return folder
 
 
-def load_checkpoint(folder: str | Path, optimizer: torch.optim.Optimizer,
-                    scheduler: torch.optim.lr_scheduler.LRScheduler) -> tuple[dict, dict, dict]:
-    """Restore optimizer and scheduler in place; return (weights, best_weights, trainer state)."""
+def load_checkpoint(folder: str | Path, optimizers: Optimizers) -> tuple[dict, dict, dict]:
+    """Restore optimizers and schedulers in place; return (weights, best_weights, state)."""
     folder = Path(folder)
     meta = json.loads((folder / STATE).read_text())
-    slots: dict[int, dict[str, torch.Tensor]] = {}
+    slots: dict[int, dict[int, dict[str, torch.Tensor]]] = {}
     for key, value in load_file(folder / OPTIMIZER).items():
-        index, name = key.split(".", 1)
-        slots.setdefault(int(index), {})[name] = value
-    optimizer.load_state_dict({"state": slots, "param_groups": meta["param_groups"]})
-    scheduler.load_state_dict(meta["scheduler"])
+        number, index, name = key.split(".", 2)
+        slots.setdefault(int(number), {}).setdefault(int(index), {})[name] = value
+    for number, (optimizer, scheduler) in enumerate(optimizers):
+        saved = meta["optimizers"][number]
+        optimizer.load_state_dict({"state": slots.get(number, {}), "param_groups": saved["param_groups"]})
+        scheduler.load_state_dict(saved["scheduler"])
     weights = load_file(folder / WEIGHTS)
     best = load_file(folder / BEST_WEIGHTS) if (folder / BEST_WEIGHTS).exists() else weights
     return weights, best, meta["state"]

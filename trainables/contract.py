@@ -32,6 +32,8 @@ class TrainingConfig(TrialConfig):
     granted CPUs, the data folder, the study's caps, test scoring off for tuning trials)."""
 
     score_test: bool = Field(True, description="score test at the end (tuning trials do not)")
+    test_every_round: bool = Field(False, description="diagnostic: also score test after every round "
+                                                      "(<round><n>_test_*); never used for selection")
     seed: int = 0
     precision: str = "auto"
     device: str = "auto"

@@ -15,6 +15,7 @@ import torch
 from scipy.stats import pearsonr, spearmanr
 
 from trainables.batching import EVAL_TOKENS_PER_CHUNK, TokenCache, encode_tokens
+from trainables.errors import one_of
 from trainables.runtime import autocast
 
 Embed = Callable[[Sequence[str]], torch.Tensor]
@@ -82,35 +83,57 @@ class STSEvaluator(PairEvaluator):
                 f"{split}_pearson": 100 * float(pearsonr(cosines, gold).statistic)}
 
 
-def best_accuracy_threshold(scores: np.ndarray, labels: np.ndarray) -> float:
-    """The cosine threshold (predict 1 at or above it) with the highest accuracy on these pairs."""
-    order = np.argsort(-scores)
+SELECTS = ("accuracy", "f1")
+
+
+def _cut_counts(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Scores sorted high to low and, for each cut i (the top i pairs predicted positive), the true
+    positives and the true negatives."""
+    order = np.argsort(-scores, kind="stable")
     sorted_scores, sorted_labels = scores[order], labels[order]
-    # predicting the top i pairs positive: correct = positives among them + negatives after them
-    positives_above = np.concatenate([[0], np.cumsum(sorted_labels)])
-    negatives_below = (1 - sorted_labels).sum() - np.concatenate([[0], np.cumsum(1 - sorted_labels)])
-    correct = positives_above + negatives_below
-    cut = int(np.argmax(correct))
+    true_pos = np.concatenate([[0], np.cumsum(sorted_labels)])
+    true_neg = (1 - sorted_labels).sum() - np.concatenate([[0], np.cumsum(1 - sorted_labels)])
+    return sorted_scores, true_pos, true_neg
+
+
+def _threshold_at(sorted_scores: np.ndarray, cut: int) -> float:
     if cut == 0:
         return float(sorted_scores[0]) + 1e-6
-    if cut == len(scores):
+    if cut == len(sorted_scores):
         return float(sorted_scores[-1])
     return float((sorted_scores[cut - 1] + sorted_scores[cut]) / 2)
 
 
+def best_accuracy_threshold(scores: np.ndarray, labels: np.ndarray) -> float:
+    """The cosine threshold (predict 1 at or above it) with the highest accuracy on these pairs."""
+    sorted_scores, true_pos, true_neg = _cut_counts(scores, labels)
+    return _threshold_at(sorted_scores, int(np.argmax(true_pos + true_neg)))
+
+
+def best_f1_threshold(scores: np.ndarray, labels: np.ndarray) -> float:
+    """The cosine threshold with the highest F1 of the positive class (SentEval's and the paper's
+    MRPC selection): F1 = 2 TP / (predicted positives + actual positives)."""
+    sorted_scores, true_pos, _ = _cut_counts(scores, labels)
+    predicted = np.arange(len(sorted_scores) + 1)
+    f1 = 2 * true_pos / np.maximum(1, predicted + labels.sum())
+    return _threshold_at(sorted_scores, int(np.argmax(f1)))
+
+
 class PairClassificationEvaluator(PairEvaluator):
-    """Accuracy and F1 (x100) of thresholded cosine; the threshold is tuned on dev and reused on
-    every other split, so test never influences it."""
+    """Accuracy and F1 (x100) of thresholded cosine; the threshold is tuned on dev for the selected
+    metric (`select: accuracy`, or `f1` as the paper does for MRPC) and reused on every other
+    split, so test never influences it."""
 
-    primary_metric = "accuracy"
-
-    def __init__(self, splits: dict[str, pd.DataFrame]):
-        self.splits, self.last_scores = splits, {}
+    def __init__(self, splits: dict[str, pd.DataFrame], select: str = "accuracy"):
+        if select not in SELECTS:
+            raise one_of("select", select, SELECTS)
+        self.splits, self.last_scores, self.primary_metric = splits, {}, select
 
     def evaluate(self, embed: Embed, split: str) -> dict[str, float]:
         dev = self.splits["dev"]
         dev_scores = self.last_scores["dev"] = pair_cosines(embed, dev)
-        threshold = best_accuracy_threshold(dev_scores, dev["label"].to_numpy())
+        tune = best_f1_threshold if self.primary_metric == "f1" else best_accuracy_threshold
+        threshold = tune(dev_scores, dev["label"].to_numpy())
         frame = self.splits[split]
         scores = self.last_scores[split] = dev_scores if split == "dev" else pair_cosines(embed, frame)
         labels = frame["label"].to_numpy()
@@ -123,6 +146,6 @@ class PairClassificationEvaluator(PairEvaluator):
                 f"{split}_f1": 100 * f1, f"{split}_threshold": threshold}
 
 
-def make_evaluator(kind: str, splits: dict[str, pd.DataFrame]) -> PairEvaluator:
-    """The evaluator for a task kind (`sts` or `classification`)."""
-    return STSEvaluator(splits) if kind == "sts" else PairClassificationEvaluator(splits)
+def make_evaluator(kind: str, splits: dict[str, pd.DataFrame], select: str | None = None) -> PairEvaluator:
+    """The evaluator for a task kind (`sts` or `classification`, selecting on `select`)."""
+    return STSEvaluator(splits) if kind == "sts" else PairClassificationEvaluator(splits, select or "accuracy")

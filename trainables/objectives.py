@@ -65,8 +65,17 @@ class SoftmaxClassifierLoss(nn.Module):
 
 
 class CosineBCELoss(nn.Module):
-    """Binary cross-entropy on a learned affine logit of cos(u, v): w * cos + b, starting at a
-    0.5 decision threshold (w=20, b=-10). Suits paraphrase labels such as MRPC."""
+    """Binary cross-entropy with the raw cosine as the logit (the reference paper's MRPC objective):
+    no parameters, so what is learned lives in the encoder alone; the decision threshold is tuned
+    on dev by the evaluator."""
+
+    def forward(self, u: torch.Tensor, v: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.binary_cross_entropy_with_logits(F.cosine_similarity(u.float(), v.float()), target.float())
+
+
+class AffineCosineBCELoss(nn.Module):
+    """BCE on a learned affine logit of cos(u, v): w * cos + b, starting at a 0.5 decision threshold
+    (w=20, b=-10); this project's earlier `cosine_bce`, kept as an explicit option."""
 
     def __init__(self):
         super().__init__()
@@ -85,6 +94,7 @@ LOSSES = {
     "angle": ("sts", lambda dim: AnglELoss()),
     "softmax": ("classification", lambda dim: SoftmaxClassifierLoss(dim)),
     "cosine_bce": ("classification", lambda dim: CosineBCELoss()),
+    "cosine_bce_affine": ("classification", lambda dim: AffineCosineBCELoss()),
 }
 
 

@@ -1,4 +1,5 @@
-"""The `probe` trainable: every layer of an encoder scored zero-shot, no training.
+"""Probing building blocks (the `probe` kind and `orchestrator probe`): every layer of an encoder
+scored zero-shot, no training.
 
 One forward pass per chunk returns all hidden states at once; each layer's states are pooled
 and scored with the task's evaluator. The model is cut after the deepest layer asked for.
@@ -13,7 +14,7 @@ from pydantic import Field
 from torch import nn
 
 from trainables.batching import TokenCache
-from trainables.contract import Report, TrialConfig, parse_config
+from trainables.contract import TrialConfig
 from trainables.data import load_task
 from trainables.errors import UserInputError, one_of
 from trainables.evaluation import Embedder, make_evaluator
@@ -124,17 +125,3 @@ def probe_suite(cfg: ProbeConfig, suite: str = "sts") -> list[dict]:
     table = LayerTable(cfg, suite_sentences(frames))
     return [{"layer": layer, "params": table.params[layer], **score_suite(table.embedder(j), frames)}
             for j, layer in enumerate(table.layers)]
-
-
-def run(config: dict, report: Report, checkpoint_dir: str | None = None) -> dict:
-    """Score every layer on dev and test; report once with the dev-selected layer's metrics as
-    `dev_*`/`test_*` and every layer's as `layer{k}_*`."""
-    cfg = parse_config(ProbeConfig, {**config, "splits": ["dev", "test"]})
-    rows = probe_layers(cfg)
-    primary = "dev_spearman" if "dev_spearman" in rows[0] else "dev_accuracy"
-    best = max(rows, key=lambda r: r[primary])
-    metrics = {f"layer{r['layer']}_{k}": v for r in rows for k, v in r.items() if k != "layer"}
-    metrics.update({k: v for k, v in best.items() if k != "layer"})
-    metrics["best_layer"] = best["layer"]
-    report(metrics, checkpoint_dir=None)
-    return metrics

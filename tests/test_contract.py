@@ -1,0 +1,154 @@
+"""The contract every training kind passes through the one loop: same seed same numbers, another
+seed other numbers, resume from any round to the uninterrupted numbers, test scored once with the
+best-dev round's weights, and selection that never looks at test. Plus: a kind defined only in the
+tests runs, validates and launches end to end."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import yaml
+
+from trainables.contract import collect
+from trainables.kinds import KINDS, get_kind, load_kind
+from trainables.kinds.base import TrainingKind
+
+TOY = "tests.toy_kind:ToyKind"
+
+
+@pytest.fixture()
+def configs(tiny_bert, synthetic_data_dir, tmp_path) -> dict[str, tuple[str, dict]]:
+    common = {"model": tiny_bert, "data_dir": str(synthetic_data_dir), "device": "cpu", "precision": "fp32",
+              "num_threads": 1, "seed": 3}
+    return {
+        "finetune": ("finetune", {**common, "layer": 2, "epochs": 3, "lr": 1e-3, "batch_size": 16}),
+        "finetune+mlm": ("finetune", {**common, "layer": 1, "epochs": 2, "lr": 1e-3, "batch_size": 32,
+                                      "max_train_samples": 96, "pretrain": "mlm", "pretrain_corpus": "task",
+                                      "pretrain_steps": 3, "pretrain_batch_size": 8, "pretrain_max_seq_length": 16,
+                                      "cache_dir": str(tmp_path / "stages")}),
+        "cross_encoder": ("cross_encoder", {**common, "layer": 1, "epochs": 2, "lr": 1e-3, "batch_size": 32,
+                                            "max_seq_length": 48, "max_train_samples": 96}),
+        "contrastive": ("contrastive", {**common, "layer": 2, "steps": 6, "eval_every": 2, "batch_size": 16,
+                                        "corpus": "task", "max_train_samples": 120, "method": "micse"}),
+        "distill": ("distill", {**common, "layer": 2, "cycles": 2, "bi_epochs": 1, "cross_epochs": 1,
+                                "max_train_samples": 64, "cache_dir": str(tmp_path / "stages")}),
+        "toy": (TOY, {"seed": 3, "epochs": 4}),
+    }
+
+
+def kind_of(name: str):
+    return load_kind(name) if ":" in name else get_kind(name)
+
+
+def numbers(reports: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if isinstance(v, float) and "second" not in k} for r in reports]
+
+
+CASES = ["finetune", "finetune+mlm", "cross_encoder", "contrastive", "distill", "toy"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_same_seed_same_numbers_other_seed_other_numbers(configs, case):
+    name, config = configs[case]
+    kind = kind_of(name)
+    a, b, c = [], [], []
+    kind.run(config, collect(a))
+    kind.run(config, collect(b))
+    kind.run({**config, "seed": 4}, collect(c))
+    assert numbers(a) == numbers(b)
+    assert numbers(a) != numbers(c)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_resume_from_the_first_round_reproduces_the_uninterrupted_run(configs, case, tmp_path):
+    name, config = configs[case]
+    kind = kind_of(name)
+    uninterrupted, saved = [], []
+
+    def keep(metrics, checkpoint_dir=None):
+        uninterrupted.append(metrics)
+        saved.append(shutil.copytree(checkpoint_dir, tmp_path / f"round{len(saved) + 1}"))
+
+    kind.run(config, keep)
+    resumed = []
+    kind.run(config, collect(resumed), checkpoint_dir=str(saved[0]))
+    assert [r["epoch"] for r in resumed] == [r["epoch"] for r in uninterrupted[1:]]
+    for ours, theirs in zip(numbers(resumed), numbers(uninterrupted[1:]), strict=True):
+        assert ours.keys() == theirs.keys() and ours == pytest.approx(theirs, abs=1e-6)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_test_is_scored_once_with_the_best_dev_rounds_weights(configs, case, monkeypatch):
+    name, config = configs[case]
+    kind = kind_of(name)
+    splits = []
+    build = kind.build
+
+    def counting_build(cfg, device, dtype):
+        learner = build(cfg, device, dtype)
+        evaluate = learner.evaluate
+        learner.evaluate = lambda split: splits.append(split) or evaluate(split)
+        return learner
+
+    monkeypatch.setattr(kind, "build", counting_build)
+    reports = []
+    final = kind.run(config, collect(reports))
+    assert splits.count("test") == 1 and splits[-1] == "test"
+    assert all(not any(k.startswith("test_") for k in r) for r in reports[:-1])
+    dev = [r["dev_spearman"] for r in reports]
+    assert final["test_epoch"] == final["best_epoch"] == 1 + dev.index(max(dev))
+    without_test = []
+    kind.run({**config, "score_test": False}, collect(without_test))
+    assert splits.count("test") == 1 and not any(k.startswith("test_") for k in without_test[-1])
+
+
+@pytest.mark.parametrize("case", ["finetune", "distill"])
+def test_selection_never_looks_at_test(configs, case, synthetic_data_dir, tmp_path):
+    """The same train and dev with another test split: every dev number and the chosen round agree."""
+    name, config = configs[case]
+    other = tmp_path / "other-data"
+    shutil.copytree(synthetic_data_dir, other)
+    lines = (other / "stsb" / "sts-test.csv").read_text().splitlines()
+    (other / "stsb" / "sts-test.csv").write_text("\n".join(reversed(lines[:40])) + "\n")
+    a, b = [], []
+    kind_of(name).run(config, collect(a))
+    kind_of(name).run({**config, "data_dir": str(other)}, collect(b))
+    dev = lambda rows: [{k: v for k, v in r.items() if k.startswith(("dev_", "best_"))} for r in rows]  # noqa: E731
+    assert dev(a) == dev(b) and a[-1]["test_epoch"] == b[-1]["test_epoch"]
+    assert a[-1]["test_spearman"] != b[-1]["test_spearman"]
+
+
+def test_a_kind_is_one_module_and_one_registry_line(monkeypatch, tiny_bert, synthetic_data_dir, tmp_path):
+    from orchestrator.config import parse_study
+    from orchestrator.plan import build_plan
+
+    monkeypatch.setitem(KINDS, "toy", TOY)
+    assert isinstance(get_kind("toy"), TrainingKind)
+    study = parse_study({"name": "toy", "trainable": "toy", "model": tiny_bert, "data_dir": str(synthetic_data_dir),
+                         "ablate": {"lr": [0.1, 1.0]}, "replicate": {"seeds": [0, 1]}, "train": {"epochs": 2},
+                         "tracking": {"mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}})
+    plan = build_plan(study, tmp_path)
+    assert plan.kind_path == TOY and plan.metric == "dev_spearman" and plan.epochs == 2
+    assert [c.key for c in plan.cells] == ["lr=0.1", "lr=1.0"]
+
+
+@pytest.mark.slow
+def test_a_kind_defined_only_in_the_tests_launches_end_to_end(monkeypatch, tiny_bert, synthetic_data_dir, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.launch import launch
+
+    monkeypatch.setitem(KINDS, "toy", TOY)
+    path = tmp_path / "toy.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "toy", "trainable": "toy", "model": tiny_bert, "data_dir": str(synthetic_data_dir),
+        "ablate": {"lr": [0.1, 1.0]}, "tune": None, "replicate": {"seeds": [0, 1]}, "train": {"epochs": 3},
+        "resources": {"cpu": 1}, "tracking": {"mlflow_uri": "sqlite:///mlflow.db"}}))
+    result = launch(path, storage=tmp_path / "studies", progress=False)
+    assert result.finished and result.counts["completed"] == 4 and result.counts["failed"] == 0
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("toy")
+    runs = [r for r in client.search_runs([experiment.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
+    assert len(runs) == 4 and all(r.data.metrics["epoch"] == 3 and "test_spearman" in r.data.metrics for r in runs)
+    assert len({r.data.metrics["test_spearman"] for r in runs}) == 4  # seeds and lr change the toy's numbers

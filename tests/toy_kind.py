@@ -1,0 +1,52 @@
+"""A trainable kind defined only in the test suite: it proves that a kind is one module plus one
+registry entry (the tests add `toy` to `trainables.kinds.KINDS`), and it runs in milliseconds.
+
+Its "model" is one number that drifts by a seeded random step per round; dev and test scores are
+fixed functions of it, so the loop's protocol (selection on dev, one test, resume) is visible."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from pydantic import Field
+
+from trainables.contract import TrainingConfig
+from trainables.kinds.base import Learner, TrainingKind
+
+
+class ToyConfig(TrainingConfig):
+    model: str = "toy"
+    task: str = "stsb"
+    language: str | None = None
+    epochs: int = Field(3, ge=1)
+    lr: float = Field(0.5, gt=0)
+
+
+class ToyLearner(Learner):
+    metric = "dev_spearman"
+
+    def __init__(self, cfg: ToyConfig):
+        self.cfg, self.weight = cfg, torch.nn.Linear(1, 1, bias=False)
+        torch.nn.init.zeros_(self.weight.weight)
+        self.test_frame, self.info = None, {"params": 1}
+
+    def modules(self):
+        return {"model": self.weight}
+
+    def train_round(self, round_: int) -> dict[str, float]:
+        with torch.no_grad():
+            self.weight.weight += self.cfg.lr * torch.randn(1, 1)  # the loop seeded this round's stream
+        return {"train_loss": float(self.weight.weight.detach().abs())}
+
+    def evaluate(self, split: str):
+        w = float(self.weight.weight.detach())
+        value = 100 * math.tanh(w) if split == "dev" else 100 * math.tanh(w) - 1.0
+        return {f"{split}_spearman": value}, None
+
+
+class ToyKind(TrainingKind):
+    Config = ToyConfig
+
+    def build(self, cfg, device, dtype) -> Learner:
+        return ToyLearner(cfg)

@@ -1,0 +1,134 @@
+"""The extension point: a trainable kind and, for kinds that train, the learner the loop drives.
+
+A kind says what the orchestrator may ask without running a trial (its config schema, the metric
+that selects rounds, trials and layers, how many reports a trial makes, the shared stages it uses,
+a deep check of a resolved config). A training kind builds a `Learner` (models, one round of
+training, evaluation of a split); `trainables.loop` runs the protocol around it, the same way for
+every kind.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+import torch
+
+from trainables.contract import Report, TrialConfig, parse_config
+from trainables.errors import UserInputError
+
+KeyOf = Callable[[str], str]  # a config field -> the YAML key path it came from
+
+
+class TrainableKind(ABC):
+    """One kind of trial: `Config` is its schema; `run(config, report, checkpoint_dir)` runs it."""
+
+    Config: ClassVar[type[TrialConfig]]
+    round_name: ClassVar[str] = "epoch"  # what one report covers: an epoch, a cycle, an evaluation round
+    round_table: ClassVar[bool] = False  # the last report also carries every round's dev as <round><n>_*
+
+    def parse(self, values: dict) -> Any:
+        return parse_config(self.Config, values)
+
+    def metric(self, cfg) -> tuple[str, str]:
+        """The dev metric and mode that select rounds, trials and layers: the evaluator's own."""
+        from trainables.data import task_spec
+        from trainables.evaluation import make_evaluator
+
+        evaluator = make_evaluator(task_spec(cfg.task).kind, {}, getattr(cfg, "select", None))
+        return evaluator.primary("dev"), "max" if evaluator.greater_is_better else "min"
+
+    def num_reports(self, cfg) -> int:
+        """How many reports a full trial makes (the pruner's resource)."""
+        return cfg.num_reports()
+
+    def stages(self, cfg) -> tuple[str, ...]:
+        """The shared stages a trial of this config uses (`dapt`, `teacher`)."""
+        return ()
+
+    def layer_bounds(self, cfg) -> list[tuple[str, Any, str]]:
+        """Every layer-like field: (field, its value or values, the model whose depth bounds it)."""
+        return []
+
+    def check(self, cfg, key_of: KeyOf = lambda key: key) -> None:
+        """Deep checks of a resolved config before launch: layer-like keys against the depth of the
+        model they cut, then the kind's own closed names."""
+        from trainables.models import encoder_depth, load_config
+
+        for key, value, model in self.layer_bounds(cfg):
+            if value is None:
+                continue
+            values = value if isinstance(value, list | tuple) else [value]
+            try:
+                depth = encoder_depth(load_config(model))
+            except UserInputError as exc:
+                raise UserInputError(key_of("model"), model, exc.fix) from None
+            if any(not 0 <= int(v) <= depth for v in values):
+                raise UserInputError(key_of(key), value, f"{model} has {depth} layers: use numbers in 0..{depth}")
+        self.check_names(cfg, key_of)
+
+    def check_names(self, cfg, key_of: KeyOf) -> None:  # noqa: B027 (optional hook)
+        """Names inside the config that must come from a closed registry (losses, modes, ...)."""
+
+    @abstractmethod
+    def run(self, config: dict, report: Report, checkpoint_dir: str | None = None) -> dict:
+        """Run one trial; report once per round; return the last metrics."""
+
+
+class Learner(ABC):
+    """What one trial of a training kind is made of; `trainables.loop` drives it.
+
+    `metric` and `greater_is_better` come from the evaluator; `test_frame` holds the test pairs'
+    gold column for the per-pair predictions; `info` is reported with every round."""
+
+    metric: str
+    greater_is_better: bool = True
+    test_frame: pd.DataFrame
+    info: dict
+
+    @abstractmethod
+    def train_round(self, round_: int) -> dict[str, float]:
+        """Train one round (an epoch, `eval_every` steps, a distillation cycle); at least `train_loss`."""
+
+    @abstractmethod
+    def evaluate(self, split: str) -> tuple[dict[str, float], np.ndarray | None]:
+        """Split-prefixed metrics and the per-pair scores of the primary model."""
+
+    @abstractmethod
+    def modules(self) -> dict[str, torch.nn.Module]:
+        """The named modules whose weights make a checkpoint and the best-dev snapshot."""
+
+    def optimizers(self) -> list[tuple[torch.optim.Optimizer, Any]]:
+        """(optimizer, scheduler) pairs that live across rounds and are checkpointed."""
+        return []
+
+    def save_extra(self, folder: Path) -> None:  # noqa: B027 (optional hook)
+        """Files beside the weights that a resume needs (e.g. every cycle's pseudo-labels)."""
+
+    def load_extra(self, folder: Path) -> None:  # noqa: B027 (optional hook)
+        """Read back what `save_extra` wrote."""
+
+    def export_encoder(self, folder: Path) -> None:
+        """Save the trained encoder (best-dev weights) and tokenizer as a model folder."""
+        raise NotImplementedError(f"{type(self).__name__} exports no encoder")
+
+    def test_extras(self) -> dict[str, float]:
+        """More test metrics scored once with the best-dev weights (e.g. the STS suite)."""
+        return {}
+
+
+class TrainingKind(TrainableKind):
+    """A kind that trains: it builds a learner and the one loop runs it."""
+
+    @abstractmethod
+    def build(self, cfg, device: torch.device, dtype: torch.dtype) -> Learner:
+        """Data, models, optimizers and evaluators of one trial (seeded by the loop)."""
+
+    def run(self, config: dict, report: Report, checkpoint_dir: str | None = None) -> dict:
+        from trainables.loop import train
+
+        return train(self, self.parse(config), report, checkpoint_dir)[1]

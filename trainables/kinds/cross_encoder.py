@@ -1,0 +1,98 @@
+"""`cross_encoder`: both sentences in one input to a (truncated) encoder with a regression head,
+trained on a labelled STS task; a round is an epoch."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from pydantic import Field
+from transformers import get_linear_schedule_with_warmup
+
+from trainables.bi_encoder import build_optimizer, epoch_batches
+from trainables.contract import TrainingConfig
+from trainables.cross import CROSS_LOSSES, CrossEncoder, PairTokens, score_split, train_cross_epoch
+from trainables.data import load_sts_task
+from trainables.errors import one_of
+from trainables.kinds.base import Learner, TrainingKind
+from trainables.models import POOLINGS, count_parameters, load_tokenizer
+from trainables.pretraining import PretrainFields, pretrained_start, uses_stage
+
+
+class CrossEncoderConfig(TrainingConfig, PretrainFields):
+    model: str
+    task: str = "stsb"
+    language: str | None = None
+    layer: int | None = Field(None, ge=0, description="keep the first k layers; null keeps all")
+    pooling: str = "cls"
+    loss: str = Field("bce", description="bce on the logit, or mse of the sigmoid")
+    lr: float = Field(2e-5, gt=0)
+    epochs: int = Field(3, ge=1)
+    batch_size: int = Field(32, ge=1)
+    max_seq_length: int = Field(128, ge=4, description="tokens of the joined pair")
+    warmup_ratio: float = Field(0.1, ge=0, le=1)
+    weight_decay: float = Field(0.01, ge=0)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    group_by_length: bool = True
+
+
+class CrossEncoderLearner(Learner):
+    metric = "dev_spearman"
+
+    def __init__(self, cfg: CrossEncoderConfig, device, dtype):
+        if cfg.loss not in CROSS_LOSSES:
+            raise one_of("loss", cfg.loss, CROSS_LOSSES)
+        self.cfg, self.device, self.dtype = cfg, device, dtype
+        self.data = load_sts_task(cfg.task, cfg.language, cfg.data_dir, "the cross-encoder", cfg.max_train_samples,
+                                  cfg.max_eval_samples)
+        start, stage = pretrained_start(cfg, cfg.pooling)
+        self.model = CrossEncoder(start, cfg.layer, cfg.pooling).to(device)
+        self.tokens = PairTokens(load_tokenizer(start), cfg.max_seq_length)
+        self.token_lists = self.tokens.lookup(list(self.data.train["sentence1"]), list(self.data.train["sentence2"]))
+        self.targets = torch.as_tensor(self.data.train["score"].to_numpy(dtype=np.float32).copy())
+        self.optimizer = build_optimizer(list(self.model.named_parameters()), cfg.lr, cfg.weight_decay)
+        total = math.ceil(len(self.token_lists) / cfg.batch_size) * cfg.epochs
+        self.scheduler = get_linear_schedule_with_warmup(self.optimizer, round(cfg.warmup_ratio * total), total)
+        self.test_frame = self.data.test
+        self.info = {"params": count_parameters(self.model), **stage}
+
+    def modules(self):
+        return {"model": self.model}
+
+    def optimizers(self):
+        return [(self.optimizer, self.scheduler)]
+
+    def train_round(self, round_: int) -> dict[str, float]:
+        cfg = self.cfg
+        batches = epoch_batches([len(t) for t in self.token_lists], cfg.batch_size, cfg.seed * 1_000 + round_,
+                                cfg.group_by_length)
+        loss = train_cross_epoch(self.model, self.optimizer, self.scheduler, self.token_lists, self.targets, batches,
+                                 cfg.loss, self.tokens.pad_id, self.device, self.dtype, cfg.max_grad_norm,
+                                 f"epoch {round_}")
+        return {"train_loss": loss}
+
+    def evaluate(self, split: str):
+        return score_split(self.model, self.tokens, self.data.split(split), split, self.device, self.dtype)
+
+
+class CrossEncoderKind(TrainingKind):
+    Config = CrossEncoderConfig
+
+    def build(self, cfg, device, dtype) -> Learner:
+        return CrossEncoderLearner(cfg, device, dtype)
+
+    def metric(self, cfg) -> tuple[str, str]:
+        return "dev_spearman", "max"
+
+    def stages(self, cfg) -> tuple[str, ...]:
+        return ("dapt",) if uses_stage(cfg) else ()
+
+    def layer_bounds(self, cfg):
+        return [("layer", cfg.layer, cfg.model)]
+
+    def check_names(self, cfg, key_of) -> None:
+        if cfg.pooling not in POOLINGS:
+            raise one_of(key_of("pooling"), cfg.pooling, POOLINGS)
+        if cfg.loss not in CROSS_LOSSES:
+            raise one_of(key_of("loss"), cfg.loss, CROSS_LOSSES)

@@ -1,0 +1,134 @@
+"""`finetune`: a bi-encoder truncated to its first k layers, trained on a labelled pair task,
+optionally from a domain-adaptive pretraining stage (`pretrain:`, which is DAPT).
+
+A round is an epoch: length-grouped batches, padding per length-sorted chunk, one optimizer and
+schedule over all epochs. STS objectives (cosine_mse as in the paper, cosent, angle) or pair
+classification (softmax over (u, v, |u-v|) as SBERT, cosine_bce); `select: f1` selects MRPC on F1.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from pydantic import Field
+from transformers import get_linear_schedule_with_warmup
+
+from trainables.batching import TokenCache
+from trainables.bi_encoder import build_optimizer, check_finite, epoch_batches, pair_lengths, train_step
+from trainables.contract import TrainingConfig
+from trainables.data import load_task, task_spec
+from trainables.errors import UserInputError, one_of
+from trainables.evaluation import SELECTS, Embedder, make_evaluator
+from trainables.kinds.base import Learner, TrainingKind
+from trainables.models import POOLINGS, build_sentence_encoder, count_parameters, load_tokenizer
+from trainables.objectives import LOSSES, build_loss
+from trainables.pretraining import OBJECTIVES, PretrainFields, pretrained_start, stage_seed_of, uses_stage
+
+
+class FinetuneConfig(TrainingConfig, PretrainFields):
+    model: str
+    task: str = "stsb"
+    language: str | None = None
+    layer: int | None = Field(None, ge=0, description="keep the first k layers; null keeps all")
+    pooling: str = "mean"
+    projection_dim: int | None = Field(None, ge=1)
+    random_init: bool = False
+    loss: str = "cosine_mse"
+    select: str | None = Field(None, description="pair classification: accuracy (default) or f1, the metric that "
+                                                 "tunes the dev threshold and selects epochs, trials and layers")
+    lr: float = Field(2e-5, gt=0)
+    epochs: int = Field(4, ge=1)
+    batch_size: int = Field(32, ge=2)
+    max_seq_length: int = Field(128, ge=2)
+    warmup_ratio: float = Field(0.1, ge=0, le=1)
+    weight_decay: float = Field(0.01, ge=0)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    group_by_length: bool = True
+
+
+class FinetuneLearner(Learner):
+    def __init__(self, cfg: FinetuneConfig, device, dtype):
+        self.cfg, self.device, self.dtype = cfg, device, dtype
+        data = load_task(cfg.task, cfg.language, cfg.data_dir, cfg.max_train_samples, cfg.max_eval_samples)
+        if data.kind == "unlabeled":
+            raise UserInputError("task", cfg.task, "finetune needs a labeled pair task (stsb, sick, mrpc, ...)")
+        start, stage = pretrained_start(cfg, cfg.pooling)
+        self.model = build_sentence_encoder(start, cfg.layer, cfg.pooling, cfg.projection_dim, cfg.random_init,
+                                            cfg.seed).to(device)
+        dim = self.model.projection[0].out_features if self.model.projection else self.model.encoder.config.hidden_size
+        self.loss_fn = build_loss(cfg.loss, data.kind, dim).to(device)
+        self.tokens = TokenCache(load_tokenizer(start), cfg.max_seq_length)
+        self.first, self.second = list(data.train["sentence1"]), list(data.train["sentence2"])
+        self.tokens.add(self.first + self.second)
+        self.targets = torch.as_tensor(data.train["score" if data.kind == "sts" else "label"].to_numpy().copy())
+        self.evaluator = make_evaluator(data.kind, {"dev": data.dev, "test": data.test}, cfg.select)
+        self.metric, self.greater_is_better = self.evaluator.primary("dev"), self.evaluator.greater_is_better
+        self.embed = Embedder(self.model, self.tokens, device, dtype)
+        self.lengths = pair_lengths(self.tokens, self.first, self.second)
+        total = math.ceil(len(self.lengths) / cfg.batch_size) * cfg.epochs
+        self.optimizer = build_optimizer(list(self.model.named_parameters()) + list(self.loss_fn.named_parameters()),
+                                         cfg.lr, cfg.weight_decay)
+        self.scheduler = get_linear_schedule_with_warmup(self.optimizer, round(cfg.warmup_ratio * total), total)
+        self.test_frame = data.test
+        self.info = {"params": count_parameters(self.model), **stage}
+
+    def modules(self) -> dict[str, torch.nn.Module]:
+        return {"model": self.model, "loss": self.loss_fn}
+
+    def optimizers(self):
+        return [(self.optimizer, self.scheduler)]
+
+    def train_round(self, round_: int) -> dict[str, float]:
+        cfg = self.cfg
+        started = time.perf_counter()
+        self.model.train()
+        total = 0.0
+        batches = epoch_batches(self.lengths, cfg.batch_size, cfg.seed * 1_000 + round_, cfg.group_by_length)
+        for step, batch in enumerate(batches, start=1):
+            token_lists = [self.tokens[self.first[i]] for i in batch] + [self.tokens[self.second[i]] for i in batch]
+            loss = train_step(self.model, self.loss_fn, self.optimizer, self.scheduler, token_lists,
+                              self.targets[batch], self.tokens.pad_id, self.device, self.dtype, cfg.max_grad_norm)
+            total += check_finite(loss.item(), f"epoch {round_}, step {step} (lr={cfg.lr})",
+                                  "lower the learning rate or use precision fp32")
+        seconds = time.perf_counter() - started
+        return {"train_loss": total / max(1, len(batches)), "train_samples_per_second": len(self.lengths) / seconds}
+
+    def evaluate(self, split: str):
+        metrics = self.evaluator.evaluate(self.embed, split)
+        return metrics, self.evaluator.last_scores[split]
+
+    def export_encoder(self, folder) -> None:
+        self.model.encoder.save_pretrained(folder, safe_serialization=True)
+        self.tokens.tokenizer.save_pretrained(folder)
+
+
+class FinetuneKind(TrainingKind):
+    Config = FinetuneConfig
+
+    def build(self, cfg, device, dtype) -> Learner:
+        return FinetuneLearner(cfg, device, dtype)
+
+    def stages(self, cfg) -> tuple[str, ...]:
+        return ("dapt",) if uses_stage(cfg) else ()
+
+    def layer_bounds(self, cfg):
+        return [("layer", cfg.layer, cfg.model)]
+
+    def check_names(self, cfg, key_of) -> None:
+        if cfg.pooling not in POOLINGS:
+            raise one_of(key_of("pooling"), cfg.pooling, POOLINGS)
+        kind = task_spec(cfg.task).kind
+        if cfg.loss not in LOSSES:
+            raise one_of(key_of("loss"), cfg.loss, LOSSES)
+        if LOSSES[cfg.loss][0] != kind:
+            fitting = ", ".join(n for n, (k, _) in LOSSES.items() if k == kind)
+            raise UserInputError(key_of("loss"), cfg.loss,
+                                 f"it trains {LOSSES[cfg.loss][0]} tasks; task {cfg.task} needs one of: {fitting}")
+        if cfg.select is not None and (kind != "classification" or cfg.select not in SELECTS):
+            raise UserInputError(key_of("select"), cfg.select, f"pair classification selects on one of: "
+                                                               f"{', '.join(SELECTS)}; STS tasks select on Spearman")
+        if cfg.pretrain is not None and cfg.pretrain not in OBJECTIVES:
+            raise one_of(key_of("pretrain"), cfg.pretrain, OBJECTIVES)
+        stage_seed_of(cfg)

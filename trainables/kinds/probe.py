@@ -1,0 +1,35 @@
+"""`probe`: every layer of an encoder scored zero-shot, no training; one report with the
+dev-selected layer's metrics as `dev_*`/`test_*` and every layer's as `layer{k}_*`."""
+
+from __future__ import annotations
+
+from trainables.contract import Report
+from trainables.errors import one_of
+from trainables.kinds.base import TrainableKind
+from trainables.models import POOLINGS
+from trainables.probe import ProbeConfig, probe_layers
+
+
+class ProbeKind(TrainableKind):
+    Config = ProbeConfig
+
+    def num_reports(self, cfg) -> int:
+        return 1
+
+    def layer_bounds(self, cfg):
+        return [("layers", cfg.layers, cfg.model)]
+
+    def check_names(self, cfg, key_of) -> None:
+        if cfg.pooling not in POOLINGS:
+            raise one_of(key_of("pooling"), cfg.pooling, POOLINGS)
+
+    def run(self, config: dict, report: Report, checkpoint_dir: str | None = None) -> dict:
+        cfg = self.parse({**config, "splits": ["dev", "test"]})
+        rows = probe_layers(cfg)
+        primary, _ = self.metric(cfg)
+        best = max(rows, key=lambda r: r[primary])
+        metrics = {f"layer{r['layer']}_{k}": v for r in rows for k, v in r.items() if k != "layer"}
+        metrics.update({k: v for k, v in best.items() if k != "layer"})
+        metrics["best_layer"] = best["layer"]
+        report(metrics, checkpoint_dir=None)
+        return metrics

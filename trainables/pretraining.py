@@ -1,0 +1,234 @@
+"""Domain-adaptive pretraining as a shared stage any kind may declare (`pretrain:`).
+
+Objectives: masked language modelling (transformers' MLM collator, 15 % masking; the prediction
+head tied to the input embeddings, fresh when the checkpoint has none), ELECTRA's replaced-token
+detection (a small generator whose embeddings *and* output layer are the discriminator's shared
+embedding table fills masked positions with sampled tokens; the discriminator learns which were
+replaced), and the unsupervised contrastive SimCSE / miCSE (the `contrastive` kind run as a stage).
+Warmup and decay count optimizer steps, not micro-batches. The adapted encoder is cached under the
+study's storage, keyed by everything that determines it, its own seed included: with
+`stage_seed: per_seed` (the default) each replicate seed builds its own stage, so the spread over
+seeds covers the whole procedure; `shared` builds one (seed `pretrain_seed`) for every trial.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, Field
+from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling, get_linear_schedule_with_warmup
+
+from trainables.batching import tokenize
+from trainables.contract import collect
+from trainables.data import corpus_sentences
+from trainables.errors import TrainingDivergedError, UserInputError, one_of
+from trainables.models import load_config, load_tokenizer, resolve_model_path
+from trainables.runtime import resolve_device, seed_everything
+from trainables.stages import get_or_build
+
+OBJECTIVES = ("mlm", "rtd", "simcse", "micse")
+STAGE_SEEDS = ("per_seed", "shared")
+STAGE_FIELDS = ("pretrain", "pretrain_corpus", "pretrain_steps", "pretrain_lr", "pretrain_batch_size",
+                "pretrain_grad_accum", "pretrain_warmup_ratio", "pretrain_max_seq_length", "pretrain_mlm_probability",
+                "pretrain_generator", "pretrain_rtd_weight")
+
+
+class PretrainFields(BaseModel):
+    """The `pretrain:` stage's settings, shared by every kind that may start from it."""
+
+    pretrain: str | None = Field(None, description="mlm, rtd (ELECTRA), simcse or micse: first adapt `model` on "
+                                                    "`pretrain_corpus` (a cached stage); null fine-tunes directly")
+    pretrain_corpus: str = Field("unlabeled_en", description="unlabeled_en, task (the task's train sentences), "
+                                                             "task+dev, task+test (transductive) or a text file")
+    pretrain_steps: int = Field(200, ge=0, description="optimizer steps; 0 skips the stage, so `ablate: "
+                                                       "{pretrain_steps: [0, 300]}` compares with and without")
+    pretrain_lr: float = Field(5e-5, gt=0)
+    pretrain_batch_size: int = Field(32, ge=1)
+    pretrain_grad_accum: int = Field(1, ge=1)
+    pretrain_warmup_ratio: float = Field(0.1, ge=0, le=1)
+    pretrain_max_seq_length: int = Field(128, ge=8)
+    pretrain_mlm_probability: float = Field(0.15, gt=0, lt=1)
+    pretrain_generator: str | None = Field(None, description="rtd: a generator hub id or folder; default a fresh "
+                                                             "generator a quarter of the discriminator's width")
+    pretrain_rtd_weight: float = Field(50.0, gt=0, description="rtd: weight of the detection loss (ELECTRA: 50)")
+    stage_seed: str = Field("per_seed", description="per_seed: one stage per trial seed (the spread over seeds "
+                                                    "covers the stage); shared: one stage, seed pretrain_seed")
+    pretrain_seed: int = Field(0, description="the stage's seed with stage_seed: shared")
+    transductive: bool = Field(False, description="allow test sentences in the corpus (recorded on the run)")
+    cache_dir: str | None = None
+
+
+def uses_stage(cfg) -> bool:
+    return cfg.pretrain is not None and cfg.pretrain_steps > 0
+
+
+def stage_seed_of(cfg) -> int:
+    if cfg.stage_seed not in STAGE_SEEDS:
+        raise one_of("stage_seed", cfg.stage_seed, STAGE_SEEDS)
+    return cfg.seed if cfg.stage_seed == "per_seed" else cfg.pretrain_seed
+
+
+def schedule(optimizer: torch.optim.Optimizer, steps: int, warmup_ratio: float):
+    """Linear warmup then linear decay, both counted in optimizer steps (the reference code
+    counted micro-batches, so most of its training was warmup)."""
+    return get_linear_schedule_with_warmup(optimizer, round(warmup_ratio * steps), steps)
+
+
+class MLMObjective(torch.nn.Module):
+    """Masked language modelling with the encoder's MLM head."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.model = AutoModelForMaskedLM.from_pretrained(resolve_model_path(cfg.model))
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        return self.model(**batch).loss
+
+    def encoder(self):
+        return self.model.base_model
+
+
+class RTDObjective(torch.nn.Module):
+    """ELECTRA's replaced-token detection: generator MLM loss + weight x discriminator BCE. The
+    generator reads and writes through the discriminator's embedding table, as ELECTRA does."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        from transformers import AutoConfig, ElectraForMaskedLM, ElectraForPreTraining
+
+        if load_config(cfg.model).model_type != "electra":
+            raise UserInputError("pretrain", "rtd", "replaced-token detection needs an ELECTRA discriminator; "
+                                                    "use mlm for this model")
+        self.discriminator = ElectraForPreTraining.from_pretrained(resolve_model_path(cfg.model))
+        if cfg.pretrain_generator:
+            self.generator = ElectraForMaskedLM.from_pretrained(resolve_model_path(cfg.pretrain_generator))
+        else:
+            config = AutoConfig.from_pretrained(resolve_model_path(cfg.model))
+            config.hidden_size = max(config.num_attention_heads, config.hidden_size // 4)
+            config.intermediate_size = max(4, config.intermediate_size // 4)
+            self.generator = ElectraForMaskedLM(config)
+        shared = self.discriminator.electra.embeddings
+        self.generator.electra.embeddings = shared
+        self.generator.generator_lm_head.weight = shared.word_embeddings.weight  # tied output layer
+        self.weight = cfg.pretrain_rtd_weight
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        labels = batch["labels"]
+        masked = labels != -100
+        generated = self.generator(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                   labels=labels)
+        with torch.no_grad():
+            sampled = torch.distributions.Categorical(logits=generated.logits[masked].float()).sample()
+        replaced_input = batch["input_ids"].clone()
+        replaced_input[masked] = sampled
+        original = torch.where(masked, labels, batch["input_ids"])
+        is_replaced = (replaced_input != original).float()
+        logits = self.discriminator(input_ids=replaced_input, attention_mask=batch["attention_mask"]).logits
+        active = batch["attention_mask"].bool()
+        detection = torch.nn.functional.binary_cross_entropy_with_logits(logits[active], is_replaced[active])
+        return generated.loss + self.weight * detection
+
+    def encoder(self):
+        return self.discriminator.electra
+
+
+def pretrain(cfg, seed: int, sentences: list[str], folder: Path) -> dict:
+    """Continue pretraining with MLM or RTD; save the encoder (safetensors) and tokenizer to `folder`."""
+    seed_everything(seed)
+    device = resolve_device(cfg.device)
+    tokenizer = load_tokenizer(cfg.model)
+    objective = (RTDObjective(cfg) if cfg.pretrain == "rtd" else MLMObjective(cfg)).to(device).train()
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=cfg.pretrain_mlm_probability)
+    encoded = tokenize(tokenizer, sentences, cfg.pretrain_max_seq_length)
+    optimizer = torch.optim.AdamW(objective.parameters(), lr=cfg.pretrain_lr, weight_decay=0.01)
+    scheduler = schedule(optimizer, cfg.pretrain_steps, cfg.pretrain_warmup_ratio)
+    generator = torch.Generator().manual_seed(seed)
+    order: list[int] = []
+    losses, started = [], time.perf_counter()
+    for step in range(cfg.pretrain_steps):
+        step_loss = 0.0
+        for _ in range(cfg.pretrain_grad_accum):
+            if len(order) < cfg.pretrain_batch_size:
+                order += torch.randperm(len(encoded), generator=generator).tolist()
+            batch_ids, order = order[: cfg.pretrain_batch_size], order[cfg.pretrain_batch_size:]
+            batch = collator([{"input_ids": encoded[i]} for i in batch_ids])
+            loss = objective({k: v.to(device) for k, v in batch.items()}) / cfg.pretrain_grad_accum
+            if not torch.isfinite(loss):
+                raise TrainingDivergedError(f"DAPT loss became {loss.item()} at step {step + 1} "
+                                            f"(pretrain_lr={cfg.pretrain_lr}); lower pretrain_lr")
+            loss.backward()
+            step_loss += loss.item()
+        torch.nn.utils.clip_grad_norm_(objective.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(step_loss)
+    objective.encoder().save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    return {"loss_curve": losses, "corpus_sentences": len(sentences), "seconds": time.perf_counter() - started,
+            "first_loss": float(sum(losses[:10]) / max(1, len(losses[:10]))),
+            "last_loss": float(sum(losses[-10:]) / max(1, len(losses[-10:])))}
+
+
+def contrastive_pretrain(cfg, seed: int, pooling: str, folder: Path) -> dict:
+    """SimCSE / miCSE on the whole encoder with the trial's pooling, run by the `contrastive` kind
+    (the task's dev split picks the best of four evaluation points); saves encoder and tokenizer."""
+    from trainables.kinds import get_kind
+    from trainables.loop import train
+
+    kind = get_kind("contrastive")
+    stage = kind.parse({
+        "model": cfg.model, "method": cfg.pretrain, "task": cfg.task, "language": cfg.language,
+        "corpus": cfg.pretrain_corpus, "pooling": pooling, "lr": cfg.pretrain_lr, "steps": cfg.pretrain_steps,
+        "eval_every": max(1, math.ceil(cfg.pretrain_steps / 4)), "batch_size": cfg.pretrain_batch_size,
+        "max_seq_length": cfg.pretrain_max_seq_length, "warmup_ratio": cfg.pretrain_warmup_ratio,
+        "score_test": False, "transductive": cfg.transductive, "seed": seed, "precision": cfg.precision,
+        "device": cfg.device, "data_dir": cfg.data_dir, "max_eval_samples": cfg.max_eval_samples})
+    started, curve = time.perf_counter(), []
+    learner, last = train(kind, stage, collect(curve))
+    learner.export_encoder(folder)
+    return {"loss_curve": [m["train_loss"] for m in curve], "corpus_sentences": last["corpus_sentences"],
+            "seconds": time.perf_counter() - started, "first_loss": curve[0]["train_loss"],
+            "last_loss": curve[-1]["train_loss"], "stage_dev_spearman": last["best_dev_spearman"],
+            "stage_best_step": last["best_epoch"] * stage.eval_every}
+
+
+def adapt(cfg, pooling: str = "mean") -> tuple[Path, dict, bool]:
+    """The adapted encoder for this stage configuration, from the cache or built now."""
+    if cfg.pretrain not in OBJECTIVES:
+        raise one_of("pretrain", cfg.pretrain, OBJECTIVES)
+    contrastive = cfg.pretrain in ("simcse", "micse")
+    if contrastive and cfg.pretrain_grad_accum != 1:
+        raise UserInputError("pretrain_grad_accum", cfg.pretrain_grad_accum, "contrastive objectives take their "
+                                                                             "negatives from the batch: use 1 and a "
+                                                                             "larger batch")
+    seed = stage_seed_of(cfg)
+    params = {"model": cfg.model, "task": cfg.task if cfg.pretrain_corpus.startswith("task") or contrastive else None,
+              "language": cfg.language, "transductive": cfg.transductive, "seed": seed,
+              **{k: getattr(cfg, k) for k in STAGE_FIELDS}, **({"pooling": pooling} if contrastive else {})}
+
+    def build(folder: Path) -> dict:
+        if contrastive:
+            return contrastive_pretrain(cfg, seed, pooling, folder)
+        sentences = corpus_sentences(cfg.pretrain_corpus, cfg.task, cfg.language, cfg.data_dir, cfg.transductive,
+                                     "pretrain_corpus")
+        return pretrain(cfg, seed, sentences, folder)
+
+    return get_or_build(cfg.cache_dir, "dapt", params, build)
+
+
+def pretrained_start(cfg, pooling: str = "mean") -> tuple[str, dict]:
+    """The encoder a trial starts from: `model`, or `model` adapted by the `pretrain` stage; and
+    what to report about the stage."""
+    if not uses_stage(cfg):
+        return cfg.model, {}
+    folder, record, built = adapt(cfg, pooling)
+    if not math.isfinite(record["last_loss"]):
+        raise TrainingDivergedError("the cached pretraining stage ended with a non-finite loss")
+    return str(folder), {"dapt_stage_dir": str(folder), "dapt_cache_key": record["key"],
+                         "dapt_cache_hit": int(not built), "dapt_first_loss": record["first_loss"],
+                         "dapt_last_loss": record["last_loss"], "stage_seed": record["params"]["seed"],
+                         "transductive": int(cfg.transductive)}
