@@ -208,11 +208,13 @@ def status(name: str, storage: str | None = STORAGE, debug: bool = DEBUG) -> Non
     """Trials done / running / failed and the best dev score per cell, from the study's journal."""
     from rich.console import Console
 
-    from orchestrator.launch import open_state
+    from orchestrator.launch import folder_size, open_state, study_dir
     from orchestrator.progress import status_table
 
     quiet_libraries()
     Console().print(status_table(open_state(name, storage)))
+    size = folder_size(study_dir(storage, name))
+    typer.echo(f"study folder {study_dir(storage, name)}: {size / 2**20:.1f} MiB (finished trials keep no checkpoint)")
 
 
 @app.command()
@@ -301,12 +303,14 @@ def write_report(name: str, storage, tracking_uri: str | None = None, out: str |
     from reports.build import build_report
     from reports.collect import collect
 
-    if tracking_uri is None:
-        from orchestrator.launch import stored_tracking_uri
+    from orchestrator.launch import stored_study_uid, stored_tracking_uri, study_dir
 
+    has_folder = (study_dir(storage, name) / "launch.json").exists()
+    if tracking_uri is None:
         tracking_uri = stored_tracking_uri(name, storage)
     folder = Path(out) if out else Path("reports") / name
-    written = build_report(collect(tracking_uri, name), folder, formats)
+    written = build_report(collect(tracking_uri, name, stored_study_uid(name, storage) if has_folder else None),
+                           folder, formats)
     typer.echo(f"report: {folder / 'report.md'} ({len(written)} files)")
 
 

@@ -45,9 +45,26 @@ class TrialRecord:
 
 
 class Journal:
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, repair: bool = True):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if repair:
+            self.repair_tail()
+
+    def repair_tail(self) -> int:
+        """Cut a torn last line (a power cut mid-write) back to the last complete line, so the next
+        event starts on a line of its own instead of being glued to the torn one. Bytes removed."""
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return 0
+        with open(self.path, "rb+") as f:
+            data = f.read()
+            if data.endswith(b"\n"):
+                return 0
+            keep = data.rfind(b"\n") + 1
+            f.truncate(keep)
+            f.flush()
+            os.fsync(f.fileno())
+        return len(data) - keep
 
     def write(self, event: str, **fields: Any) -> None:
         line = json.dumps({"event": event, **fields}, default=str, allow_nan=True)

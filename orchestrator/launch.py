@@ -13,18 +13,20 @@ import logging
 import os
 import shutil
 import time
+import uuid
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from orchestrator.config import StudyConfig, load_study
 from orchestrator.journal import Journal
-from orchestrator.plan import StudyPlan, build_plan
+from orchestrator.plan import StudyPlan, build_plan, plan_from_record, plan_record
 from orchestrator.study_state import StudyState
 from trainables.errors import UserInputError
 
 STUDY_FILE = "study.yaml"
 META = "launch.json"
+PLAN = "plan.json"  # the resolved plan of the latest launch: status and report need no data or model
 JOURNAL = "journal.jsonl"
 DEFAULT_STORAGE = "studies"
 
@@ -75,13 +77,23 @@ def connect_ray(address: str | None):
 
 
 def check_cluster(ray, study: StudyConfig) -> None:
-    resources = ray.cluster_resources()
-    if study.resources.gpu > 0 and resources.get("GPU", 0) < study.resources.gpu:
+    """A trial runs on one node: its request must fit the largest alive node, not the cluster's
+    total (a request no node meets would make Tune wait forever)."""
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive", n.get("alive", True))]
+    largest_cpu = max((r.get("CPU", 0) for r in nodes), default=0)
+    largest_gpu = max((r.get("GPU", 0) for r in nodes), default=0)
+    total_gpu = sum(r.get("GPU", 0) for r in nodes)
+    if study.resources.gpu > 0 and total_gpu == 0:
         raise UserInputError("resources.gpu", study.resources.gpu,
-                             f"the cluster has {resources.get('GPU', 0):g} GPUs; use gpu: 0 or a cluster with GPUs")
-    if study.resources.cpu > resources.get("CPU", 0):
+                             "the cluster has 0 GPUs; use gpu: 0 or a cluster with GPUs")
+    if study.resources.gpu > largest_gpu:
+        raise UserInputError("resources.gpu", study.resources.gpu,
+                             f"no node has {study.resources.gpu:g} GPUs (the largest has {largest_gpu:g}); ask for at "
+                             "most that many per trial")
+    if study.resources.cpu > largest_cpu:
         raise UserInputError("resources.cpu", study.resources.cpu,
-                             f"the cluster has {resources.get('CPU', 0):g} CPUs; ask for at most that many per trial")
+                             f"no node has {study.resources.cpu:g} CPUs (the largest of {len(nodes)} has "
+                             f"{largest_cpu:g}); ask for at most that many per trial")
 
 
 def launch(study_file: str | Path, storage: str | Path | None = None, address: str | None = None,
@@ -95,7 +107,7 @@ def launch(study_file: str | Path, storage: str | Path | None = None, address: s
         raise UserInputError("name", study.name, f"a study of that name exists in {folder}; run "
                                                  f"`orchestrator resume {study.name}` or choose another name")
     meta = json.loads((folder / META).read_text()) if resume and (folder / META).exists() else {
-        "base_dir": str(study_file.parent.resolve())}
+        "base_dir": str(study_file.parent.resolve()), "study_uid": uuid.uuid4().hex}
     base_dir = Path(meta["base_dir"])
     plan = build_plan(study, base_dir, stage_root=folder / "stages")
     uri = meta.get("tracking_uri") or tracking_uri(study, base_dir)
@@ -106,12 +118,13 @@ def launch(study_file: str | Path, storage: str | Path | None = None, address: s
     if not (folder / STUDY_FILE).exists():
         shutil.copyfile(study_file, folder / STUDY_FILE)
         (folder / META).write_text(json.dumps({**meta, "tracking_uri": uri}, indent=1))
+    (folder / PLAN).write_text(json.dumps(plan_record(plan), indent=1, default=str))
     journal = Journal(journal_path)
     state = StudyState(plan, journal)
     from orchestrator.tracking import ResilientTracker, StudyTracker, plan_summary
 
     tracker = StudyTracker(uri, study.name, folder / "mlartifacts")
-    tracker.start_parent(folder / STUDY_FILE, plan_summary(plan), package_version())
+    tracker.start_parent(folder / STUDY_FILE, plan_summary(plan), package_version(), meta.get("study_uid"))
     resilient = ResilientTracker(tracker, lambda: state.records, {c.index: c.key for c in plan.cells})
     launches = len([p for p in (folder / "ray").glob("launch-*")]) if (folder / "ray").exists() else 0
     try:
@@ -192,9 +205,31 @@ def open_state(name: str, storage: str | Path | None = None) -> StudyState:
     folder = study_dir(storage, name)
     if not (folder / STUDY_FILE).exists():
         raise UserInputError("NAME", name, f"no study folder {folder}; give --storage where it was launched")
-    meta = json.loads((folder / META).read_text())
-    plan = build_plan(load_study(folder / STUDY_FILE), Path(meta["base_dir"]), stage_root=folder / "stages")
+    study = load_study(folder / STUDY_FILE)
+    if (folder / PLAN).exists():
+        plan = plan_from_record(study, json.loads((folder / PLAN).read_text()))
+    else:  # a study folder from before plans were stored: rebuild it (needs the data and the model)
+        meta = json.loads((folder / META).read_text())
+        plan = build_plan(study, Path(meta["base_dir"]), stage_root=folder / "stages")
     return StudyState(plan, ReadOnlyJournal(folder / JOURNAL))
+
+
+def stored_study_uid(name: str, storage: str | Path | None = None) -> str | None:
+    """The id that ties a study folder to its own MLflow parent run (None for folders from before)."""
+    folder = study_dir(storage, name)
+    return json.loads((folder / META).read_text()).get("study_uid") if (folder / META).exists() else None
+
+
+def remove_checkpoint(path: str | None) -> bool:
+    """Delete a finished trial's checkpoint (its results are in the journal and MLflow)."""
+    if not path or not os.path.isdir(path) or not Path(path).name.startswith("checkpoint_"):
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return True
+
+
+def folder_size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
 
 
 def stored_tracking_uri(name: str, storage: str | Path | None = None) -> str:
@@ -205,6 +240,9 @@ def stored_tracking_uri(name: str, storage: str | Path | None = None) -> str:
 
 
 class ReadOnlyJournal(Journal):
+    def __init__(self, path: str | Path):
+        super().__init__(path, repair=False)  # status and report never change the study folder
+
     def write(self, event: str, **fields) -> None:
         pass
 
@@ -217,7 +255,7 @@ def sync(name: str, storage: str | Path | None = None) -> dict[str, int]:
     state = open_state(name, storage)
     tracker = StudyTracker(stored_tracking_uri(name, storage), name)
     try:
-        tracker.attach_parent()
+        tracker.attach_parent(stored_study_uid(name, storage))
     except RuntimeError as exc:
         raise UserInputError("NAME", name, f"{exc}; give the study's name as launched") from None
     counts = tracker.sync(state.records, {c.index: c.key for c in state.plan.cells})

@@ -90,6 +90,23 @@ class StudyPlan:
         return config
 
 
+def plan_record(plan: StudyPlan) -> dict[str, Any]:
+    """What a launch stores beside the journal, so that `status`, `report` and `sync` rebuild the
+    plan without the data folder, the model or the hub."""
+    return {"cells": [c.values for c in plan.cells], "seeds": list(plan.seeds), "base": plan.base,
+            "metric": plan.metric, "mode": plan.mode, "epochs": plan.epochs, "origins": plan.origins,
+            "cell_reports": list(plan.cell_reports), "kind_path": plan.kind_path}
+
+
+def plan_from_record(study: StudyConfig, record: dict[str, Any]) -> StudyPlan:
+    """The plan a launch stored (`plan_record`), for a study whose file is `study`."""
+    tuned = {name: expand_tuned_preset(name, raw) or parse_tuned(f"tune.params.{name}", raw)
+             for name, raw in (study.tune.params.items() if study.tune else ())}
+    return StudyPlan(study, tuple(Cell(i, values) for i, values in enumerate(record["cells"])), tuned,
+                     tuple(record["seeds"]), record["base"], record["metric"], record["mode"], record["epochs"],
+                     record["origins"], tuple(record["cell_reports"]), record["kind_path"])
+
+
 def _did_you_mean(key: str, name: str, valid: list[str]) -> UserInputError:
     close = difflib.get_close_matches(name, valid, n=1)
     hint = f"did you mean {close[0]}? " if close else ""
@@ -207,6 +224,10 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
                 raise UserInputError(key, raw, f"{name} is also ablated; an axis is either ablated or tuned")
             tuned[name] = expand_tuned_preset(name, raw) or parse_tuned(key, raw)
     seeds = expand_seeds(study.replicate.seeds)
+    if study.tune is not None and study.tune.seed in seeds:
+        raise UserInputError("tune.seed", study.tune.seed,
+                             f"tuning trials need a seed outside replicate.seeds {list(seeds)}, so that no replicate "
+                             "reruns the winning tuning trial; choose another")
     if not isinstance(kind, TrainingKind) and len(seeds) > 1:
         raise UserInputError("replicate.seeds", study.replicate.seeds,
                              f"{study.trainable} is deterministic: use one seed")
@@ -287,10 +308,25 @@ def _check_baseline(study: StudyConfig, cells: tuple[Cell, ...]) -> None:
     baseline = study.report.baseline
     if not baseline:
         return
+    column = study.report.columns or ("layer" if "layer" in axes else (axes[-1] if axes else None))
     for name, value in baseline.items():
+        key = f"report.baseline.{name}"
         axis_values = {c.values.get(name) for c in cells}
-        if name not in (cells[0].values if cells else {}):
-            raise UserInputError(f"report.baseline.{name}", value, "name an ablated axis")
-        if value != "last" and value not in axis_values:
-            raise UserInputError(f"report.baseline.{name}", value,
+        if name not in axes:
+            raise UserInputError(key, value, "name an ablated axis")
+        if name != column:
+            raise UserInputError(key, value, f"significance compares the cells of a row against the baseline of the "
+                                             f"column axis ({column}); set report.columns: {name} to compare against "
+                                             f"{name}={value}, or give a baseline on {column}")
+        if value == "last":
+            if name != "layer":
+                raise UserInputError(key, value, "last means the model's last layer; name one of the ablated values")
+            for model in sorted({c.values.get("model", study.model) for c in cells}):
+                depth = _depth(model, "model")
+                if depth not in axis_values:
+                    raise UserInputError(key, value, f"last is the model's last layer ({depth}), which the study does "
+                                                     f"not ablate ({', '.join(map(str, sorted(axis_values)))}); add "
+                                                     f"it to ablate.layer or name an ablated layer")
+        elif value not in axis_values:
+            raise UserInputError(key, value,
                                  f"use one of the ablated values: {', '.join(map(str, sorted(axis_values, key=str)))}")

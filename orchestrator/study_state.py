@@ -134,7 +134,7 @@ class StudyState:
         cell = min(open_cells, key=lambda c: (len(self._issued(c, "tune")), c.index))  # round-robin
         trial = self.studies[cell.index].ask(self.space)
         n = len(self._issued(cell, "tune"))
-        seed = self.plan.seeds[0]
+        seed = self.plan.study.tune.seed  # disjoint from the replicate seeds (checked by the plan)
         record = TrialRecord(key=f"c{cell.index}-t{n}", cell=cell.index, phase="tune", seed=seed,
                              tuned=dict(trial.params),
                              config=self.plan.trial_config(cell, dict(trial.params), seed, "tune"),

@@ -1,5 +1,7 @@
-"""MLflow, the system of record: one experiment per study, one parent run per study (reused by
-`resume`), one child run per plan trial (reused when an interrupted trial runs again).
+"""MLflow, the system of record: one experiment per study name, one parent run per study folder
+(reused by `resume`, identified by the folder's study id, so a new launch of the same name never
+writes into an older launch's runs), one child run per plan trial (reused when an interrupted
+trial runs again; each epoch is logged once per run and step, however often it is reported).
 The only module that imports mlflow; only the driver writes."""
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ log = logging.getLogger("orchestrator.tracking")
 
 ROLE = "orchestrator.role"
 TRIAL_KEY = "orchestrator.trial_key"
+STUDY_UID = "orchestrator.study_uid"
 TERMINAL = {RunStatus.to_string(s) for s in (RunStatus.FINISHED, RunStatus.FAILED, RunStatus.KILLED)}
 STATUS_OF = {Outcome.COMPLETED: "FINISHED", Outcome.PRUNED: "FINISHED", Outcome.DIVERGED: "FAILED",
              Outcome.FAILED: "FAILED"}
@@ -60,15 +63,22 @@ class StudyTracker:
             self.experiment_id = experiment.experiment_id
         self.parent_id: str | None = None
         self.children: dict[str, str] = {}
+        self.logged: dict[str, set[int]] = {}  # run id -> epochs already in MLflow
         self.stage_links: dict[str, str] = {}
         self.nodes: dict[str, list[str]] = {}
 
     def _runs(self, filter_string: str):
         return self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=50_000)
 
-    def start_parent(self, study_file: Path, plan_summary: dict, version: str) -> str:
-        """The study's parent run: created on the first launch, set RUNNING again on resume."""
-        existing = self._runs(f"tags.`{ROLE}` = 'study'")
+    def _parents(self, study_uid: str | None):
+        if study_uid is None:  # a study folder from before study ids: its experiment's one parent
+            return self._runs(f"tags.`{ROLE}` = 'study'")
+        return self._runs(f"tags.`{ROLE}` = 'study' AND tags.`{STUDY_UID}` = '{study_uid}'")
+
+    def start_parent(self, study_file: Path, plan_summary: dict, version: str, study_uid: str | None = None) -> str:
+        """The study folder's parent run: created on its first launch, set RUNNING again on resume.
+        Another folder's launch of the same name gets a parent of its own."""
+        existing = self._parents(study_uid)
         if existing:
             self.parent_id = existing[0].info.run_id
             self.client.update_run(self.parent_id, status="RUNNING")
@@ -77,7 +87,8 @@ class StudyTracker:
         else:
             run = self.client.create_run(self.experiment_id, run_name=self.study_name, tags={
                 ROLE: "study", "orchestrator.version": version, "orchestrator.launches": "1",
-                "mlflow.source.git.commit": git_commit(Path(__file__).parent)})
+                "mlflow.source.git.commit": git_commit(Path(__file__).parent),
+                **({STUDY_UID: study_uid} if study_uid else {})})
             self.parent_id = run.info.run_id
             self.client.log_artifact(self.parent_id, str(study_file))
             self.client.log_dict(self.parent_id, plan_summary, "plan.json")
@@ -95,6 +106,7 @@ class StudyTracker:
         tags = {"mlflow.parentRunId": self.parent_id, TRIAL_KEY: record.key, "cell": cell_key, "phase": record.phase,
                 "seed": str(record.seed), "ray.trial_id": ray_trial_id, "cell_index": str(record.cell)}
         run = self.client.create_run(self.experiment_id, run_name=f"{record.key} {cell_key}", tags=tags)
+        self.logged[run.info.run_id] = set()
         params = _flat("", record.config, {})
         self.client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()],
                               tags=[RunTag(f"ablate.{k}", str(v)) for k, v in _cell_values(cell_key).items()])
@@ -106,11 +118,17 @@ class StudyTracker:
         if run_id is None:
             return
         step = int(metrics.get("epoch", 0))
+        if run_id not in self.logged:  # a run of an earlier driver: ask MLflow what it already holds
+            self.logged[run_id] = {m.step for m in self.client.get_metric_history(run_id, "epoch")}
+        if "epoch" in metrics and step in self.logged[run_id]:
+            return  # a retried trial reports an epoch again: MLflow keeps the first, identical report
         now = int(time.time() * 1000)
         numeric = [Metric(k, float(v), now, step) for k, v in metrics.items()
                    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))]
         if numeric:
             self.client.log_batch(run_id, metrics=numeric)
+            if "epoch" in metrics:
+                self.logged[run_id].add(step)
 
     def set_tag(self, key: str, name: str, value: str) -> None:
         if key in self.children:
@@ -165,9 +183,9 @@ class StudyTracker:
             self.client.set_tag(run_id, "error", record.error[:5000])
         self.client.set_terminated(run_id, status=STATUS_OF[record.outcome])
 
-    def attach_parent(self) -> str:
-        """The study's existing parent run and its children, without changing their status."""
-        existing = self._runs(f"tags.`{ROLE}` = 'study'")
+    def attach_parent(self, study_uid: str | None = None) -> str:
+        """The study folder's existing parent run and its children, without changing their status."""
+        existing = self._parents(study_uid)
         if not existing:
             raise RuntimeError(f"no study run for {self.study_name} at {self.uri}")
         self.parent_id = existing[0].info.run_id
@@ -203,6 +221,10 @@ class StudyTracker:
                         self.log_artifact(key, str(path))
                 self.finish_trial(record)
                 counts["closed"] += 1
+            if record.finished and record.checkpoint and Path(record.checkpoint).name.startswith("checkpoint_"):
+                import shutil
+
+                shutil.rmtree(record.checkpoint, ignore_errors=True)  # its results are safe now
         return counts
 
     def reconcile(self, records: dict[str, TrialRecord], finished: bool) -> dict[str, int]:

@@ -159,6 +159,11 @@ class TrackingCallback(Callback):
             if os.path.exists(os.path.join(record.checkpoint, name)):
                 self.tracker.log_artifact(record.key, os.path.join(record.checkpoint, name))
         self.tracker.finish_trial(record)
+        if getattr(self.tracker, "offline_since", None) is None:  # results safe in the journal and MLflow
+            from orchestrator.launch import remove_checkpoint
+
+            if remove_checkpoint(record.checkpoint):
+                self.state.journal.write("checkpoint_removed", key=record.key, path=record.checkpoint)
 
 
 def run_trial(config: dict) -> None:

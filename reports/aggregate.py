@@ -51,7 +51,25 @@ def _why_missing(group: pd.DataFrame) -> str:
     if "failed" in outcomes:
         errors = group.error.dropna()
         return "failed: " + (errors.iloc[0][:120] if len(errors) else "see the run in MLflow")
+    done = group[group.outcome == "completed"]
+    flags = [c for c in ("test_degenerate", "degenerate") if c in done]
+    if len(done) and any((done[c] == 1).any() for c in flags):
+        return "degenerate (constant embeddings: correlation undefined)"
     return "not finished"
+
+
+def stage_seed_note(runs: StudyRuns) -> str | None:
+    """Which stage-seed policy the replicates ran with, when they used a shared stage."""
+    replicates = runs.replicates()
+    if "stage_seed" not in replicates or replicates.stage_seed.dropna().empty:
+        return None
+    used = replicates.dropna(subset=["stage_seed"])
+    if (used.stage_seed.astype(int) == used.seed.astype(int)).all() and used.seed.nunique() > 1:
+        return ("pretraining/teacher stages: one per replicate seed (stage_seed: per_seed), so mean ± std covers "
+                "the stage as well")
+    return (f"pretraining/teacher stages: one shared stage (stage_seed: shared, seed "
+            f"{', '.join(str(int(s)) for s in sorted(used.stage_seed.unique()))}); mean ± std does not cover its "
+            "variance")
 
 
 def _cells_without_replicates(runs: StudyRuns, seen: set[str]) -> list[tuple[str, dict, str]]:

@@ -14,6 +14,7 @@ from reports.aggregate import (
     cycle_summary,
     dev_selected,
     row_groups,
+    stage_seed_note,
     suite_summary,
     summarize,
 )
@@ -57,7 +58,8 @@ def ablation_grid(runs: StudyRuns, summary: pd.DataFrame, stats: pd.DataFrame, r
         grid_rows.append((key, cells))
     metric = runs.test_metric.replace("test_", "test ")
     title = f"{runs.name}: {metric} ×100 by {column} (mean ± std over seeds)"
-    notes = [BEST_NOTE, SELECTED_NOTE] + _significance_notes(runs, stats)
+    notes = [BEST_NOTE, SELECTED_NOTE] + _significance_notes(runs, stats) + [
+        note for note in (stage_seed_note(runs),) if note]
     return Grid(title, ", ".join(rows) or "", [f"{column} {c}" for c in columns], grid_rows, notes, decimals)
 
 
@@ -114,7 +116,8 @@ def suite_grid(runs: StudyRuns, decimals: int) -> Grid | None:
 
 
 def cycle_grid(runs: StudyRuns, decimals: int) -> Grid | None:
-    """Distillation: bi- and cross-encoder Spearman on dev and test after every cycle."""
+    """Distillation: bi- and cross-encoder Spearman on dev after every cycle (and on test when the
+    runs asked for the per-cycle test diagnostic)."""
     cycles = cycle_summary(runs)
     if cycles.empty:
         return None
@@ -127,8 +130,8 @@ def cycle_grid(runs: StudyRuns, decimals: int) -> Grid | None:
                       for c in numbers]))
     return Grid(f"{runs.name}: Spearman ×100 after each distillation cycle (mean ± std over seeds)",
                 "cell · encoder · split", [f"cycle {c}" for c in numbers], rows,
-                ["the run's own test figure is the dev-selected cycle's (best bi-encoder dev); test of the other "
-                 "cycles is shown, never used"], decimals)
+                ["the run's own test figure is the dev-selected cycle's (best bi-encoder dev), scored once; test "
+                 "rows appear only with the diagnostic test_every_round: true and are never used"], decimals)
 
 
 def tuning_grid(runs: StudyRuns) -> Grid | None:
@@ -144,8 +147,15 @@ def tuning_grid(runs: StudyRuns) -> Grid | None:
                             Cell(text=str(int(group.outcome.isin(["failed", "diverged"]).sum()))),
                             Cell(text="—" if best is None else f"{best['lr']:.2e}"),
                             Cell(mean=math.nan if best is None else best[dev])]))
+    tuning_seeds = sorted({int(s) for s in tuning.seed.dropna()})
+    replicate_seeds = sorted({int(s) for s in runs.replicates().seed.dropna()})
+    overlap = set(tuning_seeds) & set(replicate_seeds)
+    note = (f"tuning trials trained with seed {', '.join(map(str, tuning_seeds))}; replicates with "
+            f"{', '.join(map(str, replicate_seeds)) or 'none yet'}" +
+            ("; disjoint, so no replicate reruns a tuning trial" if not overlap else
+             f"; seeds {sorted(overlap)} were used by both (a study launched before tuning seeds were separate)"))
     return Grid(f"{runs.name}: tuning per cell (dev only)", "cell",
-                ["trials", "pruned", "failed", "best lr", f"best {runs.metric}"], rows, [], 2)
+                ["trials", "pruned", "failed", "best lr", f"best {runs.metric}"], rows, [note], 2)
 
 
 def build_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] = FORMATS) -> list[Path]:

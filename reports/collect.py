@@ -55,15 +55,18 @@ def _number(value: str):
     return value
 
 
-def collect(tracking_uri: str, study: str) -> StudyRuns:
-    """Every child run of the study's parent run, as a DataFrame."""
+def collect(tracking_uri: str, study: str, study_uid: str | None = None) -> StudyRuns:
+    """Every child run of the study's parent run, as a DataFrame: the parent of the study folder
+    `study_uid` when given, else the newest launch of that name."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     client = MlflowClient(tracking_uri=tracking_uri)
     experiment = client.get_experiment_by_name(study)
     if experiment is None:
         raise UserInputError("NAME", study, f"no MLflow experiment of that name at {tracking_uri}; "
                                             "give --tracking-uri of the study's store")
-    parents = client.search_runs([experiment.experiment_id], filter_string="tags.`orchestrator.role` = 'study'")
+    wanted = "tags.`orchestrator.role` = 'study'" + (f" AND tags.`orchestrator.study_uid` = '{study_uid}'"
+                                                      if study_uid else "")
+    parents = client.search_runs([experiment.experiment_id], filter_string=wanted, order_by=["start_time DESC"])
     if not parents:
         raise UserInputError("NAME", study, "the experiment has no study run: was it launched by orchestrator?")
     parent = parents[0]

@@ -152,3 +152,22 @@ def test_a_kind_defined_only_in_the_tests_launches_end_to_end(monkeypatch, tiny_
     runs = [r for r in client.search_runs([experiment.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
     assert len(runs) == 4 and all(r.data.metrics["epoch"] == 3 and "test_spearman" in r.data.metrics for r in runs)
     assert len({r.data.metrics["test_spearman"] for r in runs}) == 4  # seeds and lr change the toy's numbers
+
+
+def test_constant_embeddings_are_degenerate_rounds_never_selected_and_never_not_finished(configs):
+    """Layer 0 with CLS pooling gives every sentence the same vector: correlations are undefined."""
+    _, config = configs["finetune"]
+    reports = []
+    final = get_kind("finetune").run({**config, "layer": 0, "pooling": "cls", "epochs": 2}, collect(reports))
+    assert [r["degenerate"] for r in reports] == [1, 1]
+    assert all(r["best_epoch"] == 0 and r["best_dev_spearman"] is None for r in reports)
+    assert final["test_degenerate"] == 1 and final["test_epoch"] == 2  # scored once, with the last weights
+
+    import pandas as pd
+
+    from reports.aggregate import _why_missing
+
+    runs = pd.DataFrame({"outcome": ["completed", "completed"], "degenerate": [1, 1], "test_degenerate": [1, 1],
+                         "error": [None, None]})
+    assert _why_missing(runs).startswith("degenerate")
+    assert _why_missing(runs.assign(outcome=["running", "running"])) == "not finished"

@@ -112,7 +112,17 @@ def test_packaged_minilm_resolves_offline(minilm_path):
     assert resolve_model_path(MINILM) == str(minilm_path)
     model = load_encoder(MINILM)
     assert model.config.num_hidden_layers == 6 and model.config.hidden_size == 384
-    assert isinstance(SentenceEncoder(model), SentenceEncoder)
+    encoder = SentenceEncoder(model).eval()
+    from transformers import AutoTokenizer
+
+    batch = AutoTokenizer.from_pretrained(minilm_path)(["a man plays a guitar", "a dog"], padding=True,
+                                                      return_tensors="pt")
+    with torch.no_grad():
+        vectors = encoder(batch["input_ids"], batch["attention_mask"])
+        hidden = model(**batch).last_hidden_state
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    torch.testing.assert_close(vectors, (hidden * mask).sum(1) / mask.sum(1))  # mean over real tokens only
+    assert not torch.allclose(vectors[1], hidden[1].mean(0))  # the padded row's plain mean differs
 
 
 def test_local_folder_wins_and_unknown_model_is_a_clear_error(tiny_bert, tmp_path, monkeypatch):

@@ -55,7 +55,7 @@ def make_store(folder: Path) -> str:
                 shutil.copy(path, folder / "test_predictions.csv")
                 tracker.log_artifact(key, str(folder / "test_predictions.csv"))
             tracker.finish_trial(record)
-        tuning = TrialRecord(f"c{layer}-t0", layer, "tune", 0, {"lr": 2e-4}, {"layer": layer, "lr": 2e-4})
+        tuning = TrialRecord(f"c{layer}-t0", layer, "tune", 10_000, {"lr": 2e-4}, {"layer": layer, "lr": 2e-4})
         tracker.start_trial(tuning, f"layer={layer}", f"tune{layer}")
         tracker.log_epoch(tuning.key, {"epoch": 1, "best_dev_spearman": DEV.get(layer, 1.0)})
         tuning.outcome = Outcome.PRUNED if layer == 2 else Outcome.COMPLETED

@@ -160,3 +160,56 @@ def test_names_inside_the_newer_trainables_are_checked_before_launch(good, tmp_p
     assert result.exit_code == 2, result.output
     assert result.stderr.strip().startswith(message)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]
+
+
+@pytest.mark.parametrize(("trainable", "ablate", "train", "tune", "key", "value"), [
+    ("finetune", {}, {"layer": 9}, None, "train.layer", "9"),
+    ("finetune", {"pooling": ["mean", "cls"]}, {}, {"params": {"layer": {"int": [1, 5]}}, "trials": 2},
+     "tune.params.layer", "5"),
+    ("cross_encoder", {}, {"layer": 4}, None, "train.layer", "4"),
+    ("contrastive", {}, {"layer": 7}, None, "train.layer", "7"),
+    ("distill", {}, {"cross_layer": 6}, None, "train.cross_layer", "6"),
+    ("distill", {"partner_layer": [1, 8]}, {"mode": "mutual"}, None, "ablate.partner_layer", "8"),
+    ("distill", {}, {"layer": 2}, {"params": {"cross_layer": {"choice": [1, 4]}}, "trials": 2},
+     "tune.params.cross_layer", "4"),
+    ("probe", {}, {"layers": [0, 9]}, None, "train.layers", "[0, 9]"),
+])
+def test_a_layer_above_the_models_depth_is_refused_before_launch_wherever_it_is_set(
+        good, tmp_path, monkeypatch, trainable, ablate, train, tune, key, value):
+    monkeypatch.chdir(tmp_path)
+    study = {**good, "trainable": trainable, "ablate": ablate, "train": train, "tune": tune,
+             "replicate": {"seeds": [0]}}
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
+    result = runner.invoke(app, ["validate", str(tmp_path / "study.yaml")])
+    assert result.exit_code == 2, result.output
+    line = result.stderr.strip()
+    assert line.startswith(f"error: {key}: {value} is not valid; ") and line.endswith("has 3 layers: use numbers in 0..3")
+    assert "\n" not in line and sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]
+
+
+@pytest.mark.parametrize(("ablate", "report", "message"), [
+    ({"layer": [1, 2], "pooling": ["mean", "cls"]}, {"baseline": {"pooling": "mean"}},
+     "error: report.baseline.pooling: 'mean' is not valid; significance compares the cells of a row against the "
+     "baseline of the column axis (layer); set report.columns: pooling"),
+    ({"layer": [1, 2]}, {"baseline": {"layer": "last"}},
+     "error: report.baseline.layer: 'last' is not valid; last is the model's last layer (3), which the study does "
+     "not ablate (1, 2); add it to ablate.layer or name an ablated layer"),
+    ({"layer": [1, 3], "pooling": ["mean", "cls"]}, {"baseline": {"pooling": "last"}, "columns": "pooling"},
+     "error: report.baseline.pooling: 'last' is not valid; last means the model's last layer"),
+])
+def test_a_baseline_the_report_cannot_compute_is_refused(good, tmp_path, monkeypatch, ablate, report, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump({**good, "ablate": ablate, "report": report}))
+    result = runner.invoke(app, ["validate", str(tmp_path / "study.yaml")])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().startswith(message)
+
+
+def test_a_baseline_on_the_column_axis_and_the_real_last_layer_validate(good, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for ablate, report in (({"layer": [1, 3]}, {"baseline": {"layer": "last"}}),
+                           ({"layer": [1, 2], "pooling": ["mean", "cls"]},
+                            {"baseline": {"pooling": "mean"}, "columns": "pooling"})):
+        (tmp_path / "study.yaml").write_text(yaml.safe_dump({**good, "ablate": ablate, "report": report}))
+        result = runner.invoke(app, ["validate", str(tmp_path / "study.yaml")])
+        assert result.exit_code == 0, result.output

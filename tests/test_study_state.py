@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from orchestrator.config import parse_study
@@ -29,13 +31,14 @@ def test_tuning_is_round_robin_and_replicates_wait_for_their_cell(plan, tmp_path
     state = StudyState(plan, Journal(tmp_path / "j.jsonl"))
     first = [state.next_trial() for _ in range(4)]
     assert [r.key for r in first] == ["c0-t0", "c1-t0", "c0-t1", "c1-t1"]
-    assert all(r.config["score_test"] is False and r.seed == 5 for r in first)
+    assert all(r.config["score_test"] is False and r.seed == r.config["seed"] == 10_000 for r in first)
     assert state.next_trial() is None  # only running trials left: their outcomes decide the replicates
     run(state, first[0], [10, 20, 30])
     run(state, first[2], [15, 40, 35])
     replicate = state.next_trial()  # cell 0's tuning is done while cell 1 still tunes
     assert replicate.key == "c0-s5" and replicate.tuned == first[2].tuned  # best dev (40), not last epoch
     assert replicate.config["seed"] == 5 and replicate.config["score_test"] is True
+    assert replicate.config != first[2].config  # a fresh run, not a rerun of the winning tuning trial
     assert replicate.config["layer"] == 1 and replicate.config["lr"] == first[2].tuned["lr"]
     assert state.next_trial().key == "c0-s6"
     run(state, first[1], [5])  # stopped after one of three epochs: pruned, whatever Tune says
@@ -83,3 +86,103 @@ def test_replay_keeps_finished_trials_and_requeues_interrupted_ones(plan, tmp_pa
     assert resumed.key == b.key and resumed.tuned == b.tuned and resumed.checkpoint == "/ckpt/b1"
     assert again.asked[b.key].params == b.tuned
     assert again.next_trial().key == "c0-t1"
+
+
+def test_tuning_seed_must_lie_outside_the_replicate_seeds(tiny_bert, synthetic_data_dir, tmp_path):
+    from trainables.errors import UserInputError
+
+    study = parse_study({"name": "s", "model": tiny_bert, "ablate": {"layer": [1]},
+                         "tune": {"params": {"lr": {"loguniform": [1e-4, 1e-2]}}, "trials": 2, "seed": 1},
+                         "replicate": {"seeds": [0, 1]}, "data_dir": str(synthetic_data_dir),
+                         "tracking": {"mlflow_uri": "sqlite:///x.db"}})
+    with pytest.raises(UserInputError, match=r"tune.seed: 1 is not valid; tuning trials need a seed outside "
+                                             r"replicate.seeds \[0, 1\]"):
+        build_plan(study, tmp_path)
+
+
+def test_a_finished_tuning_trial_without_a_dev_score_replays_as_failed(plan, tmp_path):
+    """A degenerate trial (constant embeddings) completes without a finite dev value; Optuna refuses
+    such a COMPLETE trial, so the replay tells it FAIL instead of crashing resume, status and sync."""
+    journal = Journal(tmp_path / "j.jsonl")
+    state = StudyState(plan, journal)
+    record = state.next_trial()
+    state.on_result(record.key, {"epoch": 1, "dev_spearman": None, "degenerate": 1})
+    state.on_result(record.key, {"epoch": 3, "dev_spearman": float("nan"), "degenerate": 1})
+    state.on_finished(record.key, Outcome.COMPLETED)
+    replayed = StudyState(plan, Journal(tmp_path / "j.jsonl"))
+    assert replayed.studies[0].trials[0].state.name == "FAIL"
+    assert replayed.next_trial().key == "c1-t0"
+
+
+def test_a_torn_last_journal_line_does_not_swallow_the_next_event(plan, tmp_path):
+    path = tmp_path / "j.jsonl"
+    journal = Journal(path)
+    state = StudyState(plan, journal)
+    record = state.next_trial()
+    with open(path, "a", encoding="utf-8") as f:
+        f.write('{"event": "result", "key": "' + record.key + '", "metr')  # power cut mid-write
+    reopened = Journal(path)  # the next launch opens it
+    reopened.write("finished", key=record.key, outcome="failed", error="boom")
+    assert path.read_text().endswith("}\n") and path.read_text().count("\n") == 2
+    replayed = reopened.records()
+    assert replayed[record.key].outcome == Outcome.FAILED and replayed[record.key].results == []
+
+
+class FakeRay:
+    """What check_cluster reads of a cluster: its nodes and their resources."""
+
+    def __init__(self, *nodes: dict, dead: tuple[dict, ...] = ()):
+        self._nodes = [{"Alive": True, "Resources": r} for r in nodes] + [{"Alive": False, "Resources": r}
+                                                                           for r in dead]
+
+    def nodes(self):
+        return self._nodes
+
+
+@pytest.mark.parametrize(("resources", "message"), [
+    ({"cpu": 3}, "resources.cpu: 3.0 is not valid; no node has 3 CPUs (the largest of 2 has 2)"),
+    ({"cpu": 1, "gpu": 2}, "resources.gpu: 2.0 is not valid; no node has 2 GPUs (the largest has 1)"),
+])
+def test_a_trial_request_must_fit_the_largest_node_not_the_cluster_total(resources, message):
+    from orchestrator.config import parse_study
+    from orchestrator.launch import check_cluster
+    from trainables.errors import UserInputError
+
+    study = parse_study({"name": "s", "model": "m", "resources": resources})
+    cluster = FakeRay({"CPU": 2, "GPU": 1}, {"CPU": 2, "GPU": 1}, dead=({"CPU": 64, "GPU": 8},))
+    with pytest.raises(UserInputError, match=re.escape(message)):
+        check_cluster(cluster, study)
+    check_cluster(cluster, parse_study({"name": "s", "model": "m", "resources": {"cpu": 2, "gpu": 0.5}}))
+
+
+def test_status_needs_neither_the_data_folder_nor_the_model(tiny_bert, synthetic_data_dir, tmp_path, monkeypatch):
+    import json
+    import shutil
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+    from orchestrator.launch import JOURNAL, META, PLAN, STUDY_FILE
+    from orchestrator.plan import plan_record
+
+    model, data = tmp_path / "model", tmp_path / "data"
+    shutil.copytree(tiny_bert, model)
+    shutil.copytree(synthetic_data_dir, data)
+    raw = {"name": "s", "model": str(model), "ablate": {"layer": [1, 2]}, "replicate": {"seeds": [0]},
+           "data_dir": str(data), "train": {"epochs": 2}, "tracking": {"mlflow_uri": "sqlite:///x.db"}}
+    folder = tmp_path / "studies" / "s"
+    folder.mkdir(parents=True)
+    (folder / STUDY_FILE).write_text(yaml.safe_dump(raw))
+    (folder / META).write_text(json.dumps({"base_dir": str(tmp_path), "tracking_uri": "sqlite:///x.db"}))
+    plan = build_plan(parse_study(raw), tmp_path)
+    (folder / PLAN).write_text(json.dumps(plan_record(plan)))
+    state = StudyState(plan, Journal(folder / JOURNAL))
+    run(state, state.next_trial(), [40.0, 41.5])
+    shutil.rmtree(model)
+    shutil.rmtree(data)
+    monkeypatch.delenv("ORCHESTRATOR_DATA_DIR", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    result = CliRunner().invoke(app, ["status", "s", "--storage", str(tmp_path / "studies")])
+    assert result.exit_code == 0, result.output
+    assert "layer=1" in result.stdout and "41.5" in result.stdout and "layer=2" in result.stdout

@@ -1,0 +1,50 @@
+"""MLflow tracking without Ray: epochs are logged once per run and step, and each study folder has
+a parent run of its own."""
+
+from __future__ import annotations
+
+from mlflow.tracking import MlflowClient
+
+from orchestrator.journal import TrialRecord
+from orchestrator.tracking import StudyTracker
+
+
+def test_an_epoch_reported_again_is_logged_once_per_run_and_step(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    study = tmp_path / "study.yaml"
+    study.write_text("name: s\n")
+    tracker = StudyTracker(uri, "s", tmp_path / "artifacts")
+    tracker.start_parent(study, {}, "0", "uid-1")
+    record = TrialRecord("c0-s0", 0, "replicate", 0, {}, {"layer": 1})
+    run_id = tracker.start_trial(record, "layer=1", "ray1")
+    for epoch in (1, 2, 2):  # the trial was killed after reporting epoch 2 and retried from epoch 1's checkpoint
+        tracker.log_epoch("c0-s0", {"epoch": epoch, "dev_spearman": 50.0 + epoch})
+    driver = StudyTracker(uri, "s", tmp_path / "artifacts")  # the driver restarted: a resume
+    driver.start_parent(study, {}, "0", "uid-1")
+    driver.start_trial(record, "layer=1", "ray2")
+    for epoch in (2, 3):
+        driver.log_epoch("c0-s0", {"epoch": epoch, "dev_spearman": 50.0 + epoch})
+    history = MlflowClient(uri).get_metric_history(run_id, "dev_spearman")
+    assert sorted(m.step for m in history) == [1, 2, 3]
+
+
+def test_a_new_study_folder_of_the_same_name_gets_its_own_parent(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    study = tmp_path / "study.yaml"
+    study.write_text("name: s\n")
+    record = TrialRecord("c0-s0", 0, "replicate", 0, {}, {"layer": 1})
+    first = StudyTracker(uri, "s", tmp_path / "artifacts")
+    old_parent = first.start_parent(study, {}, "0", "uid-old")
+    old_run = first.start_trial(record, "layer=1", "ray1")
+    first.log_epoch("c0-s0", {"epoch": 1, "dev_spearman": 40.0})
+    again = StudyTracker(uri, "s", tmp_path / "artifacts")  # the journal was deleted: a fresh folder
+    new_parent = again.start_parent(study, {}, "0", "uid-new")
+    new_run = again.start_trial(record, "layer=1", "ray2")
+    again.log_epoch("c0-s0", {"epoch": 1, "dev_spearman": 60.0})
+    assert new_parent != old_parent and new_run != old_run
+    client = MlflowClient(uri)
+    assert [m.value for m in client.get_metric_history(old_run, "dev_spearman")] == [40.0]
+    assert [m.value for m in client.get_metric_history(new_run, "dev_spearman")] == [60.0]
+    resumed = StudyTracker(uri, "s", tmp_path / "artifacts")
+    assert resumed.start_parent(study, {}, "0", "uid-old") == old_parent  # a resume finds its own
+    assert resumed.children == {"c0-s0": old_run}
