@@ -300,10 +300,9 @@ def report(name: str, tracking_uri: str | None = typer.Option(None, help="MLflow
 
 def write_report(name: str, storage, tracking_uri: str | None = None, out: str | None = None,
                  formats: tuple[str, ...] = ("markdown", "latex", "csv")) -> None:
+    from orchestrator.launch import stored_study_uid, stored_tracking_uri, study_dir
     from reports.build import build_report
     from reports.collect import collect
-
-    from orchestrator.launch import stored_study_uid, stored_tracking_uri, study_dir
 
     has_folder = (study_dir(storage, name) / "launch.json").exists()
     if tracking_uri is None:

@@ -34,6 +34,8 @@ class TrialRecord:
     checkpoint: str | None = None
     outcome: Outcome | None = None
     error: str | None = None
+    cell_key: str | None = None  # the cell's values, so a resume after new axis values finds it again
+    superseded: bool = False  # a replicate of a config that more tuning has since replaced
 
     @property
     def finished(self) -> bool:
@@ -88,12 +90,17 @@ class Journal:
     def records(self) -> dict[str, TrialRecord]:
         """Replay: the latest state of every trial ever issued."""
         records: dict[str, TrialRecord] = {}
+        cells: list[str] | None = None  # the cell keys, by index, of the launch that wrote what follows
         for event in self.events():
             kind = event.pop("event")
-            if kind == "issued":
+            if kind == "cells":
+                cells = event["keys"]
+            elif kind == "issued":
                 previous = records.get(event["key"])
                 record = TrialRecord(**{k: event[k] for k in ("key", "cell", "phase", "seed", "tuned", "config")},
                                      number=event.get("number"))
+                record.cell_key = event.get("cell_key") or (cells[event["cell"]] if cells and
+                                                            event["cell"] < len(cells) else None)
                 if previous is not None and not previous.finished:  # re-issued after an interruption
                     record.results, record.checkpoint = previous.results, previous.checkpoint
                 records[event["key"]] = record
@@ -104,4 +111,6 @@ class Journal:
             elif kind == "finished" and event["key"] in records:
                 records[event["key"]].outcome = Outcome(event["outcome"])
                 records[event["key"]].error = event.get("error")
+            elif kind == "superseded" and event["key"] in records:
+                records[event["key"]].superseded = True
         return records

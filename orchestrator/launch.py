@@ -19,6 +19,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from orchestrator.config import StudyConfig, load_study
+from orchestrator.edits import check_edit
 from orchestrator.journal import Journal
 from orchestrator.plan import StudyPlan, build_plan, plan_from_record, plan_record
 from orchestrator.study_state import StudyState
@@ -109,22 +110,32 @@ def launch(study_file: str | Path, storage: str | Path | None = None, address: s
     meta = json.loads((folder / META).read_text()) if resume and (folder / META).exists() else {
         "base_dir": str(study_file.parent.resolve()), "study_uid": uuid.uuid4().hex}
     base_dir = Path(meta["base_dir"])
+    stored = load_study(folder / STUDY_FILE) if resume and (folder / STUDY_FILE).exists() else None
+    changed = check_edit(stored, study) if stored is not None else []
     plan = build_plan(study, base_dir, stage_root=folder / "stages")
     uri = meta.get("tracking_uri") or tracking_uri(study, base_dir)
     ray = connect_ray(address)
     check_cluster(ray, study)
 
     folder.mkdir(parents=True, exist_ok=True)
-    if not (folder / STUDY_FILE).exists():
+    journal = Journal(journal_path)
+    if changed:  # an extension: the journal learns which cells its earlier indices meant, then the new file
+        record_cells(journal, folder, stored, base_dir)
+        shutil.copyfile(study_file, folder / STUDY_FILE)
+    if not (folder / META).exists():
         shutil.copyfile(study_file, folder / STUDY_FILE)
         (folder / META).write_text(json.dumps({**meta, "tracking_uri": uri}, indent=1))
     (folder / PLAN).write_text(json.dumps(plan_record(plan), indent=1, default=str))
-    journal = Journal(journal_path)
+    journal.write("cells", keys=[c.key for c in plan.cells])
     state = StudyState(plan, journal)
     from orchestrator.tracking import ResilientTracker, StudyTracker, plan_summary
 
     tracker = StudyTracker(uri, study.name, folder / "mlartifacts")
     tracker.start_parent(folder / STUDY_FILE, plan_summary(plan), package_version(), meta.get("study_uid"))
+    if changed:
+        tracker.client.log_artifact(tracker.parent_id, str(folder / STUDY_FILE))
+        tracker.client.log_dict(tracker.parent_id, plan_summary(plan), "plan.json")
+        tracker.client.set_tag(tracker.parent_id, "orchestrator.extended", ",".join(changed)[:5000])
     resilient = ResilientTracker(tracker, lambda: state.records, {c.index: c.key for c in plan.cells})
     launches = len([p for p in (folder / "ray").glob("launch-*")]) if (folder / "ray").exists() else 0
     try:
@@ -212,6 +223,19 @@ def open_state(name: str, storage: str | Path | None = None) -> StudyState:
         meta = json.loads((folder / META).read_text())
         plan = build_plan(study, Path(meta["base_dir"]), stage_root=folder / "stages")
     return StudyState(plan, ReadOnlyJournal(folder / JOURNAL))
+
+
+def record_cells(journal: Journal, folder: Path, stored: StudyConfig, base_dir: Path) -> None:
+    """Before an extended plan renumbers the cells, make sure the journal says which cell each of
+    its earlier indices meant (folders from before such records: rebuilt from the stored study)."""
+    if any(event.get("event") == "cells" for event in journal.events()):
+        return
+    if (folder / PLAN).exists():
+        cells = json.loads((folder / PLAN).read_text())["cells"]
+        keys = [" ".join(f"{k}={v}" for k, v in values.items()) or "all" for values in cells]
+    else:
+        keys = [c.key for c in build_plan(stored, base_dir, stage_root=folder / "stages").cells]
+    journal.write("cells", keys=keys)
 
 
 def stored_study_uid(name: str, storage: str | Path | None = None) -> str | None:

@@ -52,7 +52,12 @@ class StudyState:
     def _replay(self) -> None:
         """Rebuild from the journal: finished tuning trials go back into their cell's study;
         unfinished trials are queued to run again (from their last checkpoint)."""
+        index = {cell.key: cell.index for cell in self.plan.cells}
         for key, record in self.journal.records().items():
+            if record.cell_key is not None:  # the plan may have gained cells since: find it by its values
+                if record.cell_key not in index:
+                    continue
+                record.cell = index[record.cell_key]
             self.records[key] = record
             if record.finished and record.phase == "tune":
                 self.studies[record.cell].add_trial(self._frozen(record))
@@ -106,12 +111,20 @@ class StudyState:
         sign = 1 if self.plan.mode == "max" else -1
         return max(done, key=lambda r: sign * self._value(r))
 
+    def replicates(self, cell: Cell) -> list[TrialRecord]:
+        """The cell's replicate runs that count: those of its current config (never superseded)."""
+        return [r for r in self._issued(cell, "replicate") if not r.superseded]
+
+    def _supersede_stale(self, cell: Cell, tuned: dict) -> None:
+        """More tuning trials (a study extended on resume) found a better config: replicates of the
+        old one no longer describe the cell; they stay in MLflow, tagged, and are run again."""
+        for record in self.replicates(cell):
+            if record.finished and record.tuned != tuned:
+                record.superseded = True
+                self.journal.write("superseded", key=record.key)
+
     def _next_replicate(self, cell: Cell) -> TrialRecord | None:
         if self.plan.study.tune and not self.tuning_done(cell):
-            return None
-        seeds_done = {r.seed for r in self._issued(cell, "replicate")}
-        pending = [s for s in self.plan.seeds if s not in seeds_done]
-        if not pending:
             return None
         tuned: dict = {}
         if self.plan.study.tune:
@@ -119,8 +132,16 @@ class StudyState:
             if best is None:  # every tuning trial failed or diverged: nothing to replicate
                 return None
             tuned = best.tuned
+            self._supersede_stale(cell, tuned)
+        seeds_done = {r.seed for r in self.replicates(cell)}
+        pending = [s for s in self.plan.seeds if s not in seeds_done]
+        if not pending:
+            return None
         seed = pending[0]
-        record = TrialRecord(key=f"c{cell.index}-s{seed}", cell=cell.index, phase="replicate", seed=seed,
+        key = f"c{cell.index}-s{seed}"
+        if key in self.records:  # a superseded replicate holds the plain key
+            key = f"{key}-r{sum(k.startswith(key) for k in self.records)}"
+        record = TrialRecord(key=key, cell=cell.index, phase="replicate", seed=seed,
                              tuned=tuned, config=self.plan.trial_config(cell, tuned, seed))
         self._issue(record)
         return record
@@ -144,9 +165,10 @@ class StudyState:
         return record
 
     def _issue(self, record: TrialRecord) -> None:
+        record.cell_key = self.plan.cells[record.cell].key
         self.records[record.key] = record
-        self.journal.write("issued", key=record.key, cell=record.cell, phase=record.phase, seed=record.seed,
-                           tuned=record.tuned, config=record.config, number=record.number)
+        self.journal.write("issued", key=record.key, cell=record.cell, cell_key=record.cell_key, phase=record.phase,
+                           seed=record.seed, tuned=record.tuned, config=record.config, number=record.number)
 
     # --- outcomes ----------------------------------------------------------------------------------
 
@@ -175,9 +197,11 @@ class StudyState:
         for cell in self.plan.cells:
             if self.plan.study.tune and not self.tuning_done(cell):
                 return False
-            if self.plan.study.tune and self.best_tuned(cell) is None:
+            best = self.best_tuned(cell) if self.plan.study.tune else None
+            if self.plan.study.tune and best is None:
                 continue
-            if {r.seed for r in self._issued(cell, "replicate")} != set(self.plan.seeds):
+            current = [r for r in self.replicates(cell) if best is None or r.tuned == best.tuned]
+            if {r.seed for r in current} != set(self.plan.seeds):
                 return False
         return True
 
@@ -218,7 +242,7 @@ class StudyState:
                 **{o.value: sum(r.outcome == o for r in records) for o in Outcome}}
 
     def best_per_cell(self) -> dict[str, float | None]:
-        return {cell.key: max((self._value(r) for r in self._issued(cell, "tune") + self._issued(cell, "replicate")
+        return {cell.key: max((self._value(r) for r in self._issued(cell, "tune") + self.replicates(cell)
                                if _finite(self._value(r))), default=None) for cell in self.plan.cells}
 
 

@@ -26,6 +26,7 @@ log = logging.getLogger("orchestrator.tracking")
 ROLE = "orchestrator.role"
 TRIAL_KEY = "orchestrator.trial_key"
 STUDY_UID = "orchestrator.study_uid"
+SUPERSEDED = "orchestrator.superseded"
 TERMINAL = {RunStatus.to_string(s) for s in (RunStatus.FINISHED, RunStatus.FAILED, RunStatus.KILLED)}
 STATUS_OF = {Outcome.COMPLETED: "FINISHED", Outcome.PRUNED: "FINISHED", Outcome.DIVERGED: "FAILED",
              Outcome.FAILED: "FAILED"}
@@ -232,9 +233,11 @@ class StudyTracker:
         finished are KILLED (a later resume sets them RUNNING again). Counts what it changed."""
         changed = {"closed": 0, "killed": 0}
         for run in self._runs(f"tags.`mlflow.parentRunId` = '{self.parent_id}'"):
+            record = records.get(run.data.tags.get(TRIAL_KEY, ""))
+            if record is not None and record.superseded and run.data.tags.get(SUPERSEDED) != "1":
+                self.client.set_tag(run.info.run_id, SUPERSEDED, "1")  # the report leaves it out
             if run.info.status in TERMINAL:
                 continue
-            record = records.get(run.data.tags.get(TRIAL_KEY, ""))
             if record is not None and record.finished:
                 self.client.set_tag(run.info.run_id, "outcome", record.outcome.value)
                 self.client.set_terminated(run.info.run_id, status=STATUS_OF[record.outcome])

@@ -80,6 +80,8 @@ def collect(tracking_uri: str, study: str, study_uid: str | None = None) -> Stud
         tags = run.data.tags
         if tags.get("orchestrator.role") == "stage":  # a shared stage (e.g. DAPT) is not a trial
             continue
+        if tags.get("orchestrator.superseded") == "1":  # a replicate of a config more tuning replaced
+            continue
         row = {"run_id": run.info.run_id, "trial_key": tags.get("orchestrator.trial_key"), "cell": tags.get("cell"),
                "phase": tags.get("phase"), "seed": _number(tags.get("seed")), "outcome": tags.get("outcome"),
                "status": run.info.status, "error": tags.get("error")}

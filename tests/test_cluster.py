@@ -163,7 +163,7 @@ def write_study(folder: Path, model: str, data_dir: Path, uri: str, **changes) -
              "data": {"max_train_samples": 400, "max_eval_samples": 80}, "data_dir": str(data_dir),
              "resources": {"cpu": 1}, "max_concurrent": 2,  # one CPU per node: two trials run on two nodes
              "max_failures": 2, "tracking": {"mlflow_uri": uri},
-             "report": {"baseline": {"layer": "last"}}}
+             "report": {"baseline": {"layer": 2}}}
     study.update(changes)
     path = folder / "study.yaml"
     path.write_text(yaml.safe_dump(study))

@@ -286,3 +286,41 @@ def test_a_diverging_cell_ends_as_diverged_and_the_report_says_so(tiny_bert, dat
     build_report(collect(f"sqlite:///{tmp_path / 'mlflow.db'}", "e2e"), tmp_path / "report")
     report = (tmp_path / "report" / "report.md").read_text()
     assert "diverged (loss became NaN)" in report
+
+
+def test_resume_after_an_edit_runs_only_the_new_work_and_refuses_what_would_invalidate_it(tiny_bert, data_dir,
+                                                                                          tmp_path):
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    common = {"tune": None, "train": {"epochs": 2, "batch_size": 16, "max_seq_length": 32},
+              "data": {"max_train_samples": 64, "max_eval_samples": 40}}
+    study = write_study(tmp_path, tiny_bert, data_dir, ablate={"layer": [1, 3]}, replicate={"seeds": [0]}, **common)
+    storage = tmp_path / "studies"
+    assert launch(study, storage=storage, progress=False).counts["completed"] == 2
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    _, before = runs_of(tmp_path)
+    layer_of = {c.info.run_id: c.data.params["layer"] for c in before}
+    assert not list((storage / "e2e").rglob("checkpoint_0*"))  # finished trials keep no checkpoint
+
+    write_study(tmp_path, tiny_bert, data_dir, ablate={"layer": [1, 2, 3]}, replicate={"seeds": [0, 1]}, **common)
+    result = launch(study, storage=storage, resume=True, progress=False)
+    assert result.finished and result.counts["completed"] == 6  # 2 old + 4 new: one new layer, one new seed
+    parents, after = runs_of(tmp_path)
+    assert len(parents) == 1 and len(after) == 6
+    for run in after:
+        if run.info.run_id in layer_of:  # the first launch's runs: untouched, still their own cells
+            assert run.data.params["layer"] == layer_of[run.info.run_id]
+            assert len(client.get_metric_history(run.info.run_id, "dev_spearman")) == 2
+    cells = sorted((c.data.tags["cell"], c.data.tags["seed"]) for c in after)
+    assert cells == [(f"layer={k}", s) for k in (1, 2, 3) for s in ("0", "1")]
+
+    write_study(tmp_path, tiny_bert, data_dir, ablate={"layer": [1, 2, 3]}, replicate={"seeds": [0, 1]},
+                **{**common, "train": {**common["train"], "epochs": 3}})
+    refused = CliRunner().invoke(app, ["launch", str(study), "--storage", str(storage), "--resume"])
+    assert refused.exit_code == 2
+    assert refused.stderr.strip() == ("error: train.epochs: 3 is not valid; the study was launched with 2; that "
+                                      "change would invalidate its finished work: restore it, or launch under a new "
+                                      "name")
+    assert len(runs_of(tmp_path)[1]) == 6

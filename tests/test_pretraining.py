@@ -138,7 +138,7 @@ def test_minilm_short_mlm_stage_then_finetune(data_dir, minilm_path, tmp_path):
     reports = []
     final = finetune.run({"model": "sentence-transformers/all-MiniLM-L6-v2", "task": "stsb", "layer": 3,
                           "epochs": 1, "max_train_samples": 200, "max_eval_samples": 200, "data_dir": str(data_dir),
-                          "pretrain": "mlm", "pretrain_corpus": "task", "pretrain_steps": 10,
+                          "pretrain": "mlm", "pretrain_corpus": "task", "pretrain_steps": 24,
                           "pretrain_batch_size": 16, "pretrain_max_seq_length": 64, "cache_dir": str(tmp_path)},
                          collect(reports))
     assert final["dapt_cache_hit"] == 0 and final["dapt_last_loss"] < final["dapt_first_loss"]

@@ -213,3 +213,30 @@ def test_a_baseline_on_the_column_axis_and_the_real_last_layer_validate(good, tm
         (tmp_path / "study.yaml").write_text(yaml.safe_dump({**good, "ablate": ablate, "report": report}))
         result = runner.invoke(app, ["validate", str(tmp_path / "study.yaml")])
         assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(("change", "extends"), [
+    ({"replicate": {"seeds": [0, 1, 2]}}, True),
+    ({"tune": {"params": {"lr": {"loguniform": [1e-4, 1e-3]}}, "trials": 4}}, True),
+    ({"ablate": {"layer": [1, 2, 3], "pooling": "mean"}}, True),
+    ({"report": {"formats": ["markdown"]}, "resources": {"cpu": 2}, "max_concurrent": 3}, True),
+    ({"model": "other/model"}, "model: 'other/model' is not valid; the study was launched with "),
+    ({"tune": {"params": {"lr": {"loguniform": [1e-5, 1e-3]}}, "trials": 2}},
+     "tune.params.lr.loguniform: [1e-05, 0.001] is not valid; the study was launched with [0.0001, 0.001]"),
+    ({"train": {"epochs": 3, "batch_size": 16}}, "train.epochs: 3 is not valid; the study was launched with 2"),
+    ({"replicate": {"seeds": [1]}}, "replicate.seeds: [1] is not valid; the study was launched with [0, 1]"),
+    ({"ablate": {"layer": [1], "pooling": "mean"}}, "ablate.layer: [1] is not valid; the study was launched with"),
+    ({"ablate": {"layer": [1, 3], "pooling": "mean", "loss": ["cosent"]}}, "ablate.loss: ['cosent'] is not valid"),
+])
+def test_an_edited_study_resumes_only_when_the_change_extends_it(good, change, extends):
+    from orchestrator.config import parse_study
+    from orchestrator.edits import check_edit
+    from trainables.errors import UserInputError
+
+    stored, edited = parse_study(good), parse_study({**good, **change})
+    if extends is True:
+        assert check_edit(stored, edited)
+    else:
+        with pytest.raises(UserInputError) as error:
+            check_edit(stored, edited)
+        assert str(error.value).startswith(extends) and "restore it, or launch under a new name" in str(error.value)

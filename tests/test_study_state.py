@@ -186,3 +186,28 @@ def test_status_needs_neither_the_data_folder_nor_the_model(tiny_bert, synthetic
     result = CliRunner().invoke(app, ["status", "s", "--storage", str(tmp_path / "studies")])
     assert result.exit_code == 0, result.output
     assert "layer=1" in result.stdout and "41.5" in result.stdout and "layer=2" in result.stdout
+
+
+def test_more_tuning_trials_that_find_a_better_config_rerun_its_replicates(tiny_bert, synthetic_data_dir, tmp_path):
+    raw = {"name": "s", "model": tiny_bert, "ablate": {"layer": [1]},
+           "tune": {"params": {"lr": {"loguniform": [1e-4, 1e-2]}}, "trials": 2, "startup_trials": 1},
+           "replicate": {"seeds": [5]}, "train": {"epochs": 2}, "data_dir": str(synthetic_data_dir),
+           "tracking": {"mlflow_uri": "sqlite:///x.db"}}
+    path = tmp_path / "j.jsonl"
+    state = StudyState(build_plan(parse_study(raw), tmp_path), Journal(path))
+    for value in (10, 20):
+        run(state, state.next_trial(), [value, value])
+    first = state.next_trial()
+    run(state, first, [30, 31])
+    assert state.next_trial() == FINISHED
+    extended = StudyState(build_plan(parse_study({**raw, "tune": {**raw["tune"], "trials": 3}}), tmp_path),
+                          Journal(path))
+    tuning = extended.next_trial()
+    assert tuning.key == "c0-t2" and extended.next_trial() is None
+    run(extended, tuning, [50, 60])  # a better config than the one the replicate ran with
+    again = extended.next_trial()
+    assert again.key == "c0-s5-r1" and again.tuned == tuning.tuned
+    assert extended.records["c0-s5"].superseded and not extended.is_complete()
+    run(extended, again, [40, 41])
+    assert extended.is_complete() and [r.key for r in extended.replicates(extended.plan.cells[0])] == ["c0-s5-r1"]
+    assert Journal(path).records()["c0-s5"].superseded  # the journal remembers it

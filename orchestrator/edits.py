@@ -1,0 +1,60 @@
+"""A study file edited between launches: which changes extend the study and which would invalidate
+finished work.
+
+Extensions resume and run only the new work: more seeds (`replicate.seeds` a superset), more tuning
+trials per cell (`tune.trials` larger), new values on an existing axis (`ablate.<axis>` a superset,
+old values kept), and settings that change no result (`report`, `resources`, `max_concurrent`,
+`max_failures`, `storage_path`). Anything else (a different model, task, lr range, epochs, a new or
+removed axis, ...) is refused, naming the key and both values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.config import StudyConfig
+from search_spaces.presets import expand_seeds
+from trainables.errors import UserInputError
+
+HARMLESS = ("report", "resources", "max_concurrent", "max_failures", "storage_path")
+
+
+def _flat(prefix: str, value: Any, out: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = value
+    return out
+
+
+def _as_list(value: Any) -> list:
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
+def _extends(key: str, old: Any, new: Any) -> bool:
+    if key == "replicate.seeds":
+        return set(expand_seeds(old)) <= set(expand_seeds(new))
+    if key == "tune.trials":
+        return isinstance(new, int) and new >= old
+    if key.startswith("ablate.") and key.count(".") == 1 and old is not None and new is not None:
+        old_values, new_values = _as_list(old), _as_list(new)
+        return all(v in new_values for v in old_values)
+    return key.split(".")[0] in HARMLESS
+
+
+def check_edit(stored: StudyConfig, edited: StudyConfig) -> list[str]:
+    """The keys that changed, when every change extends the study; a UserInputError naming the
+    first change that would invalidate finished work."""
+    before = _flat("", stored.model_dump(mode="json"), {})
+    after = _flat("", edited.model_dump(mode="json"), {})
+    changed = []
+    for key in sorted(set(before) | set(after)):
+        old, new = before.get(key), after.get(key)
+        if old == new:
+            continue
+        if not _extends(key, old, new):
+            raise UserInputError(key, new, f"the study was launched with {old!r}; that change would invalidate its "
+                                           "finished work: restore it, or launch under a new name")
+        changed.append(key)
+    return changed
