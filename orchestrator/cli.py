@@ -268,19 +268,44 @@ def doctor(address: str | None = ADDRESS, study: Annotated[str | None, typer.Opt
 
 @app.command()
 @user_errors
-def ui(name: str, storage: str | None = STORAGE, port: int = 5000, debug: bool = DEBUG) -> None:
-    """Start the MLflow UI for the study's tracking store on 127.0.0.1 and print its URL."""
+def ui(name: str, storage: str | None = STORAGE, port: int = 5000,
+       optuna: bool = typer.Option(False, "--optuna", help="optuna-dashboard of the cells' tuning instead."),
+       debug: bool = DEBUG) -> None:
+    """Start the MLflow UI (or optuna-dashboard) for the study on 127.0.0.1 and print its URL."""
     import subprocess
 
-    from orchestrator.launch import stored_tracking_uri
+    from orchestrator.launch import OPTUNA_LOG, stored_tracking_uri, study_dir
+
+    if optuna:
+        log = study_dir(storage, name) / OPTUNA_LOG
+        if not log.exists():
+            raise UserInputError("NAME", name, f"no {log}: the study tunes nothing, or was launched before Optuna "
+                                               "studies were kept; `orchestrator resume` writes it")
+        import shutil as _shutil
+
+        if _shutil.which("optuna-dashboard") is None:
+            raise UserInputError("--optuna", True, "install it: pip install optuna-dashboard")
+        typer.echo(f"optuna-dashboard for {name}: http://127.0.0.1:{port}  (one Optuna study per cell; "
+                   "Ctrl-C stops it)")
+        subprocess.run(["optuna-dashboard", "--host", "127.0.0.1", "--port", str(port), str(log)], check=False)
+        return
 
     uri = stored_tracking_uri(name, storage)
+    experiment = runs_path(uri, name)
     if not uri.startswith("sqlite"):
-        typer.echo(f"the study is tracked on {uri}: open it there")
+        typer.echo(f"the study is tracked on {uri}: open {uri.rstrip('/')}/{experiment}")
         return
-    typer.echo(f"MLflow UI for {name}: http://127.0.0.1:{port}  (Ctrl-C stops it)")
+    typer.echo(f"MLflow UI for {name}: http://127.0.0.1:{port}/{experiment}  (Ctrl-C stops it)")
     subprocess.run([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
                     "--port", str(port)], check=False)
+
+
+def runs_path(uri: str, name: str) -> str:
+    """The UI path of the study's runs table (`#/experiments/<id>/runs`)."""
+    from mlflow.tracking import MlflowClient
+
+    experiment = MlflowClient(tracking_uri=uri).get_experiment_by_name(name)
+    return f"#/experiments/{experiment.experiment_id}/runs" if experiment is not None else ""
 
 
 @app.command()

@@ -28,6 +28,7 @@ from trainables.errors import UserInputError
 STUDY_FILE = "study.yaml"
 META = "launch.json"
 PLAN = "plan.json"  # the resolved plan of the latest launch: status and report need no data or model
+OPTUNA_LOG = "optuna.log"  # every cell's Optuna study, for `orchestrator ui NAME --optuna`
 JOURNAL = "journal.jsonl"
 DEFAULT_STORAGE = "studies"
 
@@ -66,6 +67,8 @@ def connect_ray(address: str | None):
     target = address or os.environ.get("RAY_ADDRESS") or "local"
     if ray.is_initialized():
         return ray
+    if target == "local":  # Ray's advice about its own default token auth is not the user's business here
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     try:
         ray.init(address=target, include_dashboard=False, log_to_driver=False, configure_logging=False)
     except (ConnectionError, ValueError, RuntimeError) as exc:
@@ -127,7 +130,7 @@ def launch(study_file: str | Path, storage: str | Path | None = None, address: s
         (folder / META).write_text(json.dumps({**meta, "tracking_uri": uri}, indent=1))
     (folder / PLAN).write_text(json.dumps(plan_record(plan), indent=1, default=str))
     journal.write("cells", keys=[c.key for c in plan.cells])
-    state = StudyState(plan, journal)
+    state = StudyState(plan, journal, folder / OPTUNA_LOG)
     from orchestrator.tracking import ResilientTracker, StudyTracker, plan_summary
 
     tracker = StudyTracker(uri, study.name, folder / "mlartifacts")

@@ -10,6 +10,7 @@ Pure Python: no Ray import, so it is tested directly.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import optuna
 from optuna.distributions import BaseDistribution
@@ -24,8 +25,17 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 class StudyState:
-    def __init__(self, plan: StudyPlan, journal: Journal):
+    def __init__(self, plan: StudyPlan, journal: Journal, optuna_log: Path | None = None):
+        """`optuna_log`: an Optuna journal file the cells' studies are mirrored into (rewritten from
+        the study's journal at each launch), for optuna-dashboard."""
         self.plan, self.journal = plan, journal
+        self.storage = None
+        if optuna_log is not None and plan.study.tune:
+            from optuna.storages import JournalStorage
+            from optuna.storages.journal import JournalFileBackend
+
+            optuna_log.unlink(missing_ok=True)
+            self.storage = JournalStorage(JournalFileBackend(str(optuna_log)))
         self.space: dict[str, BaseDistribution] = optuna_space(plan.tuned)
         self.studies = {cell.index: self._new_study(cell) for cell in plan.cells} if plan.study.tune else {}
         self.records: dict[str, TrialRecord] = {}
@@ -47,7 +57,8 @@ class StudyState:
         pruner = (optuna.pruners.SuccessiveHalvingPruner(min_resource=tune.grace_epochs,
                                                          reduction_factor=tune.reduction_factor)
                   if tune.scheduler == "asha" else optuna.pruners.NopPruner())
-        return optuna.create_study(direction=direction, sampler=sampler, pruner=pruner)
+        return optuna.create_study(direction=direction, sampler=sampler, pruner=pruner, storage=self.storage,
+                                   study_name=f"{self.plan.study.name} {cell.key}")
 
     def _replay(self) -> None:
         """Rebuild from the journal: finished tuning trials go back into their cell's study;

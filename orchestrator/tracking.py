@@ -27,6 +27,7 @@ ROLE = "orchestrator.role"
 TRIAL_KEY = "orchestrator.trial_key"
 STUDY_UID = "orchestrator.study_uid"
 SUPERSEDED = "orchestrator.superseded"
+EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 TERMINAL = {RunStatus.to_string(s) for s in (RunStatus.FINISHED, RunStatus.FAILED, RunStatus.KILLED)}
 STATUS_OF = {Outcome.COMPLETED: "FINISHED", Outcome.PRUNED: "FINISHED", Outcome.DIVERGED: "FAILED",
              Outcome.FAILED: "FAILED"}
@@ -62,6 +63,9 @@ class StudyTracker:
             self.experiment_id = self.client.create_experiment(study_name, artifact_location=location)
         else:
             self.experiment_id = experiment.experiment_id
+        if experiment is None or experiment.tags.get(EXPERIMENT_KIND) != MODEL_TRAINING:
+            # MLflow 3 opens an untyped experiment on its GenAI traces page; this one is model training
+            self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
         self.parent_id: str | None = None
         self.children: dict[str, str] = {}
         self.logged: dict[str, set[int]] = {}  # run id -> epochs already in MLflow

@@ -5,6 +5,7 @@ faults injected while a study runs. Each test launches through the CLI, as a use
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -228,8 +229,12 @@ def test_a_study_on_two_nodes_tracked_by_a_server_reports_like_a_local_one(clust
         path = client.download_artifacts(run.info.run_id, "test_predictions.csv", str(tmp_path / run.info.run_id))
         assert len(pd.read_csv(path)) == 80
     assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} >= {"study.yaml", "plan.json"}
-    checkpoints = list((tmp_path / "shared" / "cluster" / "ray").rglob("trainer_state.json"))
-    assert len(checkpoints) >= 4  # checkpoints live in the shared storage
+    events = [json.loads(line) for line in (tmp_path / "shared" / "cluster" / "journal.jsonl").read_text().splitlines()]
+    written = {e["path"] for e in events if e["event"] == "checkpoint"}
+    removed = {e["path"] for e in events if e["event"] == "checkpoint_removed"}
+    shared = str(tmp_path / "shared" / "cluster" / "ray")
+    assert len(removed) == 4 and removed <= written and all(p.startswith(shared) for p in written)
+    assert not list(Path(shared).rglob("trainer_state.json"))  # the shared storage keeps no finished checkpoint
 
     local_dir = tmp_path / "local"
     local_dir.mkdir()

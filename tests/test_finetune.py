@@ -4,7 +4,6 @@ import shutil
 
 import pandas as pd
 import pytest
-import torch
 from scipy.stats import spearmanr
 
 from trainables.contract import collect

@@ -183,7 +183,8 @@ def test_a_layer_above_the_models_depth_is_refused_before_launch_wherever_it_is_
     result = runner.invoke(app, ["validate", str(tmp_path / "study.yaml")])
     assert result.exit_code == 2, result.output
     line = result.stderr.strip()
-    assert line.startswith(f"error: {key}: {value} is not valid; ") and line.endswith("has 3 layers: use numbers in 0..3")
+    assert line.startswith(f"error: {key}: {value} is not valid; ")
+    assert line.endswith("has 3 layers: use numbers in 0..3")
     assert "\n" not in line and sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]
 
 

@@ -211,3 +211,24 @@ def test_more_tuning_trials_that_find_a_better_config_rerun_its_replicates(tiny_
     run(extended, again, [40, 41])
     assert extended.is_complete() and [r.key for r in extended.replicates(extended.plan.cells[0])] == ["c0-s5-r1"]
     assert Journal(path).records()["c0-s5"].superseded  # the journal remembers it
+
+
+def test_each_cells_optuna_study_is_kept_for_optuna_dashboard(plan, tmp_path):
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    log = tmp_path / "optuna.log"
+    state = StudyState(plan, Journal(tmp_path / "j.jsonl"), log)
+    first, second = state.next_trial(), state.next_trial()
+    run(state, first, [10, 20, 30])
+    run(state, second, [5], Outcome.COMPLETED)  # stopped early: pruned
+    storage = JournalStorage(JournalFileBackend(str(log)))
+    names = sorted(s.study_name for s in storage.get_all_studies())
+    assert names == ["s layer=1", "s layer=2"]
+    trial = optuna.load_study(study_name="s layer=1", storage=storage).trials[0]
+    assert trial.state.name == "COMPLETE" and trial.value == 30 and trial.intermediate_values == {1: 10, 2: 20, 3: 30}
+    assert optuna.load_study(study_name="s layer=2", storage=storage).trials[0].state.name == "PRUNED"
+    StudyState(plan, Journal(tmp_path / "j.jsonl"), log)  # the next launch rewrites it from the journal
+    again = optuna.load_study(study_name="s layer=1", storage=JournalStorage(JournalFileBackend(str(log))))
+    assert [t.value for t in again.trials] == [30]

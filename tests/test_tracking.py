@@ -48,3 +48,13 @@ def test_a_new_study_folder_of_the_same_name_gets_its_own_parent(tmp_path):
     resumed = StudyTracker(uri, "s", tmp_path / "artifacts")
     assert resumed.start_parent(study, {}, "0", "uid-old") == old_parent  # a resume finds its own
     assert resumed.children == {"c0-s0": old_run}
+
+
+def test_the_study_experiment_is_tagged_as_model_training(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    older = client.create_experiment("older")  # an experiment from before the tag
+    StudyTracker(uri, "fresh", tmp_path / "artifacts")
+    StudyTracker(uri, "older", tmp_path / "artifacts")
+    for experiment in (client.get_experiment_by_name("fresh"), client.get_experiment(older)):
+        assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
