@@ -80,6 +80,9 @@ class StudyConfig(Section):
     data_dir: str | None = None
     max_failures: int = Field(2, ge=0, description="retries of a failed trial from its last checkpoint")
     max_concurrent: int | None = Field(None, ge=1)
+    save: Literal["none", "best_per_cell", "all_replicates"] = Field(
+        "none", description="models kept in sentence-transformers format (studies/NAME/models, MLflow artifacts): "
+                            "none, the best-dev replicate of each cell, or every replicate")
 
 
 def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:

@@ -29,6 +29,7 @@ STUDY_FILE = "study.yaml"
 META = "launch.json"
 PLAN = "plan.json"  # the resolved plan of the latest launch: status and report need no data or model
 OPTUNA_LOG = "optuna.log"  # every cell's Optuna study, for `orchestrator ui NAME --optuna`
+MODELS = "models"  # save: the kept models, one folder per cell and seed
 JOURNAL = "journal.jsonl"
 DEFAULT_STORAGE = "studies"
 
@@ -194,7 +195,8 @@ def run_tuner(plan: StudyPlan, state: StudyState, tracker, storage: Path, name: 
             name=name, storage_path=str(storage), verbose=0,
             failure_config=tune.FailureConfig(max_failures=study.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            callbacks=[TrackingCallback(state, tracker)] + ([ProgressCallback(state)] if progress else []),
+            callbacks=[TrackingCallback(state, tracker, str(storage.parent / MODELS) if study.save != "none" else None)]
+            + ([ProgressCallback(state)] if progress else []),
         ),
     )
     tuner.fit()

@@ -28,7 +28,7 @@ from trainables.models import encoder_depth, load_config
 
 # keys the orchestrator sets itself; a study may not put them in train/ablate/tune
 MANAGED = {"seed", "model", "task", "data_dir", "num_threads", "device", "max_train_samples", "max_eval_samples",
-           "score_test", "cache_dir"}
+           "score_test", "cache_dir", "export_model"}
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,8 @@ class StudyPlan:
             config["seed"] = seed
         if "score_test" in fields:
             config["score_test"] = phase != "tune"
+        if "export_model" in fields:
+            config["export_model"] = phase == "replicate" and self.study.save != "none"
         return config
 
 
@@ -224,6 +226,8 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
                 raise UserInputError(key, raw, f"{name} is also ablated; an axis is either ablated or tuned")
             tuned[name] = expand_tuned_preset(name, raw) or parse_tuned(key, raw)
     seeds = expand_seeds(study.replicate.seeds)
+    if study.save != "none" and not kind.exports_models:
+        raise UserInputError("save", study.save, f"{study.trainable} has no sentence encoder to save: use save: none")
     if study.tune is not None and study.tune.seed in seeds:
         raise UserInputError("tune.seed", study.tune.seed,
                              f"tuning trials need a seed outside replicate.seeds {list(seeds)}, so that no replicate "

@@ -179,6 +179,10 @@ class StudyTracker:
         if key in self.children:
             self.client.log_artifact(self.children[key], path)
 
+    def log_artifacts(self, key: str, folder: str, artifact_path: str) -> None:
+        if key in self.children:
+            self.client.log_artifacts(self.children[key], folder, artifact_path)
+
     def finish_trial(self, record: TrialRecord) -> None:
         run_id = self.children.get(record.key)
         if run_id is None or record.outcome is None:
@@ -260,7 +264,8 @@ class ResilientTracker:
     until a probe every `retry_s` seconds finds the server again, and then `sync` replays what
     the outage missed from the journal before the next write."""
 
-    WRITES = ("start_trial", "log_epoch", "set_tag", "set_node", "link_stage", "log_artifact", "finish_trial")
+    WRITES = ("start_trial", "log_epoch", "set_tag", "set_node", "link_stage", "log_artifact", "log_artifacts",
+              "finish_trial")
 
     def __init__(self, tracker: StudyTracker, records: Callable[[], dict[str, TrialRecord]],
                  cell_keys: dict[int, str], retry_s: float = 5.0):

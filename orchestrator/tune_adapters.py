@@ -14,7 +14,7 @@ from ray.tune.search import Searcher
 
 from orchestrator.journal import Outcome
 from orchestrator.study_state import FINISHED, StudyState
-from trainables.checkpoints import ARTIFACTS
+from trainables.checkpoints import ARTIFACTS, MODEL_DIR
 
 RAY_RESULT_KEYS = {"timestamp", "checkpoint_dir_name", "done", "training_iteration", "trial_id", "date",
                    "time_this_iter_s", "time_total_s", "pid", "hostname", "node_ip", "config", "time_since_restore",
@@ -114,8 +114,8 @@ def error_summary(trial) -> str:
 class TrackingCallback(Callback):
     """Mirrors trials into MLflow from the driver: start, each epoch, checkpoint, outcome."""
 
-    def __init__(self, state: StudyState, tracker):
-        self.state, self.tracker = state, tracker
+    def __init__(self, state: StudyState, tracker, models_dir: str | None = None):
+        self.state, self.tracker, self.models_dir = state, tracker, models_dir
         self.retries: dict[str, int] = {}
 
     def __getstate__(self) -> dict:
@@ -159,6 +159,10 @@ class TrackingCallback(Callback):
             if os.path.exists(os.path.join(record.checkpoint, name)):
                 self.tracker.log_artifact(record.key, os.path.join(record.checkpoint, name))
         self.tracker.finish_trial(record)
+        if self.models_dir and record.checkpoint and os.path.isdir(os.path.join(record.checkpoint, MODEL_DIR)):
+            from orchestrator.models import keep_model
+
+            keep_model(self.state, self.tracker, record, self.models_dir)
         if getattr(self.tracker, "offline_since", None) is None:  # results safe in the journal and MLflow
             from orchestrator.launch import remove_checkpoint
 

@@ -31,7 +31,8 @@ def summarize(runs: StudyRuns, metric: str | None = None) -> pd.DataFrame:
                     "std": values.std(ddof=1) if values.size > 1 else math.nan,
                     "dev": done[dev].mean() if dev in done and len(done) else math.nan,
                     "params": done["params"].mean() if "params" in done and len(done) else math.nan,
-                    "seeds": sorted(int(s) for s in done.seed), "run_ids": list(done.run_id)})
+                    "seeds": sorted(int(s) for s in done.seed), "run_ids": list(done.run_id),
+                    "models": sorted(p for p in done.get("model_path", pd.Series(dtype=str)).dropna())})
         if "test_pearson" in done and metric == "test_spearman":
             row["pearson_mean"] = done["test_pearson"].mean() if len(done) else math.nan
             row["pearson_std"] = done["test_pearson"].std(ddof=1) if len(done) > 1 else math.nan
@@ -40,7 +41,7 @@ def summarize(runs: StudyRuns, metric: str | None = None) -> pd.DataFrame:
     planned = _cells_without_replicates(runs, {r["cell"] for r in rows})
     for cell, values, reason in planned:
         rows.append({**values, "cell": cell, "n": 0, "mean": math.nan, "std": math.nan, "dev": math.nan,
-                     "params": math.nan, "seeds": [], "run_ids": [], "missing": reason})
+                     "params": math.nan, "seeds": [], "run_ids": [], "models": [], "missing": reason})
     return pd.DataFrame(rows)
 
 

@@ -194,7 +194,9 @@ def build_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] = FORMATS)
     runs.runs.to_csv(out / "runs.csv", index=False)  # always: every table is recomputed from it
     written.append(out / "runs.csv")
     if not summary.empty:
-        summary.drop(columns=["run_ids"]).to_csv(out / "cells.csv", index=False)
+        traced = summary.assign(run_ids=summary.run_ids.map(";".join),
+                                models=summary.get("models", pd.Series([[]] * len(summary))).map(";".join))
+        traced.to_csv(out / "cells.csv", index=False)
         written.append(out / "cells.csv")
     if not stats.empty:
         stats.to_csv(out / "stats.csv", index=False)

@@ -84,7 +84,8 @@ def collect(tracking_uri: str, study: str, study_uid: str | None = None) -> Stud
             continue
         row = {"run_id": run.info.run_id, "trial_key": tags.get("orchestrator.trial_key"), "cell": tags.get("cell"),
                "phase": tags.get("phase"), "seed": _number(tags.get("seed")), "outcome": tags.get("outcome"),
-               "status": run.info.status, "error": tags.get("error")}
+               "status": run.info.status, "error": tags.get("error"),
+               "model_path": tags.get("orchestrator.model_path")}
         row.update({axis: _number(tags.get(f"ablate.{axis}", run.data.params.get(axis))) for axis in axes})
         row["lr"] = _number(run.data.params.get("lr"))
         row.update(run.data.metrics)

@@ -6,8 +6,10 @@ tests runs, validates and launches end to end."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from trainables.contract import collect
@@ -171,3 +173,28 @@ def test_constant_embeddings_are_degenerate_rounds_never_selected_and_never_not_
                          "error": [None, None]})
     assert _why_missing(runs).startswith("degenerate")
     assert _why_missing(runs.assign(outcome=["running", "running"])) == "not finished"
+
+
+@pytest.mark.parametrize("case", ["finetune", "contrastive", "distill"])
+def test_a_saved_model_loads_in_sentence_transformers_and_scores_the_runs_test(configs, case, synthetic_data_dir,
+                                                                                 tmp_path):
+    import pandas as pd
+    from scipy.stats import spearmanr
+    from sentence_transformers import SentenceTransformer
+
+    name, config = configs[case]
+    if case == "finetune":
+        config = {**config, "projection_dim": 16, "pooling": "max"}
+    saved = {}
+
+    def keep(metrics, checkpoint_dir=None):
+        if (Path(checkpoint_dir) / "model").exists():
+            saved["model"] = shutil.copytree(Path(checkpoint_dir) / "model", tmp_path / "model")
+
+    final = kind_of(name).run({**config, "export_model": True}, keep)
+    model = SentenceTransformer(str(saved["model"]), device="cpu")
+    lines = [line.split("\t") for line in (synthetic_data_dir / "stsb" / "sts-test.csv").read_text().splitlines()]
+    test = pd.DataFrame({"score": [float(r[4]) for r in lines], "a": [r[5] for r in lines], "b": [r[6] for r in lines]})
+    a, b = model.encode(list(test.a), convert_to_tensor=True), model.encode(list(test.b), convert_to_tensor=True)
+    cosines = torch.nn.functional.cosine_similarity(a, b).numpy()
+    assert 100 * spearmanr(cosines, test.score).statistic == pytest.approx(final["test_spearman"], abs=0.05)

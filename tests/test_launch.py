@@ -324,3 +324,31 @@ def test_resume_after_an_edit_runs_only_the_new_work_and_refuses_what_would_inva
                                       "change would invalidate its finished work: restore it, or launch under a new "
                                       "name")
     assert len(runs_of(tmp_path)[1]) == 6
+
+
+def test_save_best_per_cell_keeps_one_loadable_model_per_cell(tiny_bert, data_dir, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    study = write_study(tmp_path, tiny_bert, data_dir, tune=None, ablate={"layer": [1, 2]}, replicate={"seeds": [0, 1]},
+                        train={"epochs": 1, "batch_size": 16, "max_seq_length": 32},
+                        data={"max_train_samples": 64, "max_eval_samples": 40}, save="best_per_cell")
+    result = launch(study, storage=tmp_path / "studies", progress=False)
+    assert result.finished and result.counts["completed"] == 4
+    _, children = runs_of(tmp_path)
+    kept = [c for c in children if "orchestrator.model_path" in c.data.tags]
+    assert sorted(c.data.tags["cell"] for c in kept) == ["layer=1", "layer=2"]
+    for run in kept:  # the best dev replicate of its cell, never chosen on test
+        cell = [c for c in children if c.data.tags["cell"] == run.data.tags["cell"]]
+        assert run.data.metrics["best_dev_spearman"] == max(c.data.metrics["best_dev_spearman"] for c in cell)
+        path = Path(run.data.tags["orchestrator.model_path"])
+        assert path.is_dir() and len(list(path.parent.iterdir())) == 1  # the other seed's model was dropped
+        model = SentenceTransformer(str(path), device="cpu")
+        assert model.encode(["a man plays a guitar"]).shape == (1, 32)
+        client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+        assert "model/modules.json" in {a.path for a in client.list_artifacts(run.info.run_id, "model")}
+    from reports.build import build_report
+    from reports.collect import collect
+
+    build_report(collect(f"sqlite:///{tmp_path / 'mlflow.db'}", "e2e"), tmp_path / "report")
+    cells = pd.read_csv(tmp_path / "report" / "cells.csv")
+    assert sorted(cells.models) == sorted(c.data.tags["orchestrator.model_path"] for c in kept)

@@ -16,6 +16,7 @@ OPTIMIZER = "optimizer.safetensors"
 STATE = "trainer_state.json"
 PREDICTIONS = "test_predictions.csv"  # written with the last checkpoint of a run that scores test
 PSEUDO_LABELS = "pseudo_labels.csv"  # distill: every cycle's labels, in every checkpoint
+MODEL_DIR = "model"  # the run's model in sentence-transformers format, written when `save:` asks for it
 ARTIFACTS = (PREDICTIONS, PSEUDO_LABELS)  # files of a trial's last checkpoint that are logged to MLflow
 
 Optimizers = list[tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]]

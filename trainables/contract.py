@@ -32,6 +32,8 @@ class TrainingConfig(TrialConfig):
     granted CPUs, the data folder, the study's caps, test scoring off for tuning trials)."""
 
     score_test: bool = Field(True, description="score test at the end (tuning trials do not)")
+    export_model: bool = Field(False, description="save the best-dev model in sentence-transformers format beside "
+                                                  "the last checkpoint (`model/`); the orchestrator sets it")
     test_every_round: bool = Field(False, description="diagnostic: also score test after every round "
                                                       "(<round><n>_test_*); never used for selection")
     seed: int = 0

@@ -22,10 +22,11 @@ from pathlib import Path
 import torch
 
 from trainables.bi_encoder import write_predictions
-from trainables.checkpoints import PREDICTIONS, load_checkpoint, save_checkpoint
+from trainables.checkpoints import MODEL_DIR, PREDICTIONS, load_checkpoint, save_checkpoint
 from trainables.contract import Report
 from trainables.errors import TrainingDivergedError
 from trainables.kinds.base import Learner, TrainingKind
+from trainables.models import save_sentence_transformer
 from trainables.runtime import prepare, seed_everything
 
 
@@ -108,6 +109,11 @@ def train(kind: TrainingKind, cfg, report: Report, checkpoint_dir: str | None = 
             learner.save_extra(Path(folder))
             if round_ == rounds and cfg.score_test:
                 metrics.update(score_test(learner, best, state, Path(folder)))
+            if round_ == rounds and cfg.export_model:  # the model the run scored: best-dev weights
+                if best is not None:
+                    load_weights(learner, best)
+                encoder, tokenizer, length = learner.sentence_model()
+                save_sentence_transformer(encoder, tokenizer, Path(folder) / MODEL_DIR, length)
             report(metrics, checkpoint_dir=folder)
     if best is not None:
         load_weights(learner, best)

@@ -154,3 +154,29 @@ def build_sentence_encoder(name: str, layer: int | None = None, pooling: str = "
     if layer is not None:
         truncate_encoder(encoder, layer)
     return SentenceEncoder(encoder, pooling, projection_dim)
+
+
+ST_POOLING = {"mean": "mean", "cls": "cls", "max": "max", "mean_sqrt_len": "mean_sqrt_len_tokens"}
+
+
+def save_sentence_transformer(encoder: SentenceEncoder, tokenizer, folder: str | Path, max_seq_length: int) -> Path:
+    """`encoder` (truncated, pooled, projected) as a sentence-transformers model folder: a user
+    loads it with `SentenceTransformer(folder)` and gets the same vectors the trial scored."""
+    import tempfile
+
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense, Pooling, Transformer
+
+    folder = Path(folder)
+    with tempfile.TemporaryDirectory(prefix="encoder-") as raw:
+        encoder.encoder.save_pretrained(raw, safe_serialization=True)
+        tokenizer.save_pretrained(raw)
+        modules = [Transformer(raw, max_seq_length=max_seq_length),
+                   Pooling(encoder.encoder.config.hidden_size, pooling_mode=ST_POOLING[encoder.pooling])]
+        if encoder.projection is not None:
+            linear = encoder.projection[0]
+            modules.append(Dense(linear.in_features, linear.out_features, activation_function=nn.Tanh(),
+                                 init_weight=linear.weight.detach().cpu().clone(),
+                                 init_bias=linear.bias.detach().cpu().clone()))
+        SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+    return folder

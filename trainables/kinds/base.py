@@ -28,6 +28,7 @@ class TrainableKind(ABC):
     """One kind of trial: `Config` is its schema; `run(config, report, checkpoint_dir)` runs it."""
 
     Config: ClassVar[type[TrialConfig]]
+    exports_models: ClassVar[bool] = False  # its learner has a sentence encoder that `save:` can keep
     round_name: ClassVar[str] = "epoch"  # what one report covers: an epoch, a cycle, an evaluation round
     round_table: ClassVar[bool] = False  # the last report also carries every round's dev as <round><n>_*
 
@@ -115,6 +116,11 @@ class Learner(ABC):
     def export_encoder(self, folder: Path) -> None:
         """Save the trained encoder (best-dev weights) and tokenizer as a model folder."""
         raise NotImplementedError(f"{type(self).__name__} exports no encoder")
+
+    def sentence_model(self) -> tuple[Any, Any, int]:
+        """(SentenceEncoder, tokenizer, evaluation length) of the model the run scores, for
+        `save:`; kinds without a sentence encoder (cross-encoders) have none."""
+        raise NotImplementedError(f"{type(self).__name__} has no sentence encoder to save")
 
     def test_extras(self) -> dict[str, float]:
         """More test metrics scored once with the best-dev weights (e.g. the STS suite)."""

@@ -156,6 +156,9 @@ class ContrastiveLearner(Learner):
         frames = load_suite("sts", self.cfg.data_dir, self.cfg.max_eval_samples)
         return suite_metrics(score_suite(self.embed, frames))
 
+    def sentence_model(self):
+        return self.model.sentence_encoder, self.tokens.tokenizer, self.eval_tokens.max_length
+
     def export_encoder(self, folder) -> None:
         self.model.sentence_encoder.encoder.save_pretrained(folder, safe_serialization=True)
         self.tokens.tokenizer.save_pretrained(folder)
@@ -163,6 +166,7 @@ class ContrastiveLearner(Learner):
 
 class ContrastiveKind(TrainingKind):
     Config = ContrastiveConfig
+    exports_models = True
     round_name = "round"
 
     def build(self, cfg, device, dtype) -> Learner:

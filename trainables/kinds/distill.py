@@ -265,6 +265,9 @@ class DistillLearner(Learner):
     def load_extra(self, folder: Path) -> None:
         self.history = pd.read_csv(folder / PSEUDO_LABELS)
 
+    def sentence_model(self):
+        return self.sides[0].bi, self.sides[0].bi_tokens.tokenizer, self.cfg.bi_max_seq_length
+
     def export_encoder(self, folder) -> None:
         self.sides[0].bi.encoder.save_pretrained(folder, safe_serialization=True)
         self.sides[0].bi_tokens.tokenizer.save_pretrained(folder)
@@ -272,6 +275,7 @@ class DistillLearner(Learner):
 
 class DistillKind(TrainingKind):
     Config = DistillConfig
+    exports_models = True
     round_name = "cycle"
     round_table = True
 

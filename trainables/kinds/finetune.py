@@ -99,6 +99,9 @@ class FinetuneLearner(Learner):
         metrics = self.evaluator.evaluate(self.embed, split)
         return metrics, self.evaluator.last_scores[split]
 
+    def sentence_model(self):
+        return self.model, self.tokens.tokenizer, self.cfg.max_seq_length
+
     def export_encoder(self, folder) -> None:
         self.model.encoder.save_pretrained(folder, safe_serialization=True)
         self.tokens.tokenizer.save_pretrained(folder)
@@ -106,6 +109,7 @@ class FinetuneLearner(Learner):
 
 class FinetuneKind(TrainingKind):
     Config = FinetuneConfig
+    exports_models = True
 
     def build(self, cfg, device, dtype) -> Learner:
         return FinetuneLearner(cfg, device, dtype)
