@@ -323,6 +323,29 @@ def report(name: str, tracking_uri: str | None = typer.Option(None, help="MLflow
     write_report(name, storage, tracking_uri, out, tuple(names[f] for f in chosen))
 
 
+@app.command()
+@user_errors
+def verify(folder: str, tracking_uri: str | None = typer.Option(None, help="MLflow store (default: the report's)."),
+           debug: bool = DEBUG) -> None:
+    """Recompute every number of a written report from MLflow; exit 1 naming each cell that differs."""
+    import pandas as pd
+
+    from reports.build import PROVENANCE
+    from reports.verify import verify as verify_report
+
+    path = Path(folder)
+    if not (path / PROVENANCE).exists():
+        raise UserInputError("FOLDER", folder, f"no {PROVENANCE} there: give a folder written by `orchestrator report`")
+    quiet_libraries()
+    problems = verify_report(path, tracking_uri)
+    for problem in problems:
+        typer.echo(f"differs: {problem}", err=True)
+    if problems:
+        raise typer.Exit(1)
+    cells = len(pd.read_csv(path / "cells.csv")) if (path / "cells.csv").exists() else 0
+    typer.echo(f"ok: every number of {path} ({cells} cells) matches MLflow")
+
+
 def write_report(name: str, storage, tracking_uri: str | None = None, out: str | None = None,
                  formats: tuple[str, ...] = ("markdown", "latex", "csv")) -> None:
     from orchestrator.launch import stored_study_uid, stored_tracking_uri, study_dir

@@ -59,6 +59,10 @@ class ReportSection(Section):
     rows: list[str] | None = Field(None, description="ablated axes down the tables (default: all but columns)")
     columns: str | None = Field(None, description="the ablated axis across (default: layer)")
     decimals: int = Field(2, ge=0, le=6)
+    correction: Literal["holm", "bonferroni", "none"] = Field(
+        "holm", description="multiple-comparison correction of the marks within each table")
+    alpha: float = Field(0.05, gt=0, lt=1, description="significance level of the marks")
+    label: str | None = Field(None, description="this study's name in a report across studies (default: its name)")
 
 
 class StudyConfig(Section):

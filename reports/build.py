@@ -3,6 +3,7 @@ stats.csv and the figures (PNG and PDF)."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -20,9 +21,10 @@ from reports.aggregate import (
 )
 from reports.collect import StudyRuns
 from reports.plots import layer_plot, pareto_plot
-from reports.render import BEST_NOTE, SELECTED_NOTE, Cell, Grid, to_latex, to_markdown
-from reports.significance import BOOTSTRAP_SAMPLES, LEVEL, compare_to_baseline, marks
+from reports.render import BEST_NOTE, N_NOTE, SELECTED_NOTE, Cell, Grid, to_latex, to_markdown
+from reports.significance import BOOTSTRAP_SAMPLES, CORRECTIONS, LEVEL, compare_to_baseline, marks
 
+PROVENANCE = "provenance.json"  # what produced the report and from which store: for verify
 FORMATS = ("markdown", "latex", "csv")
 
 
@@ -41,7 +43,7 @@ def ablation_grid(runs: StudyRuns, summary: pd.DataFrame, stats: pd.DataFrame, r
                   decimals: int) -> Grid:
     selected = dev_selected(summary, rows, column)
     best = best_per_column(summary, rows, column)
-    significant = marks(stats)
+    significant = marks(stats, float(runs.report.get("alpha", LEVEL))) if not stats.empty else {}
     columns = sorted(summary[column].unique(), key=_sort_key)
     grid_rows = []
     for key, group in row_groups(summary, rows):
@@ -54,11 +56,12 @@ def ablation_grid(runs: StudyRuns, summary: pd.DataFrame, stats: pd.DataFrame, r
             row = match.iloc[0]
             cells.append(Cell(mean=row["mean"], std=row["std"], bold=row["cell"] in best,
                               selected=selected.get(key) == value, mark=significant.get(row["cell"], ""),
-                              note=row["missing"] if isinstance(row["missing"], str) else None))
+                              note=row["missing"] if isinstance(row["missing"], str) else None,
+                              n=int(row["n"]), planned=runs.planned_seeds))
         grid_rows.append((key, cells))
     metric = runs.test_metric.replace("test_", "test ")
     title = f"{runs.name}: {metric} ×100 by {column} (mean ± std over seeds)"
-    notes = [BEST_NOTE, SELECTED_NOTE] + _significance_notes(runs, stats) + [
+    notes = [BEST_NOTE, SELECTED_NOTE, N_NOTE] + _significance_notes(runs, stats) + [
         note for note in (stage_seed_note(runs),) if note]
     return Grid(title, ", ".join(rows) or "", [f"{column} {c}" for c in columns], grid_rows, notes, decimals)
 
@@ -68,9 +71,19 @@ def _significance_notes(runs: StudyRuns, stats: pd.DataFrame) -> list[str]:
     if not baseline or stats.empty:
         return []
     what = ", ".join(f"{k}={v}" for k, v in baseline.items())
-    return [f"† p < {LEVEL} against the baseline ({what}) of the row, paired over seeds (t-test; Wilcoxon "
-            f"signed-rank with 6 or more seeds); ‡ p < {LEVEL}, paired bootstrap over test pairs "
-            f"({BOOTSTRAP_SAMPLES} resamples)"]
+    alpha = float(runs.report.get("alpha", LEVEL))
+    correction = runs.report.get("correction", "holm")
+    paired = int(stats.paired_p.notna().sum())
+    resampled = int(stats.bootstrap_p.notna().sum())
+    corrected = (f"{CORRECTIONS[correction]}-corrected over the table's comparisons ({paired} paired, "
+                 f"{resampled} bootstrap)" if correction != "none" else "uncorrected")
+    notes = [f"† p < {alpha} against the baseline ({what}) of the row, paired over seeds (t-test; Wilcoxon "
+             f"signed-rank with 6 or more seeds); ‡ p < {alpha}, paired bootstrap over test pairs "
+             f"({BOOTSTRAP_SAMPLES} resamples); p-values {corrected}; raw and corrected ones in stats.csv"]
+    refused = stats.dropna(subset=["bootstrap_refused"]) if "bootstrap_refused" in stats else stats.iloc[:0]
+    if len(refused):
+        notes.append(f"no bootstrap for {', '.join(refused.cell)}: {refused.bootstrap_refused.iloc[0]}")
+    return notes
 
 
 def headline_grid(runs: StudyRuns, summary: pd.DataFrame, rows: list[str], decimals: int) -> Grid | None:
@@ -158,6 +171,23 @@ def tuning_grid(runs: StudyRuns) -> Grid | None:
                 ["trials", "pruned", "failed", "best lr", f"best {runs.metric}"], rows, [note], 2)
 
 
+def producer() -> dict[str, str]:
+    """The package version and git commit that produce a report (it carries them)."""
+    import subprocess
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        package = version("ablation-orchestrator")
+    except PackageNotFoundError:
+        package = "0+unknown"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                                text=True, timeout=5).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    return {"version": package, "commit": commit}
+
+
 def build_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] = FORMATS) -> list[Path]:
     """Write the report folder; returns the files written."""
     out.mkdir(parents=True, exist_ok=True)
@@ -168,7 +198,8 @@ def build_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] = FORMATS)
     baseline_spec = runs.report.get("baseline") or {}
     stats = pd.DataFrame()
     if column and baseline_spec.get(column) is not None and not summary.empty:
-        stats = compare_to_baseline(runs, summary, rows, column, baseline_spec[column], runs.test_metric)
+        stats = compare_to_baseline(runs, summary, rows, column, baseline_spec[column], runs.test_metric,
+                                    correction=runs.report.get("correction", "holm"))
 
     grids: list[tuple[str, Grid]] = []
     if column and not summary.empty:
@@ -206,7 +237,13 @@ def build_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] = FORMATS)
             path = out / f"{name}.tex"
             path.write_text(to_latex(grid, f"{runs.name}-{name}"))
             written.append(path)
-    markdown = [f"# {runs.name}", "", f"{len(runs.replicates())} replicate runs, "
+    provenance = producer()
+    (out / PROVENANCE).write_text(json.dumps({**provenance, "study": runs.name, "tracking_uri": runs.tracking_uri,
+                                              "study_uid": runs.study_uid, "formats": list(formats)}, indent=1))
+    written.append(out / PROVENANCE)
+    markdown = [f"# {runs.name}", "", f"Produced by ablation-orchestrator {provenance['version']} (commit "
+                f"{provenance['commit'][:12]}); `orchestrator verify` recomputes every number from MLflow.", "",
+                f"{len(runs.replicates())} replicate runs, "
                 f"{int((runs.runs.phase == 'tune').sum())} tuning runs. Data: `runs.csv` (one row per run), "
                 "`cells.csv` (one row per cell)" + (", `stats.csv` (tests against the baseline)." if not stats.empty
                                                     else "."), ""]

@@ -26,6 +26,10 @@ class StudyRuns:
     metric: str  # the dev metric selection uses, e.g. dev_spearman
     report: dict = field(default_factory=dict)  # the study's `report:` block
     client: MlflowClient | None = None
+    planned_seeds: int | None = None  # replicate seeds per cell in the plan
+    tracking_uri: str | None = None
+    study_uid: str | None = None
+    parent_tags: dict = field(default_factory=dict)
 
     @property
     def test_metric(self) -> str:
@@ -93,7 +97,9 @@ def collect(tracking_uri: str, study: str, study_uid: str | None = None) -> Stud
     frame = pd.DataFrame(rows, columns=BASE_COLUMNS + axes + ["lr"] if not rows else None)
     if not frame.empty:
         frame = frame.sort_values(["phase", "cell", "seed"], kind="stable").reset_index(drop=True)
-    return StudyRuns(study, frame, axes, plan.get("metric", "dev_spearman"), study_file.get("report") or {}, client)
+    return StudyRuns(study, frame, axes, plan.get("metric", "dev_spearman"), study_file.get("report") or {}, client,
+                     len(plan["seeds"]) if plan.get("seeds") else None, tracking_uri,
+                     parent.data.tags.get("orchestrator.study_uid"), dict(parent.data.tags))
 
 
 def _artifact_text(client: MlflowClient, run_id: str, path: str) -> str | None:

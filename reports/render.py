@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 SELECTED_NOTE = "underlined: the dev-selected cell of the row (selection uses dev only)"
+N_NOTE = "n: replicate seeds completed; n=k/m marks a cell with fewer than the m planned"
 BEST_NOTE = "bold: the best test mean of the column"
 
 
@@ -19,6 +20,8 @@ class Cell:
     mark: str = ""
     note: str | None = None  # why the cell is empty
     text: str | None = None  # a plain value (a layer number, a parameter count)
+    n: int | None = None  # seeds the mean is over
+    planned: int | None = None  # seeds the plan asked for
 
 
 @dataclass
@@ -35,9 +38,14 @@ def _number(cell: Cell, decimals: int) -> str:
     if cell.text is not None:
         return cell.text
     if math.isnan(cell.mean):
-        return "—"
-    value = f"{cell.mean:.{decimals}f}"
-    return value if math.isnan(cell.std) else f"{value} ± {cell.std:.{decimals}f}"
+        value = "—"
+    else:
+        value = f"{cell.mean:.{decimals}f}"
+        value = value if math.isnan(cell.std) else f"{value} ± {cell.std:.{decimals}f}"
+    if cell.n is not None:
+        short = cell.planned is not None and cell.n < cell.planned
+        value += f" (n={cell.n}/{cell.planned})" if short else f" (n={cell.n})"
+    return value
 
 
 def _notes(grid: Grid) -> list[tuple[str, str]]:
@@ -73,7 +81,8 @@ def to_markdown(grid: Grid) -> str:
 
 
 LATEX_ESCAPES = {
-    "×": r"$\times$", "±": r"$\pm$", "—": "--", "Δ": r"$\Delta$", "†": r"$^{\dagger}$", "‡": r"$^{\ddagger}$",
+    "×": r"$\times$", "±": r"$\pm$", "—": "--", "–": "--", "Δ": r"$\Delta$", "†": r"$^{\dagger}$",
+    "‡": r"$^{\ddagger}$",
     "<": r"$<$", ">": r"$>$", "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
     "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
 }

@@ -15,6 +15,34 @@ from reports.collect import StudyRuns
 
 LEVEL = 0.05
 BOOTSTRAP_SAMPLES = 1000
+CORRECTIONS = {"holm": "Holm–Bonferroni", "bonferroni": "Bonferroni", "none": "no"}
+
+
+def adjust_p(values: pd.Series, method: str) -> pd.Series:
+    """p-values corrected for the number of comparisons (NaN ones excluded): Holm's step-down
+    (the default: uniformly more powerful than Bonferroni, same family-wise error guarantee),
+    Bonferroni, or none."""
+    valid = values.dropna()
+    m = len(valid)
+    if method == "none" or m == 0:
+        return values.astype(float)
+    if method == "bonferroni":
+        return (values * m).clip(upper=1.0)
+    adjusted, running = {}, 0.0
+    for rank, index in enumerate(valid.sort_values(kind="stable").index):
+        running = max(running, min(1.0, (m - rank) * float(valid[index])))
+        adjusted[index] = running
+    return pd.Series([adjusted.get(i, math.nan) for i in values.index], index=values.index, dtype=float)
+
+
+def check_same_pairs(frames: list[pd.DataFrame]) -> None:
+    """Paired resampling needs every prediction file to hold the same test pairs in the same order."""
+    first = frames[0]
+    for frame in frames[1:]:
+        if len(frame) != len(first) or not np.array_equal(frame["pair"].to_numpy(), first["pair"].to_numpy()) \
+                or not np.allclose(frame["score"].to_numpy(), first["score"].to_numpy()):
+            raise ValueError("the prediction files of the cell and its baseline hold different test pairs "
+                             f"({len(first)} and {len(frame)} rows, or another order)")
 
 
 def baseline_value(group: pd.DataFrame, column_axis: str, wanted) -> object | None:
@@ -38,6 +66,7 @@ def paired_bootstrap(cell: list[pd.DataFrame], base: list[pd.DataFrame], samples
                      seed: int = 0) -> tuple[float, float]:
     """(mean difference, two-sided p) of the seed-averaged test Spearman, resampling test pairs
     with replacement; both sides see the same resampled pairs."""
+    check_same_pairs(cell + base)
     gold = cell[0]["score"].to_numpy()
     index = np.random.default_rng(seed).integers(0, len(gold), size=(samples, len(gold)))
     resampled_gold = gold[index]
@@ -51,8 +80,10 @@ def paired_bootstrap(cell: list[pd.DataFrame], base: list[pd.DataFrame], samples
 
 
 def compare_to_baseline(runs: StudyRuns, summary: pd.DataFrame, row_axes: list[str], column_axis: str,
-                        baseline, metric: str, bootstrap: bool = True) -> pd.DataFrame:
-    """One row per (cell, its row's baseline cell): differences and p-values."""
+                        baseline, metric: str, bootstrap: bool = True, correction: str = "holm") -> pd.DataFrame:
+    """One row per (cell, its row's baseline cell): differences, raw p-values and p-values corrected
+    over the table's comparisons (`*_adj`), per test. The paired test over seeds is Wilcoxon's with 6
+    or more seeds, else the t-test (`paired_test`, `paired_p`)."""
     replicates = runs.replicates()
     done = replicates[replicates.outcome == "completed"]
     out = []
@@ -72,7 +103,7 @@ def compare_to_baseline(runs: StudyRuns, summary: pd.DataFrame, row_axes: list[s
             row = {"cell": cell, "baseline": base_cell, "n_seeds": len(seeds),
                    "difference": float(np.mean(ours - theirs)) if seeds else math.nan,
                    "t_p": math.nan, "wilcoxon_p": math.nan, "bootstrap_difference": math.nan,
-                   "bootstrap_p": math.nan}
+                   "bootstrap_p": math.nan, "bootstrap_refused": None}
             if len(seeds) >= 2 and np.any(ours != theirs):
                 row["t_p"] = float(ttest_rel(ours, theirs).pvalue)
             if len(seeds) >= 6 and np.any(ours != theirs):
@@ -81,20 +112,28 @@ def compare_to_baseline(runs: StudyRuns, summary: pd.DataFrame, row_axes: list[s
                 cell_predictions = [runs.predictions(cell_runs.loc[s, "run_id"]) for s in seeds]
                 base_predictions = [runs.predictions(base_runs.loc[s, "run_id"]) for s in seeds]
                 if all(p is not None for p in cell_predictions + base_predictions):
-                    row["bootstrap_difference"], row["bootstrap_p"] = paired_bootstrap(cell_predictions,
-                                                                                        base_predictions)
+                    try:
+                        row["bootstrap_difference"], row["bootstrap_p"] = paired_bootstrap(cell_predictions,
+                                                                                            base_predictions)
+                    except ValueError as exc:  # refused: not paired
+                        row["bootstrap_refused"] = str(exc)
             out.append(row)
-    return pd.DataFrame(out, columns=["cell", "baseline", "n_seeds", "difference", "t_p", "wilcoxon_p",
-                                      "bootstrap_difference", "bootstrap_p"])
+    stats = pd.DataFrame(out, columns=["cell", "baseline", "n_seeds", "difference", "t_p", "wilcoxon_p",
+                                       "bootstrap_difference", "bootstrap_p", "bootstrap_refused"])
+    stats["paired_test"] = np.where(stats.n_seeds >= 6, "wilcoxon", "t-test")
+    stats["paired_p"] = np.where(stats.n_seeds >= 6, stats.wilcoxon_p, stats.t_p).astype(float)
+    stats["paired_p_adj"] = adjust_p(stats.paired_p, correction)
+    stats["bootstrap_p_adj"] = adjust_p(stats.bootstrap_p.astype(float), correction)
+    stats["correction"] = correction
+    return stats
 
 
-def marks(stats: pd.DataFrame) -> dict[str, str]:
-    """Per cell: † when the paired test over seeds (Wilcoxon with >= 6 seeds, else the t-test) has
-    p < 0.05, ‡ when the paired bootstrap over test pairs has p < 0.05."""
+def marks(stats: pd.DataFrame, alpha: float = LEVEL) -> dict[str, str]:
+    """Per cell: † when the paired test over seeds (Wilcoxon with >= 6 seeds, else the t-test) has a
+    corrected p < alpha, ‡ when the paired bootstrap over test pairs has a corrected p < alpha."""
     out = {}
     for row in stats.itertuples():
-        paired = row.wilcoxon_p if not math.isnan(row.wilcoxon_p) else row.t_p
-        symbol = ("†" if paired < LEVEL else "") + ("‡" if row.bootstrap_p < LEVEL else "")
+        symbol = ("†" if row.paired_p_adj < alpha else "") + ("‡" if row.bootstrap_p_adj < alpha else "")
         if symbol:
             out[row.cell] = symbol
     return out

@@ -34,7 +34,7 @@ def make_store(folder: Path) -> str:
     (folder / "study.yaml").write_text(yaml.safe_dump(study))
     tracker = StudyTracker(uri, "synthetic", folder / "artifacts")
     tracker.start_parent(folder / "study.yaml", {"cells": [{"layer": k} for k in range(4)], "metric": "dev_spearman",
-                                                 "mode": "max"}, "test")
+                                                 "mode": "max", "seeds": [0, 1, 2]}, "test")
     gold = np.random.default_rng(0).uniform(0, 1, 300)
     for layer in range(4):
         for seed in range(3):
@@ -101,20 +101,27 @@ def test_significance_against_the_last_layer(store):
     assert np.isnan(stats.loc["layer=2", "wilcoxon_p"])  # fewer than 6 seeds
 
 
+def unversioned(text: str) -> str:
+    """The producer's version and commit change with every commit; the golden files hold neither."""
+    import re
+
+    return re.sub(r"ablation-orchestrator \S+ \(commit \w+\)", "ablation-orchestrator VERSION (commit COMMIT)", text)
+
+
 def test_markdown_and_latex_match_the_golden_files(store, tmp_path):
     written = build_report(collect(store[0], "synthetic"), tmp_path)
     names = {p.name for p in written}
     assert {"report.md", "ablation.tex", "headline.tex", "tuning.tex", "runs.csv", "cells.csv", "stats.csv",
             "score_by_layer.png", "score_by_layer.pdf", "score_by_params.png", "score_by_params.pdf"} <= names
     for name in ("report.md", "ablation.tex", "headline.tex", "tuning.tex"):
-        assert (tmp_path / name).read_text() == (GOLDEN / name).read_text(), name
+        assert unversioned((tmp_path / name).read_text()) == (GOLDEN / name).read_text(), name
     report = (tmp_path / "report.md").read_text()
     row = next(line for line in report.splitlines() if line.startswith("| all |"))
     cells = [c.strip() for c in row.strip("|").split("|")][1:]
-    assert cells[0] == "— <sup>a</sup>"  # layer 0 failed: shown, with the reason as a footnote
-    assert cells[1] == "75.33 ± 1.53"  # no mark: neither test finds a difference
-    assert cells[2] == "**82.00 ± 2.00**†‡"  # best test, significant by both tests
-    assert cells[3] == "<ins>75.50 ± 0.50</ins>"  # the dev-selected layer, although test prefers layer 2
+    assert cells[0] == "— (n=0/3) <sup>a</sup>"  # layer 0 failed: shown, with the reason as a footnote
+    assert cells[1] == "75.33 ± 1.53 (n=3)"  # no mark: neither test finds a difference
+    assert cells[2] == "**82.00 ± 2.00 (n=3)**†‡"  # best test, significant by both tests after correction
+    assert cells[3] == "<ins>75.50 ± 0.50 (n=3)</ins>"  # the dev-selected layer, although test prefers layer 2
     assert "<sup>a</sup> failed: OSError: weights file is corrupt" in report
 
 
@@ -217,3 +224,72 @@ def test_the_cycle_table_shows_both_encoders_on_dev_and_test_after_every_cycle()
     assert [c.mean for c in cross_test] == [16.5, 26.5] and cross_test[0].std == pytest.approx(0.7071, abs=1e-4)
     assert cycle_grid(StudyRuns("d", pd.DataFrame(rows).drop(columns=[c for c in rows[0] if c.startswith("cycle")]),
                                 ["layer"], "dev_spearman"), 2) is None
+
+
+def test_corrected_p_values_match_a_hand_computation():
+    from reports.significance import adjust_p
+
+    raw = pd.Series([0.01, 0.04, 0.03, float("nan")])
+    # Holm: sorted 0.01, 0.03, 0.04 times 3, 2, 1 -> 0.03, 0.06, 0.04, then a running maximum: 0.03, 0.06, 0.06
+    assert adjust_p(raw, "holm").tolist()[:3] == pytest.approx([0.03, 0.06, 0.06])
+    assert adjust_p(raw, "bonferroni").tolist()[:3] == pytest.approx([0.03, 0.12, 0.09])
+    assert adjust_p(raw, "none").tolist()[:3] == pytest.approx([0.01, 0.04, 0.03])
+    assert all(np.isnan(adjust_p(raw, m).iloc[3]) for m in ("holm", "bonferroni", "none"))
+
+
+def test_stats_keep_raw_and_corrected_p_values_and_marks_use_the_corrected(store):
+    from reports.significance import marks
+
+    runs = collect(store[0], "synthetic")
+    stats = compare_to_baseline(runs, summarize(runs), [], "layer", "last", "test_spearman").set_index("cell")
+    raw = stats.loc[["layer=1", "layer=2"], "t_p"]
+    holm = sorted(raw)[0] * 2, max(sorted(raw)[0] * 2, sorted(raw)[1])
+    assert sorted(stats.loc[["layer=1", "layer=2"], "paired_p_adj"]) == pytest.approx(sorted(min(1, h) for h in holm))
+    tested = stats.dropna(subset=["paired_p"])
+    assert (tested.paired_p_adj >= tested.paired_p).all() and set(stats.correction) == {"holm"}
+    shifted = tested.reset_index().assign(paired_p=0.04, paired_p_adj=0.08, bootstrap_p=0.04, bootstrap_p_adj=0.08)
+    assert marks(shifted) == {}  # significant before correction, not after it
+    assert marks(shifted, alpha=0.1) == {"layer=1": "†‡", "layer=2": "†‡"}
+
+
+def test_the_bootstrap_refuses_prediction_files_of_other_pairs():
+    from reports.significance import paired_bootstrap
+
+    gold = np.linspace(0, 1, 50)
+    one = pd.DataFrame({"pair": range(50), "prediction": gold, "score": gold})
+    other = one.iloc[::-1].reset_index(drop=True)  # the same pairs in another order
+    with pytest.raises(ValueError, match="hold different test pairs"):
+        paired_bootstrap([one], [other])
+    with pytest.raises(ValueError, match="hold different test pairs"):
+        paired_bootstrap([one], [one.iloc[:40]])
+    assert paired_bootstrap([one], [one.copy()])[1] == 1.0
+
+
+def test_verify_passes_on_a_fresh_report_and_names_the_cell_after_mlflow_changes(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.cli import app
+
+    uri = make_store(tmp_path)
+    build_report(collect(uri, "synthetic"), tmp_path / "report")
+    provenance = __import__("json").loads((tmp_path / "report" / "provenance.json").read_text())
+    assert provenance["tracking_uri"] == uri and provenance["study"] == "synthetic" and len(provenance["commit"]) > 5
+    result = CliRunner().invoke(app, ["verify", str(tmp_path / "report")])
+    assert result.exit_code == 0, result.output
+    assert "ok: every number of" in result.stdout and "(4 cells)" in result.stdout
+
+    client = MlflowClient(uri)
+    runs = collect(uri, "synthetic").runs.set_index("trial_key")
+    client.log_metric(runs.loc["c1-s0", "run_id"], "test_spearman", 90.0, step=2)  # edited after the report
+    result = CliRunner().invoke(app, ["verify", str(tmp_path / "report")])
+    assert result.exit_code == 1
+    expected = f"differs: cell layer=1: test_spearman mean {np.mean(TEST[1])} in the report, "
+    assert expected in result.stderr and f"{np.mean([90.0, 77.0, 75.0])} from MLflow" in result.stderr
+
+    client.log_metric(runs.loc["c1-s0", "run_id"], "test_spearman", 74.0, step=3)  # put back
+    client.delete_run(runs.loc["c2-s2", "run_id"])  # a run deleted after the report
+    result = CliRunner().invoke(app, ["verify", str(tmp_path / "report")])
+    assert result.exit_code == 1
+    assert f"differs: cell layer=2: run {runs.loc['c2-s2', 'run_id']} is no longer in MLflow (n 3 in the report, 2 now)" \
+        in result.stderr
+    assert "layer=1" not in result.stderr

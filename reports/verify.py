@@ -1,0 +1,90 @@
+"""`orchestrator verify reports/NAME`: every number of a written report, recomputed from MLflow.
+
+The report folder says what produced it and from which store (`provenance.json`) and which runs
+make each cell (`cells.csv`). Verify reads those runs again, rebuilds the report in a scratch
+folder, and names every cell whose runs or numbers differ (a metric edited, a run deleted after
+the report was written), then any other table line that differs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from reports.build import PROVENANCE, build_report
+from reports.collect import collect
+
+NUMBERS = ("n", "mean", "std", "dev")
+PRODUCED = "Produced by ablation-orchestrator"
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    try:
+        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-9)
+    except (TypeError, ValueError):
+        return a == b
+
+
+def _ids(value) -> set[str]:
+    return set(str(value).split(";")) - {"", "nan"} if isinstance(value, str) else set()
+
+
+def compare_cells(written: pd.DataFrame, fresh: pd.DataFrame, metric: str) -> list[str]:
+    problems = []
+    fresh = fresh.set_index("cell")
+    for row in written.itertuples(index=False):
+        cell = row.cell
+        if cell not in fresh.index:
+            problems.append(f"cell {cell}: in the report, not in MLflow any more")
+            continue
+        now = fresh.loc[cell]
+        gone = _ids(row.run_ids) - _ids(now.run_ids)
+        if gone:
+            problems.append(f"cell {cell}: run {', '.join(sorted(gone))} is no longer in MLflow "
+                            f"(n {row.n} in the report, {now.n} now)")
+        for name in NUMBERS:
+            if name in written.columns and not _same(getattr(row, name), now[name]):
+                what = f"{metric} {name}" if name in ("mean", "std") else name
+                problems.append(f"cell {cell}: {what} {getattr(row, name)} in the report, {now[name]} from MLflow")
+    return problems
+
+
+def compare_text(written: Path, fresh: Path) -> list[str]:
+    problems = []
+    for path in sorted([*written.glob("*.tex"), *written.glob("report.md")]):
+        other = fresh / path.name
+        if not other.exists():
+            problems.append(f"{path.name}: MLflow's runs no longer give this table")
+            continue
+        old = [line for line in path.read_text().splitlines() if PRODUCED not in line]
+        new = [line for line in other.read_text().splitlines() if PRODUCED not in line]
+        for number, (a, b) in enumerate(zip(old, new, strict=False), start=1):
+            if a != b:
+                problems.append(f"{path.name} line {number}: {a.strip()!r} in the report, {b.strip()!r} from MLflow")
+                break
+        else:
+            if len(old) != len(new):
+                problems.append(f"{path.name}: {len(old)} lines in the report, {len(new)} from MLflow")
+    return problems
+
+
+def verify(folder: str | Path, tracking_uri: str | None = None) -> list[str]:
+    """Every difference between the report in `folder` and what MLflow holds now; empty when none."""
+    folder = Path(folder)
+    provenance = json.loads((folder / PROVENANCE).read_text())
+    runs = collect(tracking_uri or provenance["tracking_uri"], provenance["study"], provenance.get("study_uid"))
+    with tempfile.TemporaryDirectory(prefix="verify-") as scratch:
+        fresh = Path(scratch)
+        build_report(runs, fresh, tuple(provenance.get("formats") or ("markdown", "latex", "csv")))
+        problems = []
+        if (folder / "cells.csv").exists() and (fresh / "cells.csv").exists():
+            problems += compare_cells(pd.read_csv(folder / "cells.csv"), pd.read_csv(fresh / "cells.csv"),
+                                      runs.test_metric)
+        problems += compare_text(folder, fresh)
+    return problems
