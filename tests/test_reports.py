@@ -290,6 +290,6 @@ def test_verify_passes_on_a_fresh_report_and_names_the_cell_after_mlflow_changes
     client.delete_run(runs.loc["c2-s2", "run_id"])  # a run deleted after the report
     result = CliRunner().invoke(app, ["verify", str(tmp_path / "report")])
     assert result.exit_code == 1
-    assert f"differs: cell layer=2: run {runs.loc['c2-s2', 'run_id']} is no longer in MLflow (n 3 in the report, 2 now)" \
-        in result.stderr
+    gone = runs.loc["c2-s2", "run_id"]
+    assert f"differs: cell layer=2: run {gone} is no longer in MLflow (n 3 in the report, 2 now)" in result.stderr
     assert "layer=1" not in result.stderr
