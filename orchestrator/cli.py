@@ -310,17 +310,19 @@ def runs_path(uri: str, name: str) -> str:
 
 @app.command()
 @user_errors
-def report(name: str, tracking_uri: str | None = typer.Option(None, help="MLflow store (default: the study's)."),
-           out: str | None = typer.Option(None, help="Output folder (default: reports/NAME)."),
+def report(names: Annotated[list[str], typer.Argument(help="One study, or several for one report across them.")],
+           tracking_uri: str | None = typer.Option(None, help="MLflow store (default: each study's)."),
+           out: str | None = typer.Option(None, help="Output folder (default: reports/NAME or reports/A+B)."),
            formats: str = typer.Option("md,tex,csv", "--format", help="Comma list of md, tex, csv."),
            storage: str | None = STORAGE, debug: bool = DEBUG) -> None:
-    """Paper tables (Markdown, LaTeX), plots and tidy CSVs from a study's MLflow runs."""
+    """Paper tables (Markdown, LaTeX), plots and tidy CSVs from a study's MLflow runs; with several
+    studies, one report whose tables have the study (its `report.label`) as an axis."""
     chosen = [f.strip() for f in formats.split(",") if f.strip()]
-    names = {"md": "markdown", "tex": "latex", "csv": "csv"}
-    bad = [f for f in chosen if f not in names]
+    known = {"md": "markdown", "tex": "latex", "csv": "csv"}
+    bad = [f for f in chosen if f not in known]
     if bad:
         raise UserInputError("--format", bad[0], "use a comma list of md, tex, csv")
-    write_report(name, storage, tracking_uri, out, tuple(names[f] for f in chosen))
+    write_report(names, storage, tracking_uri, out, tuple(known[f] for f in chosen))
 
 
 @app.command()
@@ -346,18 +348,21 @@ def verify(folder: str, tracking_uri: str | None = typer.Option(None, help="MLfl
     typer.echo(f"ok: every number of {path} ({cells} cells) matches MLflow")
 
 
-def write_report(name: str, storage, tracking_uri: str | None = None, out: str | None = None,
+def write_report(names: str | list[str], storage, tracking_uri: str | None = None, out: str | None = None,
                  formats: tuple[str, ...] = ("markdown", "latex", "csv")) -> None:
     from orchestrator.launch import stored_study_uid, stored_tracking_uri, study_dir
     from reports.build import build_report
-    from reports.collect import collect
+    from reports.collect import collect, combine
 
-    has_folder = (study_dir(storage, name) / "launch.json").exists()
-    if tracking_uri is None:
-        tracking_uri = stored_tracking_uri(name, storage)
-    folder = Path(out) if out else Path("reports") / name
-    written = build_report(collect(tracking_uri, name, stored_study_uid(name, storage) if has_folder else None),
-                           folder, formats)
+    names = [names] if isinstance(names, str) else list(names)
+    collected = []
+    for name in names:
+        has_folder = (study_dir(storage, name) / "launch.json").exists()
+        uri = tracking_uri or stored_tracking_uri(name, storage)
+        collected.append(collect(uri, name, stored_study_uid(name, storage) if has_folder else None))
+    runs = collected[0] if len(collected) == 1 else combine(collected)
+    folder = Path(out) if out else Path("reports") / "+".join(names)
+    written = build_report(runs, folder, formats)
     typer.echo(f"report: {folder / 'report.md'} ({len(written)} files)")
 
 

@@ -238,8 +238,10 @@ def build_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] = FORMATS)
             path.write_text(to_latex(grid, f"{runs.name}-{name}"))
             written.append(path)
     provenance = producer()
+    sources = runs.sources or [{"study": runs.name, "tracking_uri": runs.tracking_uri, "study_uid": runs.study_uid}]
     (out / PROVENANCE).write_text(json.dumps({**provenance, "study": runs.name, "tracking_uri": runs.tracking_uri,
-                                              "study_uid": runs.study_uid, "formats": list(formats)}, indent=1))
+                                              "study_uid": runs.study_uid, "sources": sources,
+                                              "formats": list(formats)}, indent=1))
     written.append(out / PROVENANCE)
     markdown = [f"# {runs.name}", "", f"Produced by ablation-orchestrator {provenance['version']} (commit "
                 f"{provenance['commit'][:12]}); `orchestrator verify` recomputes every number from MLflow.", "",

@@ -30,6 +30,8 @@ class StudyRuns:
     tracking_uri: str | None = None
     study_uid: str | None = None
     parent_tags: dict = field(default_factory=dict)
+    sources: list[dict] = field(default_factory=list)  # combined reports: each study's store and id
+    clients: dict = field(default_factory=dict)  # combined reports: run id -> its study's MLflow client
 
     @property
     def test_metric(self) -> str:
@@ -40,11 +42,12 @@ class StudyRuns:
 
     def predictions(self, run_id: str) -> pd.DataFrame | None:
         """Per-pair test predictions a replicate run stored, if any."""
-        if self.client is None:
+        client = self.clients.get(run_id, self.client)
+        if client is None:
             return None
         with tempfile.TemporaryDirectory() as folder:
             try:
-                path = self.client.download_artifacts(run_id, "test_predictions.csv", folder)
+                path = client.download_artifacts(run_id, "test_predictions.csv", folder)
             except Exception:  # no artifact: the run failed before test, or predates predictions
                 return None
             return pd.read_csv(path)
@@ -118,3 +121,31 @@ def _artifact_json(client: MlflowClient, run_id: str, path: str) -> dict | None:
 def _artifact_yaml(client: MlflowClient, run_id: str, path: str) -> dict | None:
     text = _artifact_text(client, run_id, path)
     return yaml.safe_load(text) if text else None
+
+
+def combine(studies: list[StudyRuns]) -> StudyRuns:
+    """One StudyRuns over several studies, `study` (each study's `report.label`, else its name) the
+    first axis; the first study's report settings apply. Significance then compares only cells of
+    the same study unless `report.columns: study`, and the bootstrap refuses files of other pairs."""
+    metrics = {s.metric for s in studies}
+    if len(metrics) > 1:
+        raise UserInputError("NAMES", [s.name for s in studies], f"the studies select on different metrics "
+                                                                 f"({', '.join(sorted(metrics))}): report them apart")
+    labels = [s.report.get("label") or s.name for s in studies]
+    if len(set(labels)) < len(labels):
+        raise UserInputError("NAMES", labels, "two studies share a label: give each a distinct report.label")
+    frames, axes, clients = [], ["study"], {}
+    for runs, label in zip(studies, labels, strict=True):
+        frame = runs.runs.copy()
+        frame.insert(0, "study", label)
+        frame["cell"] = [f"study={label} {cell}" for cell in frame.cell]
+        frames.append(frame)
+        axes += [a for a in runs.axes if a not in axes]
+        clients.update({run_id: runs.client for run_id in frame.run_id})
+    first = studies[0]
+    report = {k: v for k, v in first.report.items() if k not in ("rows", "label")}
+    planned = {s.planned_seeds for s in studies}
+    return StudyRuns("+".join(s.name for s in studies), pd.concat(frames, ignore_index=True), axes, first.metric,
+                     report, first.client, planned.pop() if len(planned) == 1 else None, first.tracking_uri,
+                     first.study_uid, {}, [{"study": s.name, "tracking_uri": s.tracking_uri, "study_uid": s.study_uid}
+                                           for s in studies], clients)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from reports.build import PROVENANCE, build_report
-from reports.collect import collect
+from reports.collect import collect, combine
 
 NUMBERS = ("n", "mean", "std", "dev")
 PRODUCED = "Produced by ablation-orchestrator"
@@ -78,7 +78,9 @@ def verify(folder: str | Path, tracking_uri: str | None = None) -> list[str]:
     """Every difference between the report in `folder` and what MLflow holds now; empty when none."""
     folder = Path(folder)
     provenance = json.loads((folder / PROVENANCE).read_text())
-    runs = collect(tracking_uri or provenance["tracking_uri"], provenance["study"], provenance.get("study_uid"))
+    sources = provenance.get("sources") or [provenance]
+    studies = [collect(tracking_uri or s["tracking_uri"], s["study"], s.get("study_uid")) for s in sources]
+    runs = studies[0] if len(studies) == 1 else combine(studies)
     with tempfile.TemporaryDirectory(prefix="verify-") as scratch:
         fresh = Path(scratch)
         build_report(runs, fresh, tuple(provenance.get("formats") or ("markdown", "latex", "csv")))

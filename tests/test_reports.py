@@ -27,12 +27,12 @@ PARAMS = {0: 11.9e6, 1: 13.7e6, 2: 15.5e6, 3: 17.2e6}
 NOISE = {1: 2.0, 2: 0.05, 3: 2.0}  # per-pair prediction noise: layer 2 predicts the gold order best
 
 
-def make_store(folder: Path) -> str:
+def make_store(folder: Path, name: str = "synthetic", label: str | None = None) -> str:
     uri = f"sqlite:///{folder / 'mlflow.db'}"
-    study = {"name": "synthetic", "model": "m", "ablate": {"layer": [0, 1, 2, 3]},
-             "report": {"baseline": {"layer": "last"}}}
+    study = {"name": name, "model": "m", "ablate": {"layer": [0, 1, 2, 3]},
+             "report": {"baseline": {"layer": "last"}, **({"label": label} if label else {})}}
     (folder / "study.yaml").write_text(yaml.safe_dump(study))
-    tracker = StudyTracker(uri, "synthetic", folder / "artifacts")
+    tracker = StudyTracker(uri, name, folder / "artifacts")
     tracker.start_parent(folder / "study.yaml", {"cells": [{"layer": k} for k in range(4)], "metric": "dev_spearman",
                                                  "mode": "max", "seeds": [0, 1, 2]}, "test")
     gold = np.random.default_rng(0).uniform(0, 1, 300)
@@ -293,3 +293,29 @@ def test_verify_passes_on_a_fresh_report_and_names_the_cell_after_mlflow_changes
     gone = runs.loc["c2-s2", "run_id"]
     assert f"differs: cell layer=2: run {gone} is no longer in MLflow (n 3 in the report, 2 now)" in result.stderr
     assert "layer=1" not in result.stderr
+
+
+def test_one_report_across_two_studies_has_the_study_as_an_axis(tmp_path):
+    import re
+
+    from orchestrator.cli import app
+
+    uri = make_store(tmp_path, "english", label="en")
+    make_store(tmp_path, "german", label="de")
+    result = CliRunner().invoke(app, ["report", "english", "german", "--tracking-uri", uri,
+                                      "--out", str(tmp_path / "both")])
+    assert result.exit_code == 0, result.output
+    report = (tmp_path / "both" / "report.md").read_text()
+    assert "**english+german: test spearman ×100 by layer" in report
+    rows = [line for line in report.splitlines() if line.startswith(("| en |", "| de |"))]
+    assert [r.split(" |")[0] for r in rows[:2]] == ["| en", "| de"]
+    # each study against its own baseline; Holm over the table's 4 comparisons: the t-test's p (0.017 raw) no
+    # longer passes, the bootstrap's does
+    assert all(re.search(r"82\.00 ± 2\.00 \(n=3\)(\*\*)?‡ \|", row) for row in rows[:2])
+    cells = pd.read_csv(tmp_path / "both" / "cells.csv")
+    assert len(cells) == 8 and set(cells.study) == {"en", "de"}
+    stats = pd.read_csv(tmp_path / "both" / "stats.csv")
+    assert set(zip(stats.cell.str.split().str[0], stats.baseline.str.split().str[0], strict=True)) == {
+        ("study=en", "study=en"), ("study=de", "study=de")}  # significance only within a study
+    verified = CliRunner().invoke(app, ["verify", str(tmp_path / "both")])
+    assert verified.exit_code == 0, verified.output
