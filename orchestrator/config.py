@@ -35,8 +35,15 @@ class TuneSection(Section):
                                           "so no replicate reruns the trial that won the tuning")
 
 
+class UntilSection(Section):
+    dev_ci95: float = Field(gt=0, description="stop adding seeds to a cell once the 95 % confidence interval of its "
+                                              "mean dev score is at most +- this many points")
+
+
 class ReplicateSection(Section):
     seeds: Any = Field([0], description="a list of seeds, or a count N meaning 0..N-1")
+    max_seeds: int | None = Field(None, ge=2, description="with `until`: at most this many seeds per cell")
+    until: UntilSection | None = Field(None, description="add seeds to a cell until its dev mean is this precise")
 
 
 class DataSection(Section):

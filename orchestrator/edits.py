@@ -37,6 +37,8 @@ def _extends(key: str, old: Any, new: Any) -> bool:
         return set(expand_seeds(old)) <= set(expand_seeds(new))
     if key == "tune.trials":
         return isinstance(new, int) and new >= old
+    if key == "replicate.max_seeds":
+        return isinstance(new, int) and (old is None or new >= old)
     if key.startswith("ablate.") and key.count(".") == 1 and old is not None and new is not None:
         old_values, new_values = _as_list(old), _as_list(new)
         return all(v in new_values for v in old_values)

@@ -41,9 +41,9 @@ def keep_model(state: StudyState, tracker, record: TrialRecord, models_dir: str 
     if state.plan.study.save == "all_replicates":
         publish(tracker, record, target)
         return target
-    replicates = state.replicates(cell)
-    if len(replicates) < len(state.plan.seeds) or not all(r.finished for r in replicates):
+    if not state.cell_done(cell):  # more seeds may come (adaptive seeds): choose when the cell is done
         return target
+    replicates = state.replicates(cell)
     kept = [r for r in replicates if r.outcome == Outcome.COMPLETED
             and model_folder(models_dir, cell.key, r).exists() and state._value(r) is not None]
     if not kept:

@@ -226,6 +226,14 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
                 raise UserInputError(key, raw, f"{name} is also ablated; an axis is either ablated or tuned")
             tuned[name] = expand_tuned_preset(name, raw) or parse_tuned(key, raw)
     seeds = expand_seeds(study.replicate.seeds)
+    rule = study.replicate
+    if (rule.until is None) != (rule.max_seeds is None):
+        raise UserInputError("replicate.until" if rule.until is None else "replicate.max_seeds",
+                             rule.max_seeds if rule.until is None else rule.until.dev_ci95,
+                             "adaptive seeds need both: until: {dev_ci95: 0.5} and max_seeds: N")
+    if rule.max_seeds is not None and rule.max_seeds < max(2, len(seeds)):
+        raise UserInputError("replicate.max_seeds", rule.max_seeds,
+                             f"give at least the {max(2, len(seeds))} first seeds (a CI needs two)")
     if study.save != "none" and not kind.exports_models:
         raise UserInputError("save", study.save, f"{study.trainable} has no sentence encoder to save: use save: none")
     if study.tune is not None and study.tune.seed in seeds:

@@ -29,8 +29,9 @@ def status_table(state: StudyState, title: str | None = None) -> Table:
         reps = [r for r in state.records.values() if r.cell == cell.index and r.phase == "replicate"]
         value = best.get(cell.key)
         degenerate = any(r.finished and r.last.get("degenerate") == 1 for r in tune + reps)
+        rule = state.seed_rule(cell)[1]
         table.add_row(cell.key, f"{sum(r.finished for r in tune)}/{state.plan.trials_per_cell}",
-                      f"{sum(r.finished for r in reps)}/{len(state.plan.seeds)}",
+                      f"{sum(r.finished for r in reps)}/{len(state.plan.seeds)}" + (f" ({rule})" if rule else ""),
                       f"{value:.2f}" if value is not None else ("degenerate" if degenerate else "—"))
     return table
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import TrialState
+from scipy.stats import t as stats_t
 
 from orchestrator.journal import Journal, Outcome, TrialRecord
 from orchestrator.plan import Cell, StudyPlan
@@ -146,6 +148,8 @@ class StudyState:
             self._supersede_stale(cell, tuned)
         seeds_done = {r.seed for r in self.replicates(cell)}
         pending = [s for s in self.plan.seeds if s not in seeds_done]
+        if not pending and self.seed_rule(cell)[0]:  # the dev mean is not precise enough yet: one more seed
+            pending = [s for s in self.extra_seeds() if s not in seeds_done][:1]
         if not pending:
             return None
         seed = pending[0]
@@ -156,6 +160,46 @@ class StudyState:
                              tuned=tuned, config=self.plan.trial_config(cell, tuned, seed))
         self._issue(record)
         return record
+
+    def extra_seeds(self) -> list[int]:
+        """Seeds an adaptive rule may add after `replicate.seeds`: the next whole numbers, never the
+        tuning seed, up to `max_seeds` in all."""
+        rule = self.plan.study.replicate
+        if rule.max_seeds is None:
+            return []
+        taken = set(self.plan.seeds) | ({self.plan.study.tune.seed} if self.plan.study.tune else set())
+        extra, candidate = [], max(self.plan.seeds) + 1
+        while len(self.plan.seeds) + len(extra) < rule.max_seeds:
+            if candidate not in taken:
+                extra.append(candidate)
+            candidate += 1
+        return extra
+
+    def seed_rule(self, cell: Cell) -> tuple[bool, str]:
+        """(does the cell want another seed?, why it stopped or goes on) under `replicate.until`:
+        the 95 % confidence interval (Student's t) of the cell's mean dev score over its finished
+        replicates, against `until.dev_ci95`, capped by `max_seeds`. Dev only: test never decides."""
+        rule = self.plan.study.replicate
+        if rule.until is None:
+            return False, ""
+        current = self.replicates(cell)
+        if not current or not all(r.finished for r in current) or \
+                {r.seed for r in current} < set(self.plan.seeds):
+            return False, f"{len(current)} seeds so far"
+        values = [v for v in (self._value(r) for r in current if r.outcome == Outcome.COMPLETED) if _finite(v)]
+        half = (float(stats_t.ppf(0.975, len(values) - 1)) * float(np.std(values, ddof=1)) / math.sqrt(len(values))
+                if len(values) >= 2 else math.inf)
+        if half <= rule.until.dev_ci95:
+            return False, f"stopped: dev 95% CI ±{half:.2f} ≤ {rule.until.dev_ci95:g} after {len(current)} seeds"
+        if len(current) >= rule.max_seeds:
+            return False, f"stopped at max_seeds {rule.max_seeds}: dev 95% CI ±{half:.2f}"
+        return True, f"dev 95% CI ±{half:.2f} > {rule.until.dev_ci95:g} after {len(current)} seeds: one more"
+
+    def cell_done(self, cell: Cell) -> bool:
+        """Every replicate the cell will get has finished."""
+        current = self.replicates(cell)
+        return (bool(current) and all(r.finished for r in current) and {r.seed for r in current} >=
+                set(self.plan.seeds) and not self.seed_rule(cell)[0])
 
     def _next_tuning(self) -> TrialRecord | None:
         if not self.plan.study.tune:
@@ -212,7 +256,7 @@ class StudyState:
             if self.plan.study.tune and best is None:
                 continue
             current = [r for r in self.replicates(cell) if best is None or r.tuned == best.tuned]
-            if {r.seed for r in current} != set(self.plan.seeds):
+            if not {r.seed for r in current} >= set(self.plan.seeds) or self.seed_rule(cell)[0]:
                 return False
         return True
 

@@ -7,6 +7,7 @@ import math
 import re
 
 import pandas as pd
+from scipy.stats import t as t_dist
 
 from reports.collect import StudyRuns
 
@@ -37,6 +38,9 @@ def summarize(runs: StudyRuns, metric: str | None = None) -> pd.DataFrame:
             row["pearson_mean"] = done["test_pearson"].mean() if len(done) else math.nan
             row["pearson_std"] = done["test_pearson"].std(ddof=1) if len(done) > 1 else math.nan
         row["missing"] = None if values.size else _why_missing(group)
+        devs = done[dev].dropna() if dev in done else pd.Series(dtype=float)
+        row["dev_ci95"] = (float(t_dist.ppf(0.975, devs.size - 1) * devs.std(ddof=1) / math.sqrt(devs.size))
+                           if devs.size >= 2 else math.nan)
         rows.append(row)
     planned = _cells_without_replicates(runs, {r["cell"] for r in rows})
     for cell, values, reason in planned:
@@ -57,6 +61,16 @@ def _why_missing(group: pd.DataFrame) -> str:
     if len(done) and any((done[c] == 1).any() for c in flags):
         return "degenerate (constant embeddings: correlation undefined)"
     return "not finished"
+
+
+def seed_rule_note(runs: StudyRuns) -> str | None:
+    """Which seed rule ran: a fixed list, or seeds added per cell until the dev mean was precise."""
+    until = (runs.replicate.get("until") or {}).get("dev_ci95")
+    if until is None:
+        return None
+    return (f"seeds: added per cell until the 95 % CI of its mean dev score was at most ±{until:g} points or "
+            f"{runs.replicate.get('max_seeds')} seeds (replicate.until; dev only); n is what each cell got, "
+            "cells.csv has each dev_ci95")
 
 
 def stage_seed_note(runs: StudyRuns) -> str | None:

@@ -15,6 +15,7 @@ from reports.aggregate import (
     cycle_summary,
     dev_selected,
     row_groups,
+    seed_rule_note,
     stage_seed_note,
     suite_summary,
     summarize,
@@ -62,7 +63,7 @@ def ablation_grid(runs: StudyRuns, summary: pd.DataFrame, stats: pd.DataFrame, r
     metric = runs.test_metric.replace("test_", "test ")
     title = f"{runs.name}: {metric} ×100 by {column} (mean ± std over seeds)"
     notes = [BEST_NOTE, SELECTED_NOTE, N_NOTE] + _significance_notes(runs, stats) + [
-        note for note in (stage_seed_note(runs),) if note]
+        note for note in (seed_rule_note(runs), stage_seed_note(runs)) if note]
     return Grid(title, ", ".join(rows) or "", [f"{column} {c}" for c in columns], grid_rows, notes, decimals)
 
 

@@ -30,6 +30,7 @@ class StudyRuns:
     tracking_uri: str | None = None
     study_uid: str | None = None
     parent_tags: dict = field(default_factory=dict)
+    replicate: dict = field(default_factory=dict)  # the study's `replicate:` block (its seed rule)
     sources: list[dict] = field(default_factory=list)  # combined reports: each study's store and id
     clients: dict = field(default_factory=dict)  # combined reports: run id -> its study's MLflow client
 
@@ -102,7 +103,8 @@ def collect(tracking_uri: str, study: str, study_uid: str | None = None) -> Stud
         frame = frame.sort_values(["phase", "cell", "seed"], kind="stable").reset_index(drop=True)
     return StudyRuns(study, frame, axes, plan.get("metric", "dev_spearman"), study_file.get("report") or {}, client,
                      len(plan["seeds"]) if plan.get("seeds") else None, tracking_uri,
-                     parent.data.tags.get("orchestrator.study_uid"), dict(parent.data.tags))
+                     parent.data.tags.get("orchestrator.study_uid"), dict(parent.data.tags),
+                     study_file.get("replicate") or {})
 
 
 def _artifact_text(client: MlflowClient, run_id: str, path: str) -> str | None:
@@ -147,5 +149,6 @@ def combine(studies: list[StudyRuns]) -> StudyRuns:
     planned = {s.planned_seeds for s in studies}
     return StudyRuns("+".join(s.name for s in studies), pd.concat(frames, ignore_index=True), axes, first.metric,
                      report, first.client, planned.pop() if len(planned) == 1 else None, first.tracking_uri,
-                     first.study_uid, {}, [{"study": s.name, "tracking_uri": s.tracking_uri, "study_uid": s.study_uid}
-                                           for s in studies], clients)
+                     first.study_uid, {}, first.replicate,
+                     [{"study": s.name, "tracking_uri": s.tracking_uri, "study_uid": s.study_uid} for s in studies],
+                     clients)

@@ -352,3 +352,22 @@ def test_save_best_per_cell_keeps_one_loadable_model_per_cell(tiny_bert, data_di
     build_report(collect(f"sqlite:///{tmp_path / 'mlflow.db'}", "e2e"), tmp_path / "report")
     cells = pd.read_csv(tmp_path / "report" / "cells.csv")
     assert sorted(cells.models) == sorted(c.data.tags["orchestrator.model_path"] for c in kept)
+
+
+def test_an_adaptive_seed_study_runs_end_to_end_and_its_report_says_how_many_seeds_each_cell_got(tiny_bert, data_dir,
+                                                                                                   tmp_path):
+    study = write_study(tmp_path, tiny_bert, data_dir, tune=None, ablate={"layer": [1, 2]},
+                        replicate={"seeds": 2, "max_seeds": 3, "until": {"dev_ci95": 0.001}},
+                        train={"epochs": 1, "batch_size": 16, "max_seq_length": 32, "lr": 1e-3},
+                        data={"max_train_samples": 64, "max_eval_samples": 40})
+    result = launch(study, storage=tmp_path / "studies", progress=False)
+    assert result.finished and result.counts["completed"] == 6  # no cell's dev mean gets that precise: 3 seeds each
+    from reports.build import build_report
+    from reports.collect import collect
+
+    build_report(collect(f"sqlite:///{tmp_path / 'mlflow.db'}", "e2e"), tmp_path / "report")
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "(n=3)" in report and "seeds: added per cell until the 95 % CI of its mean dev score was at most ±0.001" \
+        in report
+    cells = pd.read_csv(tmp_path / "report" / "cells.csv")
+    assert list(cells.n) == [3, 3] and (cells.dev_ci95 > 0.001).all()

@@ -232,3 +232,52 @@ def test_each_cells_optuna_study_is_kept_for_optuna_dashboard(plan, tmp_path):
     StudyState(plan, Journal(tmp_path / "j.jsonl"), log)  # the next launch rewrites it from the journal
     again = optuna.load_study(study_name="s layer=1", storage=JournalStorage(JournalFileBackend(str(log))))
     assert [t.value for t in again.trials] == [30]
+
+
+def drive(state: StudyState) -> None:
+    """The launch loop without Ray: run each trial the plan hands out with its kind, one at a time."""
+    from trainables.contract import collect
+
+    while True:
+        record = state.next_trial()
+        if record == FINISHED:
+            return
+        assert record is not None, "nothing runs, yet the plan waits"
+        reports = []
+        state.plan.kind.run(record.config, collect(reports))
+        for metrics in reports:
+            state.on_result(record.key, metrics)
+        state.on_finished(record.key, Outcome.COMPLETED)
+
+
+def test_noisy_cells_get_more_seeds_than_quiet_ones_until_the_dev_mean_is_precise(synthetic_data_dir, tmp_path,
+                                                                                  monkeypatch):
+    from trainables.kinds import KINDS
+
+    monkeypatch.setitem(KINDS, "toy", "tests.toy_kind:ToyKind")  # its dev noise grows with lr
+    study = parse_study({"name": "adaptive", "trainable": "toy", "model": "toy", "data_dir": str(synthetic_data_dir),
+                         "ablate": {"lr": [0.001, 0.3]}, "train": {"epochs": 3},
+                         "replicate": {"seeds": 3, "max_seeds": 8, "until": {"dev_ci95": 1.0}},
+                         "tracking": {"mlflow_uri": "sqlite:///x.db"}})
+    state = StudyState(build_plan(study, tmp_path), Journal(tmp_path / "j.jsonl"))
+    drive(state)
+    quiet, noisy = (state.replicates(cell) for cell in state.plan.cells)
+    assert len(quiet) == 3 and len(noisy) == 8 and len(quiet) + len(noisy) < 8 * 2
+    assert sorted(r.seed for r in noisy) == list(range(8))
+    assert state.seed_rule(state.plan.cells[0])[1].startswith("stopped: dev 95% CI ±")
+    assert state.seed_rule(state.plan.cells[1])[1].startswith("stopped at max_seeds 8: dev 95% CI ±")
+    assert state.is_complete() and all(r.config["score_test"] for r in quiet + noisy)
+
+
+@pytest.mark.parametrize(("replicate", "message"), [
+    ({"seeds": 3, "max_seeds": 8}, "replicate.until: 8 is not valid; adaptive seeds need both"),
+    ({"seeds": 3, "until": {"dev_ci95": 0.5}}, "replicate.max_seeds: 0.5 is not valid; adaptive seeds need both"),
+    ({"seeds": 3, "max_seeds": 2, "until": {"dev_ci95": 0.5}}, "replicate.max_seeds: 2 is not valid; give at least"),
+])
+def test_an_adaptive_seed_rule_needs_both_bounds(tiny_bert, synthetic_data_dir, tmp_path, replicate, message):
+    from trainables.errors import UserInputError
+
+    study = parse_study({"name": "s", "model": tiny_bert, "data_dir": str(synthetic_data_dir), "replicate": replicate,
+                         "tracking": {"mlflow_uri": "sqlite:///x.db"}})
+    with pytest.raises(UserInputError, match=re.escape(message)):
+        build_plan(study, tmp_path)
