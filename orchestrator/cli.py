@@ -141,7 +141,9 @@ def validate(study_file: str, debug: bool = DEBUG) -> None:
 
 @app.command()
 @user_errors
-def plan(study_file: str, debug: bool = DEBUG) -> None:
+def plan(study_file: str, estimate: bool = typer.Option(False, "--estimate", help="Run a short pilot and estimate "
+                                                                                  "trial-hours and wall time."),
+         debug: bool = DEBUG) -> None:
     """List every ablation cell, the trials per phase and the total trial-epochs."""
     from rich.console import Console
     from rich.table import Table
@@ -167,6 +169,23 @@ def plan(study_file: str, debug: bool = DEBUG) -> None:
     console.print(f"trials: {resolved.tuning_trials} tuning + {resolved.replicate_trials} replicate = "
                   f"{resolved.tuning_trials + resolved.replicate_trials}; at most {resolved.max_trial_epochs} "
                   f"trial-epochs ({resolved.epochs} per trial)")
+    if estimate:
+        from orchestrator.estimate import estimate as estimate_plan
+        from orchestrator.estimate import pilots_per_cell
+
+        pilots = pilots_per_cell(resolved)
+        found = estimate_plan(resolved, pilots)
+        deepest = max(pilots.values(), key=lambda p: p.step_s)
+        console.print(f"pilot (this machine, {study.resources.cpu:g} CPU per trial): build {deepest.build_s:.1f} s, "
+                      f"step {deepest.step_s:.3f} s x {deepest.steps_per_round} per round, dev evaluation "
+                      f"{deepest.eval_s:.1f} s (deepest cell)")
+        console.print(f"estimate: tuning {found.tuning_hours:.2f} trial-h ({found.tuning_rounds:.1f} rounds with "
+                      f"ASHA's rungs), replicates {found.replicate_hours:.2f} trial-h ({found.replicate_rounds} "
+                      f"rounds); total {found.trial_hours:.2f} trial-h on {found.slots} slots: wall "
+                      f"{found.wall_hours * 60:.1f} min")
+        if study.budget is not None:
+            verdict = "within" if found.wall_hours <= study.budget.hours else "OVER"
+            console.print(f"budget: {study.budget.hours:g} h: {verdict}")
 
 
 @app.command()

@@ -60,6 +60,10 @@ class TrackingSection(Section):
     mlflow_uri: str = "sqlite:///mlflow.db"
 
 
+class BudgetSection(Section):
+    hours: float = Field(gt=0, description="refuse to launch a plan whose estimated wall time exceeds this")
+
+
 class ReportSection(Section):
     formats: list[Literal["markdown", "latex", "csv"]] = ["markdown", "latex"]
     baseline: dict[str, Any] | None = None
@@ -91,6 +95,8 @@ class StudyConfig(Section):
     data_dir: str | None = None
     max_failures: int = Field(2, ge=0, description="retries of a failed trial from its last checkpoint")
     max_concurrent: int | None = Field(None, ge=1)
+    budget: BudgetSection | None = Field(None, description="a pilot estimates the plan before launch; over budget, "
+                                                           "launch refuses")
     save: Literal["none", "best_per_cell", "all_replicates"] = Field(
         "none", description="models kept in sentence-transformers format (studies/NAME/models, MLflow artifacts): "
                             "none, the best-dev replicate of each cell, or every replicate")

@@ -16,7 +16,7 @@ from orchestrator.config import StudyConfig
 from search_spaces.presets import expand_seeds
 from trainables.errors import UserInputError
 
-HARMLESS = ("report", "resources", "max_concurrent", "max_failures", "storage_path", "save")
+HARMLESS = ("report", "resources", "max_concurrent", "max_failures", "storage_path", "save", "budget")
 
 
 def _flat(prefix: str, value: Any, out: dict[str, Any]) -> dict[str, Any]:

@@ -117,6 +117,10 @@ def launch(study_file: str | Path, storage: str | Path | None = None, address: s
     stored = load_study(folder / STUDY_FILE) if resume and (folder / STUDY_FILE).exists() else None
     changed = check_edit(stored, study) if stored is not None else []
     plan = build_plan(study, base_dir, stage_root=folder / "stages")
+    if study.budget is not None and not resume:  # a pilot on this machine, before anything is written
+        from orchestrator.estimate import check_budget, estimate
+
+        check_budget(plan, estimate(plan))
     uri = meta.get("tracking_uri") or tracking_uri(study, base_dir)
     ray = connect_ray(address)
     check_cluster(ray, study)

@@ -281,3 +281,41 @@ def test_an_adaptive_seed_rule_needs_both_bounds(tiny_bert, synthetic_data_dir, 
                          "tracking": {"mlflow_uri": "sqlite:///x.db"}})
     with pytest.raises(UserInputError, match=re.escape(message)):
         build_plan(study, tmp_path)
+
+
+def test_the_estimate_counts_asha_rungs_and_slots_from_the_pilot(plan, tmp_path):
+    from orchestrator.estimate import Pilot, estimate, expected_tuning_rounds
+
+    # 3 epochs, grace 1, eta 3: every trial runs epoch 1, a third of them epochs 2..3
+    assert expected_tuning_rounds(plan, plan.cells[0]) == pytest.approx(1 + 2 / 3)
+    pilot = Pilot(build_s=10.0, step_s=0.5, eval_s=4.0, steps_per_round=20, test_s=6.0)
+    found = estimate(plan, {0: pilot, 1: pilot}, cpus=2)
+    round_s = 20 * 0.5 + 4.0
+    tuning = 2 * 2 * (10.0 + (1 + 2 / 3) * round_s)  # 2 cells x 2 trials
+    replicates = 2 * 2 * (10.0 + 3 * round_s + 6.0)  # 2 cells x 2 seeds
+    assert found.tuning_hours * 3600 == pytest.approx(tuning)
+    assert found.replicate_hours * 3600 == pytest.approx(replicates)
+    assert found.slots == 2 and found.wall_hours * 3600 == pytest.approx((tuning + replicates) / 2 + 25.0)
+
+
+def test_plan_estimate_runs_a_pilot_and_a_budget_refuses_an_expensive_launch(tiny_bert, synthetic_data_dir,
+                                                                               tmp_path, monkeypatch):
+    import yaml
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    raw = {"name": "priced", "model": tiny_bert, "ablate": {"layer": [1, 3]}, "replicate": {"seeds": [0, 1]},
+           "train": {"epochs": 2, "batch_size": 16}, "data_dir": str(synthetic_data_dir),
+           "tracking": {"mlflow_uri": "sqlite:///mlflow.db"}, "budget": {"hours": 1e-6}}
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(app, ["plan", str(tmp_path / "study.yaml"), "--estimate"])
+    assert result.exit_code == 0, result.output
+    assert "step " in result.stdout and "15 per round" in result.stdout  # 240 train pairs / 16
+    assert "trial-h on" in result.stdout and "budget: 1e-06 h: OVER" in result.stdout
+    refused = CliRunner().invoke(app, ["launch", str(tmp_path / "study.yaml"), "--storage", str(tmp_path / "s")])
+    assert refused.exit_code == 2
+    assert refused.stderr.startswith("error: budget.hours: 1e-06 is not valid; the plan is estimated at ")
+    assert "h over: raise the budget or shrink the study" in refused.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]

@@ -1,0 +1,154 @@
+"""A budget before launch: a short pilot, then the plan's trial-hours and wall time.
+
+The pilot builds the trial of the shallowest and of the deepest cell (data, model, tokenization),
+times a few optimizer steps and one dev evaluation on the resources the study asks for, and scales
+them: a round is `steps × step time + evaluation`, a trial is `build + rounds`, replicates add one
+test evaluation. Cells between are interpolated linearly in their layer (truncation makes a step's
+cost linear in the layers kept). Tuning trials count the rounds ASHA is expected to leave them:
+successive halving lets 1/η of a rung's trials on to the next rung. Wall time divides trial-hours
+by the slots the study can use and adds the launch's fixed cost.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+
+from orchestrator.plan import Cell, StudyPlan
+from trainables.errors import UserInputError
+
+PILOT_STEPS = 3
+LAUNCH_OVERHEAD_S = 25.0  # Ray's start, validation, MLflow setup, the first worker's imports (measured ~22 s)
+
+
+@dataclass(frozen=True)
+class Pilot:
+    build_s: float  # data, model and tokenization of one trial
+    step_s: float  # one optimizer step
+    eval_s: float  # one dev evaluation
+    steps_per_round: int
+    test_s: float  # one test evaluation (replicates)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    tuning_hours: float
+    replicate_hours: float
+    wall_hours: float
+    slots: int
+    tuning_rounds: float
+    replicate_rounds: int
+
+    @property
+    def trial_hours(self) -> float:
+        return self.tuning_hours + self.replicate_hours
+
+
+def pilot(plan: StudyPlan, cell: Cell) -> Pilot:
+    """Time one trial's pieces for `cell` on this machine."""
+    from trainables.data import load_task
+    from trainables.runtime import prepare, seed_everything
+
+    kind = plan.kind
+    name = plan.study.trainable
+    sample = {k: getattr(p, "low", None) if not hasattr(p, "values") else p.values[0] for k, p in plan.tuned.items()}
+    config = plan.trial_config(cell, {k: v for k, v in sample.items() if v is not None}, plan.seeds[0])
+    full = kind.parse(config)
+    if hasattr(full, "eval_every"):  # a round is `eval_every` optimizer steps
+        steps_per_round, pilot_config = full.eval_every, {**config, "steps": PILOT_STEPS, "eval_every": PILOT_STEPS}
+    elif hasattr(full, "epochs") and hasattr(full, "batch_size"):  # a round is an epoch over the train pairs
+        train = load_task(full.task, getattr(full, "language", None), full.data_dir, full.max_train_samples).train
+        steps_per_round = math.ceil(len(train) / full.batch_size)
+        pilot_config = {**config, "epochs": 1, "max_train_samples": PILOT_STEPS * full.batch_size}
+    else:
+        raise UserInputError("--estimate", name, "no pilot for this trainable yet; estimate from a small study's "
+                                                 "measured time instead")
+    cfg = kind.parse({**pilot_config, "score_test": False})
+    device, dtype = prepare(cfg.device, cfg.precision, cfg.num_threads)
+    seed_everything(cfg.seed)
+    started = time.perf_counter()
+    learner = kind.build(cfg, device, dtype)
+    build_s = time.perf_counter() - started
+    started = time.perf_counter()
+    learner.train_round(1)
+    step_s = (time.perf_counter() - started) / PILOT_STEPS
+    started = time.perf_counter()
+    learner.evaluate("dev")
+    eval_s = time.perf_counter() - started
+    started = time.perf_counter()
+    learner.evaluate("test")
+    return Pilot(build_s, step_s, eval_s, steps_per_round, time.perf_counter() - started)
+
+
+def _layer(cell: Cell) -> float | None:
+    value = cell.values.get("layer")
+    return float(value) if isinstance(value, int | float) else None
+
+
+def pilots_per_cell(plan: StudyPlan) -> dict[int, Pilot]:
+    """Pilot the shallowest and the deepest cell; interpolate the others by layer."""
+    layered = [c for c in plan.cells if _layer(c) is not None]
+    if len(layered) < 2 or len({_layer(c) for c in layered}) < 2:
+        measured = pilot(plan, max(plan.cells, key=lambda c: plan.reports_of(c.index)))
+        return {c.index: measured for c in plan.cells}
+    low, high = min(layered, key=_layer), max(layered, key=_layer)
+    a, b = pilot(plan, low), pilot(plan, high)
+    out = {}
+    for cell in plan.cells:
+        share = 1.0 if _layer(cell) is None else (_layer(cell) - _layer(low)) / (_layer(high) - _layer(low))
+        out[cell.index] = Pilot(*(x + share * (y - x) for x, y in ((a.build_s, b.build_s), (a.step_s, b.step_s),
+                                                                     (a.eval_s, b.eval_s))),
+                                b.steps_per_round, a.test_s + share * (b.test_s - a.test_s))
+    return out
+
+
+def expected_tuning_rounds(plan: StudyPlan, cell: Cell) -> float:
+    """Rounds a tuning trial is expected to run under the cell's pruner: every trial reaches the
+    grace rung, 1/η of those the next rung, and so on up to the full trial."""
+    full = plan.reports_of(cell.index)
+    tune = plan.study.tune
+    if tune.scheduler != "asha":
+        return float(full)
+    rounds, reach, rung = 0.0, 1.0, 0
+    previous = 0
+    while True:
+        boundary = min(full, tune.grace_epochs * tune.reduction_factor ** rung)
+        rounds += reach * (boundary - previous)
+        if boundary >= full:
+            return rounds
+        previous, reach, rung = boundary, reach / tune.reduction_factor, rung + 1
+
+
+def estimate(plan: StudyPlan, pilots: dict[int, Pilot] | None = None, cpus: int | None = None) -> Estimate:
+    pilots = pilots or pilots_per_cell(plan)
+    slots = max(1, int((cpus or os.cpu_count() or 1) // max(plan.study.resources.cpu, 1e-9)))
+    if plan.study.max_concurrent:
+        slots = min(slots, plan.study.max_concurrent)
+    tuning_s = replicate_s = tuning_rounds = 0.0
+    replicate_rounds = 0
+    for cell in plan.cells:
+        p = pilots[cell.index]
+        round_s = p.steps_per_round * p.step_s + p.eval_s
+        if plan.study.tune:
+            rounds = expected_tuning_rounds(plan, cell)
+            tuning_s += plan.trials_per_cell * (p.build_s + rounds * round_s)
+            tuning_rounds += plan.trials_per_cell * rounds
+        full = plan.reports_of(cell.index)
+        replicate_s += len(plan.seeds) * (p.build_s + full * round_s + p.test_s)
+        replicate_rounds += len(plan.seeds) * full
+    wall = (tuning_s + replicate_s) / slots + LAUNCH_OVERHEAD_S
+    return Estimate(tuning_s / 3600, replicate_s / 3600, wall / 3600, slots, tuning_rounds, replicate_rounds)
+
+
+def check_budget(plan: StudyPlan, found: Estimate) -> None:
+    """`budget: {hours: N}`: refuse a plan whose estimated wall time exceeds it, saying by how much."""
+    if plan.study.budget is None:
+        return
+    limit = plan.study.budget.hours
+    if found.wall_hours > limit:
+        raise UserInputError("budget.hours", limit, f"the plan is estimated at {found.wall_hours:.2f} h of wall time "
+                                                    f"({found.trial_hours:.2f} trial-hours on {found.slots} slots), "
+                                                    f"{found.wall_hours - limit:.2f} h over: raise the budget or "
+                                                    "shrink the study")
