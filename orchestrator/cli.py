@@ -320,11 +320,13 @@ def ui(name: str, storage: str | None = STORAGE, port: int = 5000,
 
 
 def runs_path(uri: str, name: str) -> str:
-    """The UI path of the study's runs table (`#/experiments/<id>/runs`)."""
+    """The UI path of the study's runs table. MLflow 3 keeps a GenAI / model-training mode per
+    browser (GenAI by default); `workflowType` in the URL opens the model-training runs table."""
     from mlflow.tracking import MlflowClient
 
     experiment = MlflowClient(tracking_uri=uri).get_experiment_by_name(name)
-    return f"#/experiments/{experiment.experiment_id}/runs" if experiment is not None else ""
+    return (f"#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning"
+            if experiment is not None else "")
 
 
 @app.command()
