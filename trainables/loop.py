@@ -13,7 +13,6 @@ looks at dev; `test_every_round: true` is an opt-in diagnostic that scores test 
 from __future__ import annotations
 
 import math
-import random
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -41,7 +40,6 @@ class LoopState:
 def seed_round(seed: int, round_: int) -> None:
     """Python, NumPy and torch streams of one round, the same in a resumed and an uninterrupted run."""
     seed_everything(seed * 1_000 + round_)
-    random.seed(seed * 1_000 + round_)
 
 
 def weights_of(learner: Learner) -> dict[str, torch.Tensor]:
@@ -78,7 +76,8 @@ def train(kind: TrainingKind, cfg, report: Report, checkpoint_dir: str | None = 
         weights, best_weights, saved = load_checkpoint(checkpoint_dir, learner.optimizers())
         load_weights(learner, weights)
         learner.load_extra(Path(checkpoint_dir))
-        state, best = LoopState(**saved), snapshot(best_weights)
+        state = LoopState(**saved)
+        best = snapshot(best_weights) if state.best_round else None  # no round had a dev score yet
 
     metrics: dict = {}
     for round_ in range(state.round + 1, rounds + 1):
