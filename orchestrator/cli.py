@@ -179,9 +179,10 @@ def plan(study_file: str, estimate: bool = typer.Option(False, "--estimate", hel
         console.print(f"pilot (this machine, {study.resources.cpu:g} CPU per trial): build {deepest.build_s:.1f} s, "
                       f"step {deepest.step_s:.3f} s x {deepest.steps_per_round} per round, dev evaluation "
                       f"{deepest.eval_s:.1f} s (deepest cell)")
+        stages = (f", {found.stages} pretraining stage(s) {found.stage_hours:.2f} h" if found.stages else "")
         console.print(f"estimate: tuning {found.tuning_hours:.2f} trial-h ({found.tuning_rounds:.1f} rounds with "
                       f"ASHA's rungs), replicates {found.replicate_hours:.2f} trial-h ({found.replicate_rounds} "
-                      f"rounds); total {found.trial_hours:.2f} trial-h on {found.slots} slots: wall "
+                      f"rounds){stages}; total {found.trial_hours:.2f} trial-h on {found.slots} slots: wall "
                       f"{found.wall_hours * 60:.1f} min")
         if study.budget is not None:
             verdict = "within" if found.wall_hours <= study.budget.hours else "OVER"

@@ -40,10 +40,12 @@ class Estimate:
     slots: int
     tuning_rounds: float
     replicate_rounds: int
+    stage_hours: float = 0.0  # shared pretraining stages, each built once
+    stages: int = 0
 
     @property
     def trial_hours(self) -> float:
-        return self.tuning_hours + self.replicate_hours
+        return self.tuning_hours + self.replicate_hours + self.stage_hours
 
 
 def pilot(plan: StudyPlan, cell: Cell) -> Pilot:
@@ -121,7 +123,32 @@ def expected_tuning_rounds(plan: StudyPlan, cell: Cell) -> float:
         previous, reach, rung = boundary, reach / tune.reduction_factor, rung + 1
 
 
-def estimate(plan: StudyPlan, pilots: dict[int, Pilot] | None = None, cpus: int | None = None) -> Estimate:
+def stage_cost(plan: StudyPlan) -> tuple[float, int]:
+    """(seconds, count) of the distinct pretraining stages the plan's trials need, each built once:
+    one pilot of a few steps per distinct stage configuration, scaled to its steps."""
+    from trainables.pretraining import pilot_stage_step, stage_params, uses_stage
+
+    configs = [plan.trial_config(cell, {}, seed, phase) for cell in plan.cells
+               for seed, phase in ([(plan.study.tune.seed, "tune")] if plan.study.tune else []) +
+               [(s, "replicate") for s in plan.seeds]]
+    distinct: dict[str, object] = {}
+    for config in configs:
+        cfg = plan.kind.parse(config)
+        if getattr(cfg, "pretrain", None) is not None and uses_stage(cfg):
+            distinct.setdefault(repr(sorted(stage_params(cfg, getattr(cfg, "pooling", "mean")).items())), cfg)
+    per_step: dict[str, float] = {}
+    total = 0.0
+    for cfg in distinct.values():
+        shape = (cfg.model, cfg.pretrain, cfg.pretrain_batch_size, cfg.pretrain_max_seq_length)
+        key = repr(shape)
+        if key not in per_step:
+            per_step[key] = pilot_stage_step(cfg)
+        total += per_step[key] * cfg.pretrain_steps
+    return total, len(distinct)
+
+
+def estimate(plan: StudyPlan, pilots: dict[int, Pilot] | None = None, cpus: int | None = None,
+             stages: tuple[float, int] | None = None) -> Estimate:
     pilots = pilots or pilots_per_cell(plan)
     slots = max(1, int((cpus or os.cpu_count() or 1) // max(plan.study.resources.cpu, 1e-9)))
     if plan.study.max_concurrent:
@@ -138,8 +165,12 @@ def estimate(plan: StudyPlan, pilots: dict[int, Pilot] | None = None, cpus: int 
         full = plan.reports_of(cell.index)
         replicate_s += len(plan.seeds) * (p.build_s + full * round_s + p.test_s)
         replicate_rounds += len(plan.seeds) * full
-    wall = (tuning_s + replicate_s) / slots + LAUNCH_OVERHEAD_S
-    return Estimate(tuning_s / 3600, replicate_s / 3600, wall / 3600, slots, tuning_rounds, replicate_rounds)
+    stage_s, stage_count = stages if stages is not None else stage_cost(plan)
+    # a stage runs inside the first trial that needs it while the other slots go on: it adds its own
+    # time once to the trial-hours and, spread over the slots, to the wall time
+    wall = (tuning_s + replicate_s + stage_s) / slots + LAUNCH_OVERHEAD_S
+    return Estimate(tuning_s / 3600, replicate_s / 3600, wall / 3600, slots, tuning_rounds, replicate_rounds,
+                    stage_s / 3600, stage_count)
 
 
 def check_budget(plan: StudyPlan, found: Estimate) -> None:

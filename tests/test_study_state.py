@@ -289,7 +289,7 @@ def test_the_estimate_counts_asha_rungs_and_slots_from_the_pilot(plan, tmp_path)
     # 3 epochs, grace 1, eta 3: every trial runs epoch 1, a third of them epochs 2..3
     assert expected_tuning_rounds(plan, plan.cells[0]) == pytest.approx(1 + 2 / 3)
     pilot = Pilot(build_s=10.0, step_s=0.5, eval_s=4.0, steps_per_round=20, test_s=6.0)
-    found = estimate(plan, {0: pilot, 1: pilot}, cpus=2)
+    found = estimate(plan, {0: pilot, 1: pilot}, cpus=2, stages=(0.0, 0))
     round_s = 20 * 0.5 + 4.0
     tuning = 2 * 2 * (10.0 + (1 + 2 / 3) * round_s)  # 2 cells x 2 trials
     replicates = 2 * 2 * (10.0 + 3 * round_s + 6.0)  # 2 cells x 2 seeds
@@ -319,3 +319,16 @@ def test_plan_estimate_runs_a_pilot_and_a_budget_refuses_an_expensive_launch(tin
     assert refused.stderr.startswith("error: budget.hours: 1e-06 is not valid; the plan is estimated at ")
     assert "h over: raise the budget or shrink the study" in refused.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]
+
+
+def test_the_estimate_counts_each_distinct_pretraining_stage_once(tiny_bert, synthetic_data_dir, tmp_path):
+    from orchestrator.estimate import stage_cost
+
+    raw = {"name": "dapt", "model": tiny_bert, "data_dir": str(synthetic_data_dir),
+           "ablate": {"pretrain_steps": [0, 30], "layer": [1, 2]}, "replicate": {"seeds": [0, 1]},
+           "train": {"epochs": 1, "pretrain": "mlm", "pretrain_corpus": "task", "pretrain_batch_size": 8,
+                     "pretrain_max_seq_length": 16}, "tracking": {"mlflow_uri": "sqlite:///x.db"}}
+    seconds, count = stage_cost(build_plan(parse_study(raw), tmp_path))
+    assert count == 2 and seconds > 0  # 30 steps: one stage per replicate seed, shared by both layers
+    shared = {**raw, "train": {**raw["train"], "stage_seed": "shared"}}
+    assert stage_cost(build_plan(parse_study(shared), tmp_path))[1] == 1

@@ -196,6 +196,31 @@ def contrastive_pretrain(cfg, seed: int, pooling: str, folder: Path) -> dict:
             "stage_best_step": last["best_epoch"] * stage.eval_every}
 
 
+def stage_params(cfg, pooling: str = "mean") -> dict:
+    """Everything that determines the stage's output, its seed included: its cache key."""
+    contrastive = cfg.pretrain in ("simcse", "micse")
+    return {"model": cfg.model, "task": cfg.task if cfg.pretrain_corpus.startswith("task") or contrastive else None,
+            "language": cfg.language, "transductive": cfg.transductive, "seed": stage_seed_of(cfg),
+            **{k: getattr(cfg, k) for k in STAGE_FIELDS}, **({"pooling": pooling} if contrastive else {})}
+
+
+def pilot_stage_step(cfg, steps: int = 3) -> float:
+    """Seconds per optimizer step of this stage, from a few steps into a scratch folder (the
+    estimate's pilot; the cache is not touched)."""
+    import tempfile
+
+    short = cfg.model_copy(update={"pretrain_steps": steps})
+    with tempfile.TemporaryDirectory(prefix="stage-pilot-") as folder:
+        started = time.perf_counter()
+        if cfg.pretrain in ("simcse", "micse"):
+            contrastive_pretrain(short, stage_seed_of(cfg), getattr(cfg, "pooling", "mean"), Path(folder))
+        else:
+            sentences = corpus_sentences(cfg.pretrain_corpus, cfg.task, cfg.language, cfg.data_dir, cfg.transductive,
+                                         "pretrain_corpus")
+            pretrain(short, stage_seed_of(cfg), sentences, Path(folder))
+        return (time.perf_counter() - started) / steps
+
+
 def adapt(cfg, pooling: str = "mean") -> tuple[Path, dict, bool]:
     """The adapted encoder for this stage configuration, from the cache or built now."""
     if cfg.pretrain not in OBJECTIVES:
@@ -206,9 +231,7 @@ def adapt(cfg, pooling: str = "mean") -> tuple[Path, dict, bool]:
                                                                              "negatives from the batch: use 1 and a "
                                                                              "larger batch")
     seed = stage_seed_of(cfg)
-    params = {"model": cfg.model, "task": cfg.task if cfg.pretrain_corpus.startswith("task") or contrastive else None,
-              "language": cfg.language, "transductive": cfg.transductive, "seed": seed,
-              **{k: getattr(cfg, k) for k in STAGE_FIELDS}, **({"pooling": pooling} if contrastive else {})}
+    params = stage_params(cfg, pooling)
 
     def build(folder: Path) -> dict:
         if contrastive:
