@@ -102,6 +102,16 @@ class StudyConfig(Section):
                             "none, the best-dev replicate of each cell, or every replicate")
 
 
+def flatten(prefix: str, value: Any, out: dict[str, Any]) -> dict[str, Any]:
+    """Nested mappings as dotted keys (`tune.params.lr`), for MLflow params and study comparisons."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = value
+    return out
+
+
 def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
     """Field names valid at `loc` (the parent of the offending key)."""
     current: Any = model

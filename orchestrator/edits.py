@@ -12,20 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.config import StudyConfig
+from orchestrator.config import StudyConfig, flatten
 from search_spaces.presets import expand_seeds
 from trainables.errors import UserInputError
 
 HARMLESS = ("report", "resources", "max_concurrent", "max_failures", "storage_path", "save", "budget")
-
-
-def _flat(prefix: str, value: Any, out: dict[str, Any]) -> dict[str, Any]:
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
-    else:
-        out[prefix] = value
-    return out
 
 
 def _as_list(value: Any) -> list:
@@ -48,8 +39,8 @@ def _extends(key: str, old: Any, new: Any) -> bool:
 def check_edit(stored: StudyConfig, edited: StudyConfig) -> list[str]:
     """The keys that changed, when every change extends the study; a UserInputError naming the
     first change that would invalidate finished work."""
-    before = _flat("", stored.model_dump(mode="json"), {})
-    after = _flat("", edited.model_dump(mode="json"), {})
+    before = flatten("", stored.model_dump(mode="json"), {})
+    after = flatten("", edited.model_dump(mode="json"), {})
     changed = []
     for key in sorted(set(before) | set(after)):
         old, new = before.get(key), after.get(key)

@@ -16,7 +16,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from orchestrator.plan import Cell, StudyPlan
+from orchestrator.plan import Cell, StudyPlan, covering_values
 from trainables.errors import UserInputError
 
 PILOT_STEPS = 3
@@ -55,8 +55,7 @@ def pilot(plan: StudyPlan, cell: Cell) -> Pilot:
 
     kind = plan.kind
     name = plan.study.trainable
-    sample = {k: getattr(p, "low", None) if not hasattr(p, "values") else p.values[0] for k, p in plan.tuned.items()}
-    config = plan.trial_config(cell, {k: v for k, v in sample.items() if v is not None}, plan.seeds[0])
+    config = plan.trial_config(cell, {k: covering_values(p)[0] for k, p in plan.tuned.items()}, plan.seeds[0])
     full = kind.parse(config)
     if hasattr(full, "eval_every"):  # a round is `eval_every` optimizer steps
         steps_per_round, pilot_config = full.eval_every, {**config, "steps": PILOT_STEPS, "eval_every": PILOT_STEPS}

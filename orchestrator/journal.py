@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -44,6 +45,14 @@ class TrialRecord:
     @property
     def last(self) -> dict:
         return self.results[-1] if self.results else {}
+
+
+def remove_checkpoint(path: str | None) -> bool:
+    """Delete a finished trial's checkpoint (its results are in the journal and MLflow)."""
+    if not path or not os.path.isdir(path) or not Path(path).name.startswith("checkpoint_"):
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return True
 
 
 class Journal:

@@ -253,14 +253,6 @@ def stored_study_uid(name: str, storage: str | Path | None = None) -> str | None
     return json.loads((folder / META).read_text()).get("study_uid") if (folder / META).exists() else None
 
 
-def remove_checkpoint(path: str | None) -> bool:
-    """Delete a finished trial's checkpoint (its results are in the journal and MLflow)."""
-    if not path or not os.path.isdir(path) or not Path(path).name.startswith("checkpoint_"):
-        return False
-    shutil.rmtree(path, ignore_errors=True)
-    return True
-
-
 def folder_size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
 

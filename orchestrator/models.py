@@ -20,7 +20,8 @@ MODEL_PATH = "orchestrator.model_path"
 
 def model_folder(models_dir: str | Path, cell_key: str, record: TrialRecord) -> Path:
     slug = re.sub(r"[^A-Za-z0-9_.=-]+", "_", cell_key)
-    return Path(models_dir) / slug / f"seed{record.seed}{record.key[len(record.key.split('-r')[0]):]}"
+    rerun = re.search(r"-r\d+$", record.key)  # a replicate rerun after more tuning: c0-s5-r1
+    return Path(models_dir) / slug / (f"seed{record.seed}" + (rerun.group(0) if rerun else ""))
 
 
 def publish(tracker, record: TrialRecord, folder: Path) -> None:

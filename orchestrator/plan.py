@@ -115,7 +115,7 @@ def _did_you_mean(key: str, name: str, valid: list[str]) -> UserInputError:
     return UserInputError(key, name, f"{hint}valid names: {', '.join(sorted(valid))}")
 
 
-def _samples(param: Param) -> list[Any]:
+def covering_values(param: Param) -> list[Any]:
     """Values that together cover what a tuned parameter can take (every choice, both ends of a
     range), to check each against the trainable before launch."""
     if isinstance(param, Fixed):
@@ -270,7 +270,7 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
     origins.update({k: f"tune.params.{k}" for k in tuned})
 
     cells = tuple(Cell(i, values) for i, values in enumerate(_cells(study, axes)))
-    covering = {k: _samples(p) for k, p in tuned.items()}
+    covering = {k: covering_values(p) for k, p in tuned.items()}
     sample = {k: values[0] for k, values in covering.items()}
     parsed = [_check_trial(kind, {**base, **cell.values, **sample}, origins) for cell in cells]
     for cell in cells:  # every tuned value each cell may meet, one parameter at a time

@@ -18,7 +18,8 @@ from pathlib import Path
 from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.tracking import MlflowClient
 
-from orchestrator.journal import Outcome, TrialRecord
+from orchestrator.config import flatten
+from orchestrator.journal import Outcome, TrialRecord, remove_checkpoint
 from trainables.checkpoints import ARTIFACTS
 
 log = logging.getLogger("orchestrator.tracking")
@@ -39,15 +40,6 @@ def git_commit(folder: Path) -> str:
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-
-
-def _flat(prefix: str, value, out: dict) -> dict:
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
-    else:
-        out[prefix] = value
-    return out
 
 
 class StudyTracker:
@@ -112,7 +104,7 @@ class StudyTracker:
                 "seed": str(record.seed), "ray.trial_id": ray_trial_id, "cell_index": str(record.cell)}
         run = self.client.create_run(self.experiment_id, run_name=f"{record.key} {cell_key}", tags=tags)
         self.logged[run.info.run_id] = set()
-        params = _flat("", record.config, {})
+        params = flatten("", record.config, {})
         self.client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()],
                               tags=[RunTag(f"ablate.{k}", str(v)) for k, v in _cell_values(cell_key).items()])
         self.children[record.key] = run.info.run_id
@@ -166,7 +158,7 @@ class StudyTracker:
             now = int(time.time() * 1000)
             curve = [Metric(f"{record['kind']}_loss", float(v), now, i + 1)
                      for i, v in enumerate(record.get("loss_curve", []))]
-            params = [Param(k, str(v)[:6000]) for k, v in _flat("", record["params"], {}).items()]
+            params = [Param(k, str(v)[:6000]) for k, v in flatten("", record["params"], {}).items()]
             for start in range(0, max(1, len(curve)), 1000):
                 self.client.log_batch(stage_run, metrics=curve[start:start + 1000],
                                       params=params if start == 0 else [])
@@ -230,10 +222,8 @@ class StudyTracker:
                         self.log_artifact(key, str(path))
                 self.finish_trial(record)
                 counts["closed"] += 1
-            if record.finished and record.checkpoint and Path(record.checkpoint).name.startswith("checkpoint_"):
-                import shutil
-
-                shutil.rmtree(record.checkpoint, ignore_errors=True)  # its results are safe now
+            if record.finished:
+                remove_checkpoint(record.checkpoint)  # its results are safe now
         return counts
 
     def reconcile(self, records: dict[str, TrialRecord], finished: bool) -> dict[str, int]:

@@ -12,7 +12,7 @@ from ray.tune import Callback
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
-from orchestrator.journal import Outcome
+from orchestrator.journal import Outcome, remove_checkpoint
 from orchestrator.study_state import FINISHED, StudyState
 from trainables.checkpoints import ARTIFACTS, MODEL_DIR
 
@@ -163,11 +163,9 @@ class TrackingCallback(Callback):
             from orchestrator.models import keep_model
 
             keep_model(self.state, self.tracker, record, self.models_dir)
-        if getattr(self.tracker, "offline_since", None) is None:  # results safe in the journal and MLflow
-            from orchestrator.launch import remove_checkpoint
-
-            if remove_checkpoint(record.checkpoint):
-                self.state.journal.write("checkpoint_removed", key=record.key, path=record.checkpoint)
+        # results safe in the journal and MLflow: the checkpoint can go
+        if getattr(self.tracker, "offline_since", None) is None and remove_checkpoint(record.checkpoint):
+            self.state.journal.write("checkpoint_removed", key=record.key, path=record.checkpoint)
 
 
 def run_trial(config: dict) -> None:
