@@ -31,6 +31,7 @@ class TrainableKind(ABC):
     exports_models: ClassVar[bool] = False  # its learner has a sentence encoder that `save:` can keep
     round_name: ClassVar[str] = "epoch"  # what one report covers: an epoch, a cycle, an evaluation round
     round_table: ClassVar[bool] = False  # the last report also carries every round's dev as <round><n>_*
+    names: ClassVar[dict[str, tuple[str, ...]]] = {}  # config fields whose values come from a closed registry
 
     def parse(self, values: dict) -> Any:
         return parse_config(self.Config, values)
@@ -48,12 +49,14 @@ class TrainableKind(ABC):
         return cfg.num_reports()
 
     def stages(self, cfg) -> tuple[str, ...]:
-        """The shared stages a trial of this config uses (`dapt`, `teacher`)."""
-        return ()
+        """The shared stages a trial of this config uses (`dapt`, `teacher`): by default the
+        pretraining stage of a config with `pretrain:` set and steps to run."""
+        return ("dapt",) if getattr(cfg, "pretrain", None) is not None and cfg.pretrain_steps > 0 else ()
 
     def layer_bounds(self, cfg) -> list[tuple[str, Any, str]]:
-        """Every layer-like field: (field, its value or values, the model whose depth bounds it)."""
-        return []
+        """Every layer-like field: (field, its value or values, the model whose depth bounds it);
+        by default the `layer` a config cuts its `model` at."""
+        return [("layer", cfg.layer, cfg.model)] if "layer" in type(cfg).model_fields else []
 
     def check(self, cfg, key_of: KeyOf = lambda key: key) -> None:
         """Deep checks of a resolved config before launch: layer-like keys against the depth of the
@@ -72,8 +75,14 @@ class TrainableKind(ABC):
                 raise UserInputError(key_of(key), value, f"{model} has {depth} layers: use numbers in 0..{depth}")
         self.check_names(cfg, key_of)
 
-    def check_names(self, cfg, key_of: KeyOf) -> None:  # noqa: B027 (optional hook)
-        """Names inside the config that must come from a closed registry (losses, modes, ...)."""
+    def check_names(self, cfg, key_of: KeyOf) -> None:
+        """Names inside the config that must come from a closed registry (`names`: poolings,
+        losses, modes, ...); kinds add checks that need more than one field."""
+        from trainables.errors import one_of
+
+        for field, valid in self.names.items():
+            if getattr(cfg, field) not in valid:
+                raise one_of(key_of(field), getattr(cfg, field), valid)
 
     @abstractmethod
     def run(self, config: dict, report: Report, checkpoint_dir: str | None = None) -> dict:

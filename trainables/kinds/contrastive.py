@@ -169,24 +169,15 @@ class ContrastiveKind(TrainingKind):
     exports_models = True
     round_name = "round"
 
+    names = {"pooling": POOLINGS, "attention_loss": ATTENTION_LOSSES, "method": METHODS}
+
     def build(self, cfg, device, dtype) -> Learner:
         return ContrastiveLearner(cfg, device, dtype)
-
-    def metric(self, cfg) -> tuple[str, str]:
-        return "dev_spearman", "max"
-
-    def layer_bounds(self, cfg):
-        return [("layer", cfg.layer, cfg.model)]
 
     def check_names(self, cfg, key_of) -> None:
         from trainables.models import load_config
 
-        if cfg.pooling not in POOLINGS:
-            raise one_of(key_of("pooling"), cfg.pooling, POOLINGS)
-        if cfg.attention_loss not in ATTENTION_LOSSES:
-            raise one_of(key_of("attention_loss"), cfg.attention_loss, ATTENTION_LOSSES)
-        if cfg.method not in METHODS:
-            raise one_of(key_of("method"), cfg.method, METHODS)
+        super().check_names(cfg, key_of)
         kept = cfg.layer if cfg.layer is not None else encoder_depth(load_config(cfg.model))
         try:
             resolve_attention_layers(cfg.method, cfg.attention_layers, kept)

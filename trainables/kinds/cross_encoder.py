@@ -17,7 +17,7 @@ from trainables.data import load_sts_task
 from trainables.errors import one_of
 from trainables.kinds.base import Learner, TrainingKind
 from trainables.models import POOLINGS, count_parameters, load_tokenizer
-from trainables.pretraining import PretrainFields, pretrained_start, uses_stage
+from trainables.pretraining import PretrainFields, pretrained_start
 
 
 class CrossEncoderConfig(TrainingConfig, PretrainFields):
@@ -78,21 +78,7 @@ class CrossEncoderLearner(Learner):
 
 class CrossEncoderKind(TrainingKind):
     Config = CrossEncoderConfig
+    names = {"pooling": POOLINGS, "loss": CROSS_LOSSES}
 
     def build(self, cfg, device, dtype) -> Learner:
         return CrossEncoderLearner(cfg, device, dtype)
-
-    def metric(self, cfg) -> tuple[str, str]:
-        return "dev_spearman", "max"
-
-    def stages(self, cfg) -> tuple[str, ...]:
-        return ("dapt",) if uses_stage(cfg) else ()
-
-    def layer_bounds(self, cfg):
-        return [("layer", cfg.layer, cfg.model)]
-
-    def check_names(self, cfg, key_of) -> None:
-        if cfg.pooling not in POOLINGS:
-            raise one_of(key_of("pooling"), cfg.pooling, POOLINGS)
-        if cfg.loss not in CROSS_LOSSES:
-            raise one_of(key_of("loss"), cfg.loss, CROSS_LOSSES)

@@ -41,7 +41,7 @@ from trainables.errors import UserInputError, one_of
 from trainables.evaluation import Embedder, STSEvaluator, pair_cosines
 from trainables.kinds.base import Learner, TrainingKind
 from trainables.models import POOLINGS, SentenceEncoder, build_sentence_encoder, count_parameters, load_tokenizer
-from trainables.pretraining import PretrainFields, pretrained_start, stage_seed_of, uses_stage
+from trainables.pretraining import PretrainFields, pretrained_start, stage_seed_of
 from trainables.runtime import seed_everything
 from trainables.stages import get_or_build
 
@@ -278,15 +278,13 @@ class DistillKind(TrainingKind):
     exports_models = True
     round_name = "cycle"
     round_table = True
+    names = {"mode": MODES, "cross_loss": CROSS_LOSSES, "pooling": POOLINGS, "cross_pooling": POOLINGS}
 
     def build(self, cfg, device, dtype) -> Learner:
         return DistillLearner(cfg, device, dtype)
 
-    def metric(self, cfg) -> tuple[str, str]:
-        return "dev_spearman", "max"
-
     def stages(self, cfg) -> tuple[str, ...]:
-        return (("dapt",) if uses_stage(cfg) else ()) + (("teacher",) if cfg.mode == "teacher" else ())
+        return super().stages(cfg) + (("teacher",) if cfg.mode == "teacher" else ())
 
     def layer_bounds(self, cfg):
         partner = cfg.partner_model or cfg.model
@@ -294,8 +292,5 @@ class DistillKind(TrainingKind):
                 ("partner_layer", cfg.partner_layer, partner)]
 
     def check_names(self, cfg, key_of) -> None:
-        for key, valid in (("mode", MODES), ("cross_loss", CROSS_LOSSES), ("pooling", POOLINGS),
-                           ("cross_pooling", POOLINGS)):
-            if getattr(cfg, key) not in valid:
-                raise one_of(key_of(key), getattr(cfg, key), valid)
+        super().check_names(cfg, key_of)
         stage_seed_of(cfg)

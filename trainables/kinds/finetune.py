@@ -24,7 +24,7 @@ from trainables.evaluation import SELECTS, Embedder, make_evaluator
 from trainables.kinds.base import Learner, TrainingKind
 from trainables.models import POOLINGS, build_sentence_encoder, count_parameters, load_tokenizer
 from trainables.objectives import LOSSES, build_loss
-from trainables.pretraining import OBJECTIVES, PretrainFields, pretrained_start, stage_seed_of, uses_stage
+from trainables.pretraining import OBJECTIVES, PretrainFields, pretrained_start, stage_seed_of
 
 
 class FinetuneConfig(TrainingConfig, PretrainFields):
@@ -110,19 +110,13 @@ class FinetuneLearner(Learner):
 class FinetuneKind(TrainingKind):
     Config = FinetuneConfig
     exports_models = True
+    names = {"pooling": POOLINGS}
 
     def build(self, cfg, device, dtype) -> Learner:
         return FinetuneLearner(cfg, device, dtype)
 
-    def stages(self, cfg) -> tuple[str, ...]:
-        return ("dapt",) if uses_stage(cfg) else ()
-
-    def layer_bounds(self, cfg):
-        return [("layer", cfg.layer, cfg.model)]
-
     def check_names(self, cfg, key_of) -> None:
-        if cfg.pooling not in POOLINGS:
-            raise one_of(key_of("pooling"), cfg.pooling, POOLINGS)
+        super().check_names(cfg, key_of)
         kind = task_spec(cfg.task).kind
         if cfg.loss not in LOSSES:
             raise one_of(key_of("loss"), cfg.loss, LOSSES)

@@ -4,7 +4,6 @@ dev-selected layer's metrics as `dev_*`/`test_*` and every layer's as `layer{k}_
 from __future__ import annotations
 
 from trainables.contract import Report
-from trainables.errors import one_of
 from trainables.kinds.base import TrainableKind
 from trainables.models import POOLINGS
 from trainables.probe import ProbeConfig, probe_layers
@@ -16,12 +15,10 @@ class ProbeKind(TrainableKind):
     def num_reports(self, cfg) -> int:
         return 1
 
+    names = {"pooling": POOLINGS}
+
     def layer_bounds(self, cfg):
         return [("layers", cfg.layers, cfg.model)]
-
-    def check_names(self, cfg, key_of) -> None:
-        if cfg.pooling not in POOLINGS:
-            raise one_of(key_of("pooling"), cfg.pooling, POOLINGS)
 
     def run(self, config: dict, report: Report, checkpoint_dir: str | None = None) -> dict:
         cfg = self.parse({**config, "splits": ["dev", "test"]})
