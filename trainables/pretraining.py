@@ -189,7 +189,9 @@ def contrastive_pretrain(cfg, seed: int, pooling: str, folder: Path) -> dict:
         "device": cfg.device, "data_dir": cfg.data_dir, "max_eval_samples": cfg.max_eval_samples})
     started, curve = time.perf_counter(), []
     learner, last = train(kind, stage, collect(curve))
-    learner.export_encoder(folder)
+    encoder, tokenizer, _ = learner.sentence_model()  # the best-dev weights: train() loaded them
+    encoder.encoder.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
     return {"loss_curve": [m["train_loss"] for m in curve], "corpus_sentences": last["corpus_sentences"],
             "seconds": time.perf_counter() - started, "first_loss": curve[0]["train_loss"],
             "last_loss": curve[-1]["train_loss"], "stage_dev_spearman": last["best_dev_spearman"],

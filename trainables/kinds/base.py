@@ -122,10 +122,6 @@ class Learner(ABC):
     def load_extra(self, folder: Path) -> None:  # noqa: B027 (optional hook)
         """Read back what `save_extra` wrote."""
 
-    def export_encoder(self, folder: Path) -> None:
-        """Save the trained encoder (best-dev weights) and tokenizer as a model folder."""
-        raise NotImplementedError(f"{type(self).__name__} exports no encoder")
-
     def sentence_model(self) -> tuple[Any, Any, int]:
         """(SentenceEncoder, tokenizer, evaluation length) of the model the run scores, for
         `save:`; kinds without a sentence encoder (cross-encoders) have none."""

@@ -159,10 +159,6 @@ class ContrastiveLearner(Learner):
     def sentence_model(self):
         return self.model.sentence_encoder, self.tokens.tokenizer, self.eval_tokens.max_length
 
-    def export_encoder(self, folder) -> None:
-        self.model.sentence_encoder.encoder.save_pretrained(folder, safe_serialization=True)
-        self.tokens.tokenizer.save_pretrained(folder)
-
 
 class ContrastiveKind(TrainingKind):
     Config = ContrastiveConfig

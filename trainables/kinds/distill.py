@@ -268,10 +268,6 @@ class DistillLearner(Learner):
     def sentence_model(self):
         return self.sides[0].bi, self.sides[0].bi_tokens.tokenizer, self.cfg.bi_max_seq_length
 
-    def export_encoder(self, folder) -> None:
-        self.sides[0].bi.encoder.save_pretrained(folder, safe_serialization=True)
-        self.sides[0].bi_tokens.tokenizer.save_pretrained(folder)
-
 
 class DistillKind(TrainingKind):
     Config = DistillConfig

@@ -102,10 +102,6 @@ class FinetuneLearner(Learner):
     def sentence_model(self):
         return self.model, self.tokens.tokenizer, self.cfg.max_seq_length
 
-    def export_encoder(self, folder) -> None:
-        self.model.encoder.save_pretrained(folder, safe_serialization=True)
-        self.tokens.tokenizer.save_pretrained(folder)
-
 
 class FinetuneKind(TrainingKind):
     Config = FinetuneConfig
