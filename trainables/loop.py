@@ -106,11 +106,11 @@ def train(kind: TrainingKind, cfg, report: Report, checkpoint_dir: str | None = 
             save_checkpoint(folder, current, learner.optimizers(), asdict(state),
                             best if best is not None and state.best_round != round_ else None)
             learner.save_extra(Path(folder))
+            if round_ == rounds and best is not None and (cfg.score_test or cfg.export_model):
+                load_weights(learner, best)  # what the run is scored on and saves: the best-dev weights
             if round_ == rounds and cfg.score_test:
                 metrics.update(score_test(learner, best, state, Path(folder)))
-            if round_ == rounds and cfg.export_model:  # the model the run scored: best-dev weights
-                if best is not None:
-                    load_weights(learner, best)
+            if round_ == rounds and cfg.export_model:
                 encoder, tokenizer, length = learner.sentence_model()
                 save_sentence_transformer(encoder, tokenizer, Path(folder) / MODEL_DIR, length)
             report(metrics, checkpoint_dir=folder)
@@ -120,9 +120,8 @@ def train(kind: TrainingKind, cfg, report: Report, checkpoint_dir: str | None = 
 
 
 def score_test(learner: Learner, best: dict | None, state: LoopState, folder: Path) -> dict:
-    """Test, once, with the best-dev weights (the last weights when every round was degenerate)."""
-    if best is not None:
-        load_weights(learner, best)
+    """Test, once, with the weights the learner holds: the best-dev ones (the last ones when every
+    round was degenerate)."""
     test, scores = learner.evaluate("test")
     if scores is not None:
         write_predictions(folder / PREDICTIONS, learner.test_frame, scores)
