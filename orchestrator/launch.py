@@ -183,6 +183,7 @@ def run_tuner(plan: StudyPlan, state: StudyState, tracker, storage: Path, name: 
     # a trial that diverges in its first epoch reports no dev metric; the plan's searcher and
     # scheduler handle that, Tune's strict check would end the whole study
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+    import ray
     from ray import tune
 
     from orchestrator.progress import ProgressCallback
@@ -190,6 +191,10 @@ def run_tuner(plan: StudyPlan, state: StudyState, tracker, storage: Path, name: 
 
     study = plan.study
     resources = {"cpu": study.resources.cpu, "gpu": study.resources.gpu}
+    # Tune lets a custom searcher keep only one trial pending, and a trial that finishes hands its
+    # cached worker to that pending trial, killing the worker being started for it: slots beyond
+    # the first would never fill while trials are shorter than a worker's start. Let every slot start.
+    os.environ["TUNE_MAX_PENDING_TRIALS_PG"] = str(slots(study, ray.cluster_resources(), max_concurrent))
     tuner = tune.Tuner(
         tune.with_resources(run_trial, resources),
         tune_config=tune.TuneConfig(search_alg=PlanSearcher(state), scheduler=CellScheduler(state), num_samples=-1,
@@ -204,6 +209,16 @@ def run_tuner(plan: StudyPlan, state: StudyState, tracker, storage: Path, name: 
         ),
     )
     tuner.fit()
+
+
+def slots(study: StudyConfig, total: dict[str, float], max_concurrent: int | None = None) -> int:
+    """How many trials a cluster of `total` resources (Ray's names) runs at once for this study's
+    per-trial request."""
+    counts = [int(total.get("CPU", 0) // study.resources.cpu)] if study.resources.cpu > 0 else []
+    if study.resources.gpu > 0:
+        counts.append(int(total.get("GPU", 0) // study.resources.gpu))
+    count = min(counts) if counts else 1
+    return max(1, min(count, max_concurrent) if max_concurrent else count)
 
 
 def trial_folder_name(trial) -> str:

@@ -54,6 +54,13 @@ class StudyPlan:
     origins: dict[str, str] = field(default_factory=dict)
     cell_reports: tuple[int, ...] = ()  # reports per trial of each cell (cells may ablate epochs, steps, mode)
     kind_path: str = ""  # the registry entry of the study's kind, carried by every trial to its worker
+    cell_costs: tuple[float, ...] = ()  # a trial's relative cost per cell: the costliest cells start first
+
+    def start_order(self) -> list[Cell]:
+        """Cells costliest first (then in index order): long trials start early, so the study's
+        last minutes are not one long trial running while the other slots idle."""
+        cost = self.cell_costs or (0.0,) * len(self.cells)
+        return sorted(self.cells, key=lambda c: (-cost[c.index], c.index))
 
     @property
     def kind(self) -> TrainableKind:
@@ -97,7 +104,8 @@ def plan_record(plan: StudyPlan) -> dict[str, Any]:
     plan without the data folder, the model or the hub."""
     return {"cells": [c.values for c in plan.cells], "seeds": list(plan.seeds), "base": plan.base,
             "metric": plan.metric, "mode": plan.mode, "epochs": plan.epochs, "origins": plan.origins,
-            "cell_reports": list(plan.cell_reports), "kind_path": plan.kind_path}
+            "cell_reports": list(plan.cell_reports), "kind_path": plan.kind_path,
+            "cell_costs": list(plan.cell_costs)}
 
 
 def plan_from_record(study: StudyConfig, record: dict[str, Any]) -> StudyPlan:
@@ -106,7 +114,8 @@ def plan_from_record(study: StudyConfig, record: dict[str, Any]) -> StudyPlan:
              for name, raw in (study.tune.params.items() if study.tune else ())}
     return StudyPlan(study, tuple(Cell(i, values) for i, values in enumerate(record["cells"])), tuned,
                      tuple(record["seeds"]), record["base"], record["metric"], record["mode"], record["epochs"],
-                     record["origins"], tuple(record["cell_reports"]), record["kind_path"])
+                     record["origins"], tuple(record["cell_reports"]), record["kind_path"],
+                     tuple(record.get("cell_costs", ())))
 
 
 def _did_you_mean(key: str, name: str, valid: list[str]) -> UserInputError:
@@ -287,7 +296,7 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
     epochs = max(reports, default=1)  # reports per trial; ablating epochs or steps makes them differ by cell
     _check_baseline(study, cells)
     return StudyPlan(study, cells, tuned, seeds, base, metric, mode, epochs, origins, reports,
-                     KINDS[study.trainable])
+                     KINDS[study.trainable], tuple(kind.relative_cost(p) for p in parsed))
 
 
 def _task_names() -> list[str]:

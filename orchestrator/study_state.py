@@ -100,7 +100,7 @@ class StudyState:
                 self.asked[record.key] = self.studies[record.cell].ask(self.space)
             self._issue(record)
             return record
-        for cell in self.plan.cells:
+        for cell in self.plan.start_order():
             replicate = self._next_replicate(cell)
             if replicate is not None:
                 return replicate
@@ -207,7 +207,8 @@ class StudyState:
         open_cells = [c for c in self.plan.cells if len(self._issued(c, "tune")) < self.plan.trials_per_cell]
         if not open_cells:
             return None
-        cell = min(open_cells, key=lambda c: (len(self._issued(c, "tune")), c.index))  # round-robin
+        rank = {c.index: i for i, c in enumerate(self.plan.start_order())}  # round-robin, costliest first
+        cell = min(open_cells, key=lambda c: (len(self._issued(c, "tune")), rank[c.index]))
         trial = self.studies[cell.index].ask(self.space)
         n = len(self._issued(cell, "tune"))
         seed = self.plan.study.tune.seed  # disjoint from the replicate seeds (checked by the plan)

@@ -61,3 +61,28 @@ def test_token_cache_tokenizes_each_sentence_once(tiny_bert):
     cache.lookup(["a", "new one"])
     assert calls == [["a b c d e f g", "a"], ["new one"]]
     assert len(first[0]) == 4  # truncated to max_length, special tokens included
+
+
+def test_a_reused_worker_tokenizes_each_sentence_once_across_trials(tiny_bert):
+    """Two trials in one worker process (Ray reuses workers) share the token ids of a tokenizer at
+    the same max length; another max length truncates differently and tokenizes again."""
+    tokenizer = load_tokenizer(tiny_bert)
+    calls = []
+
+    class Counting:
+        pad_token_id = tokenizer.pad_token_id
+        name_or_path = f"{tiny_bert}#counting"
+
+        def __len__(self):
+            return len(tokenizer)
+
+        def __call__(self, sentences, **kwargs):
+            calls.append(list(sentences))
+            return tokenizer(sentences, **kwargs)
+
+    first_trial = TokenCache(Counting(), max_length=4).lookup(["a b c d e f g", "a"])
+    second_trial = TokenCache(Counting(), max_length=4).lookup(["a", "a b c d e f g", "b"])
+    assert calls == [["a b c d e f g", "a"], ["b"]]
+    assert second_trial[:2] == first_trial[::-1]
+    longer = TokenCache(Counting(), max_length=6).lookup(["a b c d e f g"])
+    assert calls[-1] == ["a b c d e f g"] and len(longer[0]) == 6 and len(first_trial[0]) == 4

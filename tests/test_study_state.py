@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
 from orchestrator.config import parse_study
 from orchestrator.journal import Journal, Outcome
-from orchestrator.plan import build_plan
+from orchestrator.plan import build_plan, plan_from_record, plan_record
 from orchestrator.study_state import FINISHED, StudyState
 
 
@@ -30,7 +31,8 @@ def run(state, record, values, outcome=Outcome.COMPLETED):
 def test_tuning_is_round_robin_and_replicates_wait_for_their_cell(plan, tmp_path):
     state = StudyState(plan, Journal(tmp_path / "j.jsonl"))
     first = [state.next_trial() for _ in range(4)]
-    assert [r.key for r in first] == ["c0-t0", "c1-t0", "c0-t1", "c1-t1"]
+    assert [r.key for r in first] == ["c1-t0", "c0-t0", "c1-t1", "c0-t1"]  # layer 2 costs more: it starts first
+    first = sorted(first, key=lambda r: (r.key.split("-")[1], r.key))  # c0-t0, c1-t0, c0-t1, c1-t1
     assert all(r.config["score_test"] is False and r.seed == r.config["seed"] == 10_000 for r in first)
     assert state.next_trial() is None  # only running trials left: their outcomes decide the replicates
     run(state, first[0], [10, 20, 30])
@@ -51,6 +53,22 @@ def test_tuning_is_round_robin_and_replicates_wait_for_their_cell(plan, tmp_path
     assert state.next_trial() == FINISHED and state.is_complete()
     assert state.counts() == {"planned": 8, "issued": 8, "running": 0, "completed": 7, "pruned": 1,
                               "diverged": 0, "failed": 0}
+
+
+def test_the_costliest_cells_start_first_and_the_order_survives_the_stored_plan(tiny_bert, synthetic_data_dir,
+                                                                              tmp_path):
+    """Longest trials first: on 2 slots, a study of deep and shallow cells ends with short trials
+    instead of one deep trial running alone. Epochs weigh in as well as layers."""
+    study = parse_study({"name": "s", "model": tiny_bert, "ablate": {"layer": [1, 2], "epochs": [1, 3]},
+                         "replicate": {"seeds": [5]}, "data_dir": str(synthetic_data_dir),
+                         "tracking": {"mlflow_uri": "sqlite:///x.db"}})
+    plan = build_plan(study, tmp_path)
+    assert [c.values for c in plan.cells] == [{"layer": 1, "epochs": 1}, {"layer": 2, "epochs": 1},
+                                              {"layer": 1, "epochs": 3}, {"layer": 2, "epochs": 3}]
+    state = StudyState(plan, Journal(tmp_path / "j.jsonl"))
+    assert [state.next_trial().key for _ in range(4)] == ["c3-s5", "c2-s5", "c1-s5", "c0-s5"]  # costs 9, 6, 3, 2
+    stored = plan_from_record(study, json.loads(json.dumps(plan_record(plan))))
+    assert [c.index for c in stored.start_order()] == [3, 2, 1, 0]
 
 
 def test_a_cell_whose_tuning_all_failed_has_no_replicates(plan, tmp_path):
@@ -81,11 +99,11 @@ def test_replay_keeps_finished_trials_and_requeues_interrupted_ones(plan, tmp_pa
 
     again = StudyState(plan, Journal(tmp_path / "j.jsonl"))
     assert again.records[a.key].outcome == Outcome.COMPLETED
-    assert len(again.studies[0].trials) == 1 and again.studies[0].trials[0].value == 30
+    assert len(again.studies[a.cell].trials) == 1 and again.studies[a.cell].trials[0].value == 30
     resumed = again.next_trial()
     assert resumed.key == b.key and resumed.tuned == b.tuned and resumed.checkpoint == "/ckpt/b1"
     assert again.asked[b.key].params == b.tuned
-    assert again.next_trial().key == "c0-t1"
+    assert again.next_trial().key == "c1-t1"  # round-robin, the costlier cell (layer 2) first
 
 
 def test_tuning_seed_must_lie_outside_the_replicate_seeds(tiny_bert, synthetic_data_dir, tmp_path):
@@ -110,8 +128,8 @@ def test_a_finished_tuning_trial_without_a_dev_score_replays_as_failed(plan, tmp
     state.on_result(record.key, {"epoch": 3, "dev_spearman": float("nan"), "degenerate": 1})
     state.on_finished(record.key, Outcome.COMPLETED)
     replayed = StudyState(plan, Journal(tmp_path / "j.jsonl"))
-    assert replayed.studies[0].trials[0].state.name == "FAIL"
-    assert replayed.next_trial().key == "c1-t0"
+    assert replayed.studies[record.cell].trials[0].state.name == "FAIL"
+    assert replayed.next_trial().key == "c0-t0"
 
 
 def test_a_torn_last_journal_line_does_not_swallow_the_next_event(plan, tmp_path):
@@ -153,6 +171,21 @@ def test_a_trial_request_must_fit_the_largest_node_not_the_cluster_total(resourc
     with pytest.raises(UserInputError, match=re.escape(message)):
         check_cluster(cluster, study)
     check_cluster(cluster, parse_study({"name": "s", "model": "m", "resources": {"cpu": 2, "gpu": 0.5}}))
+
+
+@pytest.mark.parametrize(("resources", "max_concurrent", "expected"), [
+    ({"cpu": 1}, None, 2), ({"cpu": 2}, None, 1), ({"cpu": 1, "gpu": 0.25}, None, 2),
+    ({"cpu": 0.5, "gpu": 0.25}, None, 4), ({"cpu": 0.5, "gpu": 0.25}, 3, 3), ({"cpu": 4}, None, 1),
+])
+def test_tune_may_start_a_worker_for_every_slot(resources, max_concurrent, expected):
+    """Tune keeps one trial pending for a custom searcher unless told otherwise, and then a short
+    trial hands its worker to the pending trial and kills the one starting for it: on 2 slots,
+    benchmarks/orchestration.py saw one trial at a time (52 % busy) until Tune was told the slots."""
+    from orchestrator.config import parse_study
+    from orchestrator.launch import slots
+
+    study = parse_study({"name": "s", "model": "m", "resources": resources})
+    assert slots(study, {"CPU": 2.0, "GPU": 1.0}, max_concurrent) == expected
 
 
 def test_status_needs_neither_the_data_folder_nor_the_model(tiny_bert, synthetic_data_dir, tmp_path, monkeypatch):
@@ -226,11 +259,11 @@ def test_each_cells_optuna_study_is_kept_for_optuna_dashboard(plan, tmp_path):
     storage = JournalStorage(JournalFileBackend(str(log)))
     names = sorted(s.study_name for s in storage.get_all_studies())
     assert names == ["s layer=1", "s layer=2"]
-    trial = optuna.load_study(study_name="s layer=1", storage=storage).trials[0]
+    trial = optuna.load_study(study_name="s layer=2", storage=storage).trials[0]  # the costlier cell went first
     assert trial.state.name == "COMPLETE" and trial.value == 30 and trial.intermediate_values == {1: 10, 2: 20, 3: 30}
-    assert optuna.load_study(study_name="s layer=2", storage=storage).trials[0].state.name == "PRUNED"
+    assert optuna.load_study(study_name="s layer=1", storage=storage).trials[0].state.name == "PRUNED"
     StudyState(plan, Journal(tmp_path / "j.jsonl"), log)  # the next launch rewrites it from the journal
-    again = optuna.load_study(study_name="s layer=1", storage=JournalStorage(JournalFileBackend(str(log))))
+    again = optuna.load_study(study_name="s layer=2", storage=JournalStorage(JournalFileBackend(str(log))))
     assert [t.value for t in again.trials] == [30]
 
 

@@ -66,12 +66,20 @@ def encode_tokens(model: nn.Module, token_lists: Sequence[Sequence[int]], pad_id
     return stacked[inverse.to(stacked.device)]
 
 
+_SHARED: dict[tuple, dict[str, list[int]]] = {}
+
+
 class TokenCache:
-    """Token ids of every sentence seen so far, so each distinct sentence is tokenized once."""
+    """Token ids of every sentence seen so far, so each distinct sentence is tokenized once per
+    worker process: the ids are kept per (tokenizer, max length) for the process's life, so a
+    reused Ray worker's next trial looks up what an earlier trial tokenized (full STS-B, 17k
+    sentences, takes 0.6 s to tokenize on one core here)."""
 
     def __init__(self, tokenizer, max_length: int):
         self.tokenizer, self.max_length = tokenizer, max_length
-        self._ids: dict[str, list[int]] = {}
+        name = str(getattr(tokenizer, "name_or_path", "") or "")
+        self._ids: dict[str, list[int]] = _SHARED.setdefault(
+            (type(tokenizer).__name__, name, len(tokenizer), max_length), {}) if name else {}
 
     def add(self, sentences: Iterable[str]) -> None:
         new = list(dict.fromkeys(s for s in sentences if s not in self._ids))

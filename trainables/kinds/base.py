@@ -48,6 +48,19 @@ class TrainableKind(ABC):
         """How many reports a full trial makes (the pruner's resource)."""
         return cfg.num_reports()
 
+    def relative_cost(self, cfg) -> float:
+        """A trial's cost relative to other cells of its study, to start the costliest first: its
+        reports times the encoder layers it runs (the whole model when `layer` is unset)."""
+        from trainables.models import encoder_depth, load_config
+
+        layer = getattr(cfg, "layer", None)
+        if layer is None and isinstance(getattr(cfg, "model", None), str):
+            try:
+                layer = encoder_depth(load_config(cfg.model))
+            except (UserInputError, OSError, ValueError):
+                layer = 0
+        return float(self.num_reports(cfg) * ((layer or 0) + 1))
+
     def stages(self, cfg) -> tuple[str, ...]:
         """The shared stages a trial of this config uses (`dapt`, `teacher`): by default the
         pretraining stage of a config with `pretrain:` set and steps to run."""
