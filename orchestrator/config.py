@@ -31,6 +31,8 @@ class TuneSection(Section):
     grace_epochs: int = Field(1, ge=1, description="epochs before ASHA may stop a trial")
     reduction_factor: int = Field(3, ge=2)
     startup_trials: int = Field(3, ge=1, description="random trials per cell before TPE models the space")
+    sampler_seed: int = Field(1_000, description="seeds each cell's TPE sampler (plus the cell's index): another "
+                                                "value draws other configurations, for a searcher's spread")
     seed: int = Field(10_000, description="the seed every tuning trial trains with; never one of replicate.seeds, "
                                           "so no replicate reruns the trial that won the tuning")
 

@@ -55,7 +55,7 @@ class StudyState:
     def _new_study(self, cell: Cell) -> optuna.Study:
         tune = self.plan.study.tune
         direction = "maximize" if self.plan.mode == "max" else "minimize"
-        sampler = optuna.samplers.TPESampler(seed=1_000 + cell.index, n_startup_trials=tune.startup_trials)
+        sampler = optuna.samplers.TPESampler(seed=tune.sampler_seed + cell.index, n_startup_trials=tune.startup_trials)
         pruner = (optuna.pruners.SuccessiveHalvingPruner(min_resource=tune.grace_epochs,
                                                          reduction_factor=tune.reduction_factor)
                   if tune.scheduler == "asha" else optuna.pruners.NopPruner())

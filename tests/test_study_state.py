@@ -71,6 +71,20 @@ def test_the_costliest_cells_start_first_and_the_order_survives_the_stored_plan(
     assert [c.index for c in stored.start_order()] == [3, 2, 1, 0]
 
 
+def test_the_sampler_seed_draws_other_configurations_and_the_same_seed_the_same(tiny_bert, synthetic_data_dir,
+                                                                                tmp_path):
+    def drawn(sampler_seed: int | None, name: str) -> list[float]:
+        tune = {"params": {"lr": {"loguniform": [1e-4, 1e-2]}}, "trials": 3, "startup_trials": 3}
+        if sampler_seed is not None:
+            tune["sampler_seed"] = sampler_seed
+        study = parse_study({"name": "s", "model": tiny_bert, "tune": tune, "data_dir": str(synthetic_data_dir),
+                             "tracking": {"mlflow_uri": "sqlite:///x.db"}})
+        state = StudyState(build_plan(study, tmp_path), Journal(tmp_path / f"{name}.jsonl"))
+        return [state.next_trial().tuned["lr"] for _ in range(3)]
+
+    assert drawn(None, "a") == drawn(1000, "b") != drawn(1007, "c")
+
+
 def test_a_cell_whose_tuning_all_failed_has_no_replicates(plan, tmp_path):
     state = StudyState(plan, Journal(tmp_path / "j.jsonl"))
     records = [state.next_trial() for _ in range(4)]
