@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN = $(VENV)/bin
 ENV = ORCHESTRATOR_DATA_DIR=$(abspath $(DATA)) HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: setup run test test-fast lint bench clean
+.PHONY: setup run paper paper-lr test test-fast lint bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,16 @@ setup: $(BIN)/.installed
 run: setup
 	$(ENV) $(BIN)/orchestrator launch examples/quickstart.yaml --resume
 
+# The paper-scale layer study (full STS-B, 7 layers x 5 seeds; about an hour on 2 cores), its report in reports/paper_minilm
+paper: setup
+	$(ENV) $(BIN)/orchestrator launch examples/paper_minilm.yaml --resume
+
+# Does tuning lr per layer change which layer wins? Fixed lr and tuned lr on the same capped data, one report
+paper-lr: setup
+	$(ENV) $(BIN)/orchestrator launch examples/paper_minilm_capped.yaml --resume
+	$(ENV) $(BIN)/orchestrator launch examples/paper_minilm_tuned.yaml --resume
+	$(ENV) $(BIN)/orchestrator report paper_minilm_capped paper_minilm_tuned --out reports/paper_minilm_lr
+
 test: setup
 	$(ENV) $(BIN)/python -m pytest -m "slow or not slow" -q
 
@@ -33,6 +43,9 @@ lint: setup
 bench: setup
 	$(ENV) $(BIN)/python benchmarks/truncation.py --data-dir $(DATA)
 	$(ENV) $(BIN)/python benchmarks/epoch.py --data-dir $(DATA)
+	$(ENV) $(BIN)/python benchmarks/profile_step.py --data-dir $(DATA)
+	$(ENV) $(BIN)/python benchmarks/orchestration.py --data-dir $(DATA)
+	$(ENV) $(BIN)/python benchmarks/asha_vs_grid.py --data-dir $(DATA)
 
 clean:
 	rm -rf $(VENV) *.egg-info

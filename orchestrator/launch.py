@@ -194,11 +194,12 @@ def run_tuner(plan: StudyPlan, state: StudyState, tracker, storage: Path, name: 
     # Tune lets a custom searcher keep only one trial pending, and a trial that finishes hands its
     # cached worker to that pending trial, killing the worker being started for it: slots beyond
     # the first would never fill while trials are shorter than a worker's start. Let every slot start.
-    os.environ["TUNE_MAX_PENDING_TRIALS_PG"] = str(slots(study, ray.cluster_resources(), max_concurrent))
+    count = slots(study, ray.cluster_resources(), max_concurrent)
+    os.environ["TUNE_MAX_PENDING_TRIALS_PG"] = str(count)
     tuner = tune.Tuner(
         tune.with_resources(run_trial, resources),
-        tune_config=tune.TuneConfig(search_alg=PlanSearcher(state), scheduler=CellScheduler(state), num_samples=-1,
-                                    max_concurrent_trials=max_concurrent, reuse_actors=True,
+        tune_config=tune.TuneConfig(search_alg=PlanSearcher(state, count), scheduler=CellScheduler(state),
+                                    num_samples=-1, max_concurrent_trials=max_concurrent, reuse_actors=True,
                                     trial_dirname_creator=trial_folder_name, trial_name_creator=trial_folder_name),
         run_config=tune.RunConfig(
             name=name, storage_path=str(storage), verbose=0,
@@ -213,12 +214,13 @@ def run_tuner(plan: StudyPlan, state: StudyState, tracker, storage: Path, name: 
 
 def slots(study: StudyConfig, total: dict[str, float], max_concurrent: int | None = None) -> int:
     """How many trials a cluster of `total` resources (Ray's names) runs at once for this study's
-    per-trial request."""
+    per-trial request; `--max-concurrent` wins (a cluster that will grow: say how far)."""
+    if max_concurrent:
+        return max_concurrent
     counts = [int(total.get("CPU", 0) // study.resources.cpu)] if study.resources.cpu > 0 else []
     if study.resources.gpu > 0:
         counts.append(int(total.get("GPU", 0) // study.resources.gpu))
-    count = min(counts) if counts else 1
-    return max(1, min(count, max_concurrent) if max_concurrent else count)
+    return max(1, min(counts) if counts else 1)
 
 
 def trial_folder_name(trial) -> str:

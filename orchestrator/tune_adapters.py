@@ -29,11 +29,13 @@ def trial_metrics(result: dict) -> dict:
 class PlanSearcher(Searcher):
     """Hands out the plan's trials in order; FINISHED when the plan is done."""
 
-    def __init__(self, state: StudyState):
+    def __init__(self, state: StudyState, max_concurrent: int | None = None):
+        """`max_concurrent`: trials handed out and not finished, at most; the cluster's slots, so
+        that no trial waits issued (TPE asks with what is known when a slot is free)."""
         super().__init__(metric=state.plan.metric, mode=state.plan.mode)
         self.state = state
         self.keys: dict[str, str] = {}  # Ray trial id -> plan key
-        self.max_concurrent: int | None = None
+        self.max_concurrent = max_concurrent
 
     def set_search_properties(self, metric, mode, config, **spec) -> bool:
         return True

@@ -190,6 +190,7 @@ def test_a_trial_request_must_fit_the_largest_node_not_the_cluster_total(resourc
 @pytest.mark.parametrize(("resources", "max_concurrent", "expected"), [
     ({"cpu": 1}, None, 2), ({"cpu": 2}, None, 1), ({"cpu": 1, "gpu": 0.25}, None, 2),
     ({"cpu": 0.5, "gpu": 0.25}, None, 4), ({"cpu": 0.5, "gpu": 0.25}, 3, 3), ({"cpu": 4}, None, 1),
+    ({"cpu": 1}, 6, 6),  # a cluster that will grow (autoscaling): the user says how far
 ])
 def test_tune_may_start_a_worker_for_every_slot(resources, max_concurrent, expected):
     """Tune keeps one trial pending for a custom searcher unless told otherwise, and then a short
@@ -200,6 +201,19 @@ def test_tune_may_start_a_worker_for_every_slot(resources, max_concurrent, expec
 
     study = parse_study({"name": "s", "model": "m", "resources": resources})
     assert slots(study, {"CPU": 2.0, "GPU": 1.0}, max_concurrent) == expected
+
+
+def test_the_searcher_hands_out_one_trial_per_slot_so_tpe_asks_with_what_is_known(plan, tmp_path):
+    from orchestrator.tune_adapters import PlanSearcher
+
+    searcher = PlanSearcher(StudyState(plan, Journal(tmp_path / "j.jsonl")), max_concurrent=2)
+    first, second = searcher.suggest("ray-a"), searcher.suggest("ray-b")
+    assert [first["trial_key"], second["trial_key"]] == ["c1-t0", "c0-t0"]
+    assert searcher.suggest("ray-c") is None  # both slots busy: the third waits, unsampled
+    searcher.state.on_result("c1-t0", {"epoch": 3, "dev_spearman": 50.0})
+    searcher.on_trial_complete("ray-a", {"dev_spearman": 50.0})
+    assert searcher.suggest("ray-c")["trial_key"] == "c1-t1"
+    assert searcher.state.records["c1-t0"].outcome == Outcome.COMPLETED
 
 
 def test_status_needs_neither_the_data_folder_nor_the_model(tiny_bert, synthetic_data_dir, tmp_path, monkeypatch):

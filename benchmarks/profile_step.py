@@ -1,0 +1,141 @@
+"""Where a training step and an evaluation spend their time, and how close they run to the machine's
+measured matmul peak.
+
+1. The peak: square matmuls (2048 x 2048 by default) in bf16 and fp32 on this machine's threads, the
+   best of several runs, in GFLOP/s.
+2. One `finetune` epoch's steps at k=6 (all-MiniLM-L6-v2, STS-B train batches of 32 pairs in our
+   length-grouped order, bf16 autocast where fast): the FLOPs of a step counted by torch's
+   FlopCounterMode (forward and backward), the measured step time, so the achieved GFLOP/s and the
+   fraction of the peak; and torch.profiler's split of the step (batching, forward, backward,
+   optimizer) with the top operators.
+3. The same for the evaluator's encoding of STS-B test (no gradients).
+
+    python benchmarks/profile_step.py --data-dir ../shared/data
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import get_linear_schedule_with_warmup
+
+from trainables.batching import EVAL_TOKENS_PER_CHUNK, TokenCache, encode_tokens
+from trainables.bi_encoder import build_optimizer, epoch_batches, pair_lengths, train_step
+from trainables.data import load_task
+from trainables.models import build_sentence_encoder, load_tokenizer
+from trainables.objectives import CosineMSELoss
+from trainables.runtime import autocast, resolve_precision
+
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def matmul_peak(dtype: torch.dtype, n: int, repeats: int = 5) -> float:
+    """GFLOP/s of the best of `repeats` n x n matmuls (after a warm-up)."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    torch.matmul(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - started)
+    return 2 * n**3 / best / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--matmul", type=int, default=2048)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    device = torch.device("cpu")
+    dtype = resolve_precision("auto", device)
+
+    peaks = {name: matmul_peak(d, args.matmul) for name, d in (("bf16", torch.bfloat16), ("fp32", torch.float32))}
+    peak = peaks["bf16" if dtype == torch.bfloat16 else "fp32"]
+    print(f"torch {torch.__version__}, {args.threads} threads, precision auto -> {str(dtype).split('.')[-1]}; "
+          f"matmul peak ({args.matmul}^2): bf16 {peaks['bf16']:.0f} GFLOP/s, fp32 {peaks['fp32']:.0f} GFLOP/s")
+
+    data = load_task("stsb", None, args.data_dir)
+    model = build_sentence_encoder(MODEL, 6, "mean", seed=0).to(device)
+    tokens = TokenCache(load_tokenizer(MODEL), 128)
+    first, second = list(data.train.sentence1), list(data.train.sentence2)
+    tokens.add(first + second)
+    targets = torch.as_tensor(data.train.score.to_numpy().copy(), dtype=torch.float32)
+    batches = epoch_batches(pair_lengths(tokens, first, second), 32, 0, True)[: args.steps + 2]
+    loss_fn = CosineMSELoss()
+    optimizer = build_optimizer(list(model.named_parameters()), 2e-5, 0.01)
+    scheduler = get_linear_schedule_with_warmup(optimizer, 0, 10_000)
+
+    def batch(rows):
+        return [tokens[first[i]] for i in rows] + [tokens[second[i]] for i in rows], targets[rows]
+
+    def step(rows):
+        ids, y = batch(rows)
+        return train_step(model, loss_fn, optimizer, scheduler, ids, y, tokens.pad_id, device, dtype, 1.0)
+
+    model.train()
+    for rows in batches[:2]:  # warm-up: allocator, oneDNN kernels
+        step(rows)
+    steps = batches[2:]
+    flops = 0
+    for rows in steps:
+        counter = FlopCounterMode(display=False)
+        with counter:
+            step(rows)
+        flops += counter.get_total_flops()
+    started = time.perf_counter()
+    for rows in steps:
+        step(rows)
+    seconds = time.perf_counter() - started
+    n_tokens = sum(len(tokens[first[i]]) + len(tokens[second[i]]) for rows in steps for i in rows)
+    achieved = flops / seconds / 1e9
+    print(f"\ntraining step (k=6, 32 pairs, {n_tokens / len(steps):.0f} real tokens per step): "
+          f"{1000 * seconds / len(steps):.1f} ms, {flops / len(steps) / 1e9:.2f} GFLOP counted (fwd + bwd) -> "
+          f"{achieved:.0f} GFLOP/s = {100 * achieved / peak:.0f} % of the matmul peak")
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for rows in steps:
+            with record_function("1 batching (lookup, pad)"):
+                ids, y = batch(rows)
+                half = len(ids) // 2
+            with record_function("2 forward (padding per chunk included)"), autocast(device, dtype):
+                vectors = encode_tokens(model, ids, tokens.pad_id, device).float()
+                loss = loss_fn(vectors[:half], vectors[half:], y)
+            with record_function("3 backward"):
+                loss.backward()
+            with record_function("4 optimizer (clip, AdamW, schedule)"):
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+    events = {e.key: e.cpu_time_total for e in prof.key_averages() if e.key[:2] in ("1 ", "2 ", "3 ", "4 ")}
+    whole = sum(events.values())
+    print("  split of a step: " + ", ".join(f"{k[2:]} {100 * v / whole:.0f} %" for k, v in sorted(events.items())))
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8, max_name_column_width=40)
+    print("  top operators by self time:\n" + "\n".join("    " + line for line in table.splitlines()[:12]))
+
+    model.eval()
+    test = list(dict.fromkeys(list(data.test.sentence1) + list(data.test.sentence2)))
+    tokens.add(test)
+    ids = [tokens[s] for s in test]
+    with torch.no_grad(), autocast(device, dtype):
+        counter = FlopCounterMode(display=False)
+        with counter:
+            encode_tokens(model, ids, tokens.pad_id, device, EVAL_TOKENS_PER_CHUNK)
+        started = time.perf_counter()
+        encode_tokens(model, ids, tokens.pad_id, device, EVAL_TOKENS_PER_CHUNK)
+        seconds = time.perf_counter() - started
+    achieved = counter.get_total_flops() / seconds / 1e9
+    print(f"\nevaluation (STS-B test, {len(test)} distinct sentences): {len(test) / seconds:.0f} sentences/s, "
+          f"{counter.get_total_flops() / 1e9:.1f} GFLOP -> {achieved:.0f} GFLOP/s = {100 * achieved / peak:.0f} % of "
+          f"the matmul peak")
+
+
+if __name__ == "__main__":
+    main()
