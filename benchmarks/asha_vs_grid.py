@@ -54,26 +54,34 @@ def study(name: str, args, folder: Path, tune: dict | None) -> dict:
             "tune": {"params": {k: {"choice": v} for k, v in SPACE.items()}, "seed": TUNE_SEED, **tune}}
 
 
-def run_study(spec: dict, folder: Path) -> tuple[float, list[dict]]:
+def run_study(spec: dict, folder: Path) -> tuple[float | None, list[dict]]:
+    """Launch (or, when `folder` kept it from an earlier run, resume: nothing reruns) a study; its
+    wall time (None when it was already finished) and its journal."""
     path = folder / f"{spec['name']}.yaml"
     path.write_text(yaml.safe_dump(spec))
+    journal = folder / "studies" / spec["name"] / "journal.jsonl"
+    done = journal.exists() and any(e.get("event") == "finished" for e in Journal(journal).events())
     started = time.perf_counter()
-    launch(path, storage=folder / "studies", progress=False)
-    return time.perf_counter() - started, Journal(folder / "studies" / spec["name"] / "journal.jsonl").events()
+    launch(path, storage=folder / "studies", progress=False, resume=journal.exists())
+    return (None if done else time.perf_counter() - started), Journal(journal).events()
 
 
 def curves_of(events: list[dict], metric: str, phase: str) -> tuple[dict, list[tuple[tuple, float]]]:
-    """Per trial: the configuration and its dev per epoch; and every trial-epoch in the order it arrived."""
+    """Per trial key: (its configuration, its dev per epoch); and every trial-epoch's (configuration,
+    dev) in the order it arrived. TPE may draw a configuration twice: each draw is its own trial."""
     issued = {e["key"]: e for e in events if e.get("event") == "issued" and e["phase"] == phase}
-    configs = {k: tuple(e["config"][n] for n in NAMES) for k, e in issued.items()}
-    curves: dict[tuple, list[float]] = {}
+    trials = {k: (tuple(e["config"][n] for n in NAMES), []) for k, e in issued.items()}
     order = []
     for event in events:
-        if event.get("event") == "result" and event["key"] in configs and metric in event["metrics"]:
+        if event.get("event") == "result" and event["key"] in trials and metric in event["metrics"]:
             value = float(event["metrics"][metric])
-            curves.setdefault(configs[event["key"]], []).append(value)
-            order.append((configs[event["key"]], value))
-    return curves, order
+            trials[event["key"]][1].append(value)
+            order.append((trials[event["key"]][0], value))
+    return trials, order
+
+
+def wall(seconds: float | None) -> str:
+    return "kept from an earlier run" if seconds is None else f"{seconds / 60:.1f} min"
 
 
 def first_reach(order: list[float], target: float) -> int | None:
@@ -81,9 +89,9 @@ def first_reach(order: list[float], target: float) -> int | None:
     return next((i + 1 for i, value in enumerate(order) if value >= target), None)
 
 
-def selected(curves: dict[tuple, list[float]], epochs: int) -> float:
+def selected(trials: dict[str, tuple[tuple, list[float]]], epochs: int) -> float:
     """The best dev of the trials that ran to the end: what the cell's replicates would be trained with."""
-    return max(max(c) for c in curves.values() if len(c) == epochs)
+    return max(max(curve) for _, curve in trials.values() if len(curve) == epochs)
 
 
 def replay(spec: dict, grid: dict[tuple, list[float]], slots: int, base_dir: Path,
@@ -123,6 +131,7 @@ def main() -> None:
     parser.add_argument("--train-samples", type=int, default=2000)
     parser.add_argument("--searcher-seeds", type=int, default=20, help="replays per setting")
     parser.add_argument("--margin", type=float, default=0.3)
+    parser.add_argument("--keep", help="keep the grid and the real run here; a rerun resumes them (nothing retrains)")
     args = parser.parse_args()
     args.data_dir = str(Path(args.data_dir).resolve())
     size = len(list(itertools.product(*SPACE.values())))
@@ -130,11 +139,13 @@ def main() -> None:
 
     connect_ray("local")
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
+        folder = Path(args.keep).resolve() if args.keep else Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
         grid_spec = study("grid", args, folder, None)
         grid_wall, grid_events = run_study(grid_spec, folder)
         metric = build_plan(parse_study(grid_spec), folder).metric
-        grid, grid_order = curves_of(grid_events, metric, "replicate")
+        grid_trials, grid_order = curves_of(grid_events, metric, "replicate")
+        grid = {config: curve for config, curve in grid_trials.values()}
         assert len(grid) == size and all(len(c) == args.epochs for c in grid.values()), "the grid did not finish"
         best = max(max(c) for c in grid.values())
         target = best - args.margin
@@ -143,39 +154,41 @@ def main() -> None:
         real_spec = study("asha", args, folder, default)
         real_wall, real_events = run_study(real_spec, folder)
         real, real_order = curves_of(real_events, metric, "tune")
-        drift = max(abs(a - b) for config, curve in real.items() for a, b in zip(curve, grid[config], strict=False))
-        replayed, replay_selected = replay(real_spec, grid, 2, folder, folder)
+        drift = max(abs(a - b) for config, curve in real.values() for a, b in zip(curve, grid[config], strict=False))
+        replayed, replay_selected = replay(real_spec, grid, 2, folder, Path(tmp))
 
         print(f"MiniLM k={args.layer}, STS-B train capped at {args.train_samples} pairs, full dev; {size} "
               f"configurations x {args.epochs} epochs = {total} trial-epochs; metric {metric}")
-        print(f"grid: best dev {best:.2f}; target (best - {args.margin}) {target:.2f}; wall {grid_wall / 60:.1f} min "
+        print(f"grid: best dev {best:.2f}; target (best - {args.margin}) {target:.2f}; wall {wall(grid_wall)} "
               f"on 2 slots; in its own run order it first reached the target after "
               f"{first_reach([v for _, v in grid_order], target)} trial-epochs")
         print(f"TPE + ASHA, real run (tune.sampler_seed 1000): {len(real_order)} trial-epochs, wall "
-              f"{real_wall / 60:.1f} min (with one replicate run); selected dev {selected(real, args.epochs):.2f}; "
-              f"first reached the target after {first_reach([v for _, v in real_order], target)} trial-epochs; its "
-              f"curves differ from the grid's by at most {drift:.4f}")
+              f"{wall(real_wall)} (with one replicate run); selected dev {selected(real, args.epochs):.2f}; "
+              f"first reached the target after {first_reach([v for _, v in real_order], target)} trial-epochs; "
+              f"{len({c for c, _ in real.values()})} distinct configurations in {len(real)} trials; its curves differ "
+              f"from the grid's by at most {drift:.4f}")
         print(f"its replay on the grid's curves: {len(replayed)} trial-epochs, selected dev {replay_selected:.2f}, "
               f"first reach after {first_reach(replayed, target)}")
 
         print(f"\nreplays on the grid's curves, {args.searcher_seeds} searcher seeds per setting, 2 slots; the full "
               f"grid costs {total} trial-epochs")
         print(f"{'grace':>5} {'rf':>3} {'startup':>7} {'selected dev mean/min':>21} {'trial-epochs used':>18} "
-              f"{'to target: median':>18} {'% of grid':>9} {'reached':>8}")
+              f"{'% of grid':>9} {'to target: median':>18} {'% of grid':>9} {'reached':>8}")
         settings = [(g, rf, s) for g in (1, 2) for rf in (2, 3, 4) for s in (3, 5, 8)]
         for grace, rf, startup in settings:
             bests, used, reach = [], [], []
             for seed in range(args.searcher_seeds):
                 spec = study("asha", args, folder, {**default, "grace_epochs": grace, "reduction_factor": rf,
                                                      "startup_trials": startup, "sampler_seed": 1000 + 7 * seed})
-                order, chosen = replay(spec, grid, 2, folder, folder)
+                order, chosen = replay(spec, grid, 2, folder, Path(tmp))
                 bests.append(chosen)
                 used.append(len(order))
                 reach.append(first_reach(order, target))
             hits = [r for r in reach if r is not None]
             median = statistics.median(hits) if hits else float("nan")
             print(f"{grace:>5} {rf:>3} {startup:>7} {statistics.mean(bests):>14.2f}/{min(bests):>6.2f} "
-                  f"{statistics.mean(used):>18.1f} {median:>18.1f} {100 * median / total:>8.1f}% "
+                  f"{statistics.mean(used):>18.1f} {100 * statistics.mean(used) / total:>8.1f}% "
+                  f"{median:>18.1f} {100 * median / total:>8.1f}% "
                   f"{len(hits):>4}/{len(reach)}")
 
 
