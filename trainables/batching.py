@@ -69,6 +69,11 @@ def encode_tokens(model: nn.Module, token_lists: Sequence[Sequence[int]], pad_id
 _SHARED: dict[tuple, dict[str, list[int]]] = {}
 
 
+def forget_shared_tokens() -> None:
+    """Drop the process's token ids (a benchmark that times tokenization starts from nothing)."""
+    _SHARED.clear()
+
+
 class TokenCache:
     """Token ids of every sentence seen so far, so each distinct sentence is tokenized once per
     worker process: the ids are kept per (tokenizer, max length) for the process's life, so a
