@@ -17,7 +17,7 @@ Printed, side by side: the dev of the configuration each selects (the best trial
 trial-epochs each used to first reach the grid's best dev - 0.3 (a trial-epoch whose dev is at least that), as
 a fraction of the full grid's trial-epochs.
 
-    python benchmarks/asha_vs_grid.py --data-dir ../shared/data            # about 15 minutes on 2 cores
+    python benchmarks/asha_vs_grid.py --data-dir ../shared/data            # about 20 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def main() -> None:
     parser.add_argument("--data-dir", required=True)
     parser.add_argument("--layer", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--train-samples", type=int, default=2000)
+    parser.add_argument("--train-samples", type=int, default=1500)
     parser.add_argument("--searcher-seeds", type=int, default=20, help="replays per setting")
     parser.add_argument("--margin", type=float, default=0.3)
     parser.add_argument("--keep", help="keep the grid and the real run here; a rerun resumes them (nothing retrains)")
