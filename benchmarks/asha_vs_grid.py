@@ -55,15 +55,15 @@ def study(name: str, args, folder: Path, tune: dict | None) -> dict:
 
 
 def run_study(spec: dict, folder: Path) -> tuple[float | None, list[dict]]:
-    """Launch (or, when `folder` kept it from an earlier run, resume: nothing reruns) a study; its
-    wall time (None when it was already finished) and its journal."""
+    """Launch (or, when `folder` kept it from an earlier run, resume: nothing finished reruns) a
+    study; its wall time (None when resumed: not the whole study's) and its journal."""
     path = folder / f"{spec['name']}.yaml"
     path.write_text(yaml.safe_dump(spec))
     journal = folder / "studies" / spec["name"] / "journal.jsonl"
-    done = journal.exists() and any(e.get("event") == "finished" for e in Journal(journal).events())
+    resumed = journal.exists()
     started = time.perf_counter()
-    launch(path, storage=folder / "studies", progress=False, resume=journal.exists())
-    return (None if done else time.perf_counter() - started), Journal(journal).events()
+    launch(path, storage=folder / "studies", progress=False, resume=resumed)
+    return (None if resumed else time.perf_counter() - started), Journal(journal).events()
 
 
 def curves_of(events: list[dict], metric: str, phase: str) -> tuple[dict, list[tuple[tuple, float]]]:
@@ -81,7 +81,7 @@ def curves_of(events: list[dict], metric: str, phase: str) -> tuple[dict, list[t
 
 
 def wall(seconds: float | None) -> str:
-    return "kept from an earlier run" if seconds is None else f"{seconds / 60:.1f} min"
+    return "not timed (resumed from an earlier run)" if seconds is None else f"{seconds / 60:.1f} min"
 
 
 def first_reach(order: list[float], target: float) -> int | None:

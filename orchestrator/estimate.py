@@ -125,7 +125,7 @@ def expected_tuning_rounds(plan: StudyPlan, cell: Cell) -> float:
 def stage_cost(plan: StudyPlan) -> tuple[float, int]:
     """(seconds, count) of the distinct pretraining stages the plan's trials need, each built once:
     one pilot of a few steps per distinct stage configuration, scaled to its steps."""
-    from trainables.pretraining import pilot_stage_step, stage_params, uses_stage
+    from trainables.pretraining import pilot_stage_step, stage_params
 
     configs = [plan.trial_config(cell, {}, seed, phase) for cell in plan.cells
                for seed, phase in ([(plan.study.tune.seed, "tune")] if plan.study.tune else []) +
@@ -133,7 +133,7 @@ def stage_cost(plan: StudyPlan) -> tuple[float, int]:
     distinct: dict[str, object] = {}
     for config in configs:
         cfg = plan.kind.parse(config)
-        if getattr(cfg, "pretrain", None) is not None and uses_stage(cfg):
+        if "dapt" in plan.kind.stages(cfg):
             distinct.setdefault(repr(sorted(stage_params(cfg, getattr(cfg, "pooling", "mean")).items())), cfg)
     per_step: dict[str, float] = {}
     total = 0.0

@@ -64,7 +64,9 @@ class TrainableKind(ABC):
     def stages(self, cfg) -> tuple[str, ...]:
         """The shared stages a trial of this config uses (`dapt`, `teacher`): by default the
         pretraining stage of a config with `pretrain:` set and steps to run."""
-        return ("dapt",) if getattr(cfg, "pretrain", None) is not None and cfg.pretrain_steps > 0 else ()
+        from trainables.pretraining import uses_stage
+
+        return ("dapt",) if hasattr(cfg, "pretrain") and uses_stage(cfg) else ()
 
     def layer_bounds(self, cfg) -> list[tuple[str, Any, str]]:
         """Every layer-like field: (field, its value or values, the model whose depth bounds it);
