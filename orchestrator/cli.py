@@ -232,7 +232,7 @@ def status(name: str, storage: str | None = STORAGE, debug: bool = DEBUG) -> Non
     from orchestrator.progress import status_table
 
     quiet_libraries()
-    Console().print(status_table(open_state(name, storage)))
+    Console(width=max(120, shutil.get_terminal_size().columns)).print(status_table(open_state(name, storage)))
     size = folder_size(study_dir(storage, name))
     typer.echo(f"study folder {study_dir(storage, name)}: {size / 2**20:.1f} MiB (finished trials keep no checkpoint)")
 
@@ -402,9 +402,12 @@ def finish(result) -> None:
 def summarize(result) -> None:
     counts = result.counts
     state = "finished" if result.finished else "interrupted (run `orchestrator resume` to continue)"
+    skipped = counts.get("skipped", 0)
+    skipped_text = (f" ({skipped} replicate{'s' if skipped > 1 else ''} skipped: `orchestrator status "
+                    f"{result.study_dir.name}` says why)" if skipped else "")
     typer.echo(f"{result.study_dir.name}: {state}: {counts['completed']} completed, {counts['pruned']} pruned, "
-               f"{counts['diverged']} diverged, {counts['failed']} failed of {counts['planned']} planned; "
-               f"study folder {result.study_dir}")
+               f"{counts['diverged']} diverged, {counts['failed']} failed of {counts['planned']} planned"
+               f"{skipped_text}; study folder {result.study_dir}")
 
 
 def print_layer_table(rows: list[dict], title: str, unit: str = " ×100") -> None:

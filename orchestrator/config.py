@@ -75,6 +75,10 @@ class ReportSection(Section):
     correction: Literal["holm", "bonferroni", "none"] = Field(
         "holm", description="multiple-comparison correction of the marks within each table")
     alpha: float = Field(0.05, gt=0, lt=1, description="significance level of the marks")
+    seed_test: Literal["t", "wilcoxon", "permutation"] = Field(
+        "t", description="the paired test over seeds behind the † marks: t (paired t-test, the default), wilcoxon "
+                         "(signed-rank) or permutation (exact sign flips); rank and permutation tests need many "
+                         "seeds to reach significance after correction, and the footnote says when they cannot")
     label: str | None = Field(None, description="this study's name in a report across studies (default: its name)")
 
 

@@ -18,7 +18,8 @@ def status_table(state: StudyState, title: str | None = None) -> Table:
     done = counts["completed"] + counts["pruned"]
     table = Table(title=title or (f"{state.plan.study.name}: {done} done, {counts['running']} running, "
                                   f"{counts['failed']} failed, {counts['diverged']} diverged, "
-                                  f"{counts['pruned']} pruned · {counts['planned']} planned"))
+                                  f"{counts['pruned']} pruned · {counts['planned']} planned" +
+                                  (f", {counts['skipped']} skipped" if counts["skipped"] else "")))
     table.add_column("cell")
     table.add_column("tuning", justify="right")
     table.add_column("replicates", justify="right")
@@ -30,8 +31,10 @@ def status_table(state: StudyState, title: str | None = None) -> Table:
         value = best.get(cell.key)
         degenerate = any(r.finished and r.last.get("degenerate") == 1 for r in tune + reps)
         rule = state.seed_rule(cell)[1]
+        skipped = state.skip_reason(cell)
         table.add_row(cell.key, f"{sum(r.finished for r in tune)}/{state.plan.trials_per_cell}",
-                      f"{sum(r.finished for r in reps)}/{len(state.plan.seeds)}" + (f" ({rule})" if rule else ""),
+                      skipped or (f"{sum(r.finished for r in reps)}/{len(state.plan.seeds)}" +
+                                  (f" ({rule})" if rule else "")),
                       f"{value:.2f}" if value is not None else ("degenerate" if degenerate else "—"))
     return table
 

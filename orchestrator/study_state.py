@@ -124,6 +124,21 @@ class StudyState:
         sign = 1 if self.plan.mode == "max" else -1
         return max(done, key=lambda r: sign * self._value(r))
 
+    def skip_reason(self, cell: Cell) -> str | None:
+        """Why a cell gets no replicates (its tuning finished and left no config with a dev score to
+        replicate), else None. A degenerate trial completed but never had a dev score to compare."""
+        if not self.plan.study.tune or not self.tuning_done(cell) or self.best_tuned(cell) is not None:
+            return None
+        outcomes = [r.outcome for r in self._issued(cell, "tune")]
+        names = {Outcome.COMPLETED: "degenerate", Outcome.DIVERGED: "diverged", Outcome.FAILED: "failed",
+                 Outcome.PRUNED: "pruned"}
+        counts = {name: sum(names.get(o) == name for o in outcomes) for name in dict.fromkeys(names.values())}
+        only = [name for name, count in counts.items() if count == len(outcomes)]
+        if only:
+            return f"skipped: every tuning trial {only[0]}"
+        return "skipped: no tuning trial finished with a dev score (" + ", ".join(
+            f"{count} {name}" for name, count in counts.items() if count) + ")"
+
     def replicates(self, cell: Cell) -> list[TrialRecord]:
         """The cell's replicate runs that count: those of its current config (never superseded)."""
         return [r for r in self._issued(cell, "replicate") if not r.superseded]
@@ -292,7 +307,8 @@ class StudyState:
 
     def counts(self) -> dict[str, int]:
         records = list(self.records.values())
-        return {"planned": self.plan.tuning_trials + self.plan.replicate_trials,
+        skipped = sum(len(self.plan.seeds) for cell in self.plan.cells if self.skip_reason(cell))
+        return {"planned": self.plan.tuning_trials + self.plan.replicate_trials, "skipped": skipped,
                 "issued": len(records),
                 "running": sum(not r.finished for r in records),
                 **{o.value: sum(r.outcome == o for r in records) for o in Outcome}}

@@ -314,4 +314,5 @@ def plan_summary(plan) -> dict:
         "cells": [c.values for c in plan.cells], "tuned": {k: repr(v) for k, v in plan.tuned.items()},
         "seeds": list(plan.seeds), "metric": plan.metric, "mode": plan.mode, "epochs": plan.epochs,
         "tuning_trials": plan.tuning_trials, "replicate_trials": plan.replicate_trials, "base": plan.base,
+        "round": plan.kind.round_name,
     }, default=str))

@@ -38,6 +38,7 @@ def summarize(runs: StudyRuns, metric: str | None = None) -> pd.DataFrame:
             row["pearson_mean"] = done["test_pearson"].mean() if len(done) else math.nan
             row["pearson_std"] = done["test_pearson"].std(ddof=1) if len(done) > 1 else math.nan
         row["missing"] = None if values.size else _why_missing(group)
+        row["rising"] = still_rising(done)
         devs = done[dev].dropna() if dev in done else pd.Series(dtype=float)
         row["dev_ci95"] = (float(t_dist.ppf(0.975, devs.size - 1) * devs.std(ddof=1) / math.sqrt(devs.size))
                            if devs.size >= 2 else math.nan)
@@ -45,8 +46,20 @@ def summarize(runs: StudyRuns, metric: str | None = None) -> pd.DataFrame:
     planned = _cells_without_replicates(runs, {r["cell"] for r in rows})
     for cell, values, reason in planned:
         rows.append({**values, "cell": cell, "n": 0, "mean": math.nan, "std": math.nan, "dev": math.nan,
-                     "params": math.nan, "seeds": [], "run_ids": [], "models": [], "missing": reason})
+                     "params": math.nan, "seeds": [], "run_ids": [], "models": [], "missing": reason,
+                     "rising": math.nan})
     return pd.DataFrame(rows)
+
+
+def still_rising(done: pd.DataFrame) -> float:
+    """The share of a cell's completed replicates whose best dev round was their last round: dev was
+    still rising when training stopped (NaN when the runs do not say)."""
+    if not len(done) or "best_epoch" not in done or "epoch" not in done:
+        return math.nan
+    known = done.dropna(subset=["best_epoch", "epoch"])
+    if not len(known):
+        return math.nan
+    return float((known.best_epoch.astype(float) >= known.epoch.astype(float)).mean())
 
 
 def _why_missing(group: pd.DataFrame) -> str:
@@ -88,25 +101,55 @@ def stage_seed_note(runs: StudyRuns) -> str | None:
 
 
 def _cells_without_replicates(runs: StudyRuns, seen: set[str]) -> list[tuple[str, dict, str]]:
-    """Cells that only have tuning runs (every tuning trial failed or diverged) or none at all."""
+    """Cells of the plan with no replicate run: why (every tuning trial degenerate, failed or
+    diverged, tuning still going on), or `not started` for cells with no run at all."""
     out = []
-    tuning = runs.runs[runs.runs.phase == "tune"]
+    tuning = runs.runs[runs.runs.phase == "tune"] if "phase" in runs.runs else runs.runs.iloc[:0]
     for cell, group in tuning.groupby("cell", sort=False):
         if cell in seen:
             continue
         values = {axis: group.iloc[0][axis] for axis in runs.axes}
-        out.append((cell, values, "no replicate: every tuning trial " + (
-            "diverged" if set(group.outcome) == {"diverged"} else "failed or diverged")))
+        out.append((cell, values, tuning_skip_reason(group, f"best_{runs.metric}")))
+        seen = seen | {cell}
+    for cell, values in runs.planned_cells:
+        if cell not in seen:
+            out.append((cell, {axis: values.get(axis) for axis in runs.axes}, "not started"))
     return out
 
 
-def dev_selected(summary: pd.DataFrame, row_axes: list[str], column_axis: str) -> dict[str, object]:
+def usable_tuning(group: pd.DataFrame, dev: str) -> pd.DataFrame:
+    """Tuning runs that finished with a dev score: the ones selection may choose from."""
+    done = group[group.outcome == "completed"]
+    return done[pd.to_numeric(done[dev], errors="coerce").notna()] if dev in done else done.iloc[:0]
+
+
+def tuning_skip_reason(group: pd.DataFrame, dev: str) -> str:
+    """Why a cell's tuning left nothing to replicate, from its tuning runs' outcomes."""
+    if len(usable_tuning(group, dev)):
+        return "not finished"
+    outcomes = group.outcome.fillna("running")
+    degenerate = int((outcomes == "completed").sum())  # completed without a dev score: constant embeddings
+    counts = {"degenerate": degenerate, "diverged": int((outcomes == "diverged").sum()),
+              "failed": int((outcomes == "failed").sum()), "pruned": int((outcomes == "pruned").sum())}
+    unfinished = len(group) - sum(counts.values())
+    if unfinished:
+        return "not finished"
+    only = [name for name, count in counts.items() if count == len(group)]
+    if only:
+        return f"skipped: every tuning trial {only[0]}"
+    return "skipped: no tuning trial finished with a dev score (" + ", ".join(
+        f"{count} {name}" for name, count in counts.items() if count) + ")"
+
+
+def dev_selected(summary: pd.DataFrame, row_axes: list[str], column_axis: str,
+                 mode: str = "max") -> dict[str, object]:
     """Per row, the column value with the best mean dev score (test never looks in)."""
     chosen = {}
     for key, group in row_groups(summary, row_axes):
         group = group.dropna(subset=["dev"])
         if len(group):
-            chosen[key] = group.loc[group["dev"].idxmax(), column_axis]
+            best = group["dev"].idxmin() if mode == "min" else group["dev"].idxmax()
+            chosen[key] = group.loc[best, column_axis]
     return chosen
 
 

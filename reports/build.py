@@ -19,11 +19,24 @@ from reports.aggregate import (
     stage_seed_note,
     suite_summary,
     summarize,
+    tuning_skip_reason,
+    usable_tuning,
 )
 from reports.collect import StudyRuns
 from reports.plots import layer_plot, pareto_plot
 from reports.render import BEST_NOTE, N_NOTE, SELECTED_NOTE, Cell, Grid, to_latex, to_markdown
-from reports.significance import BOOTSTRAP_SAMPLES, CORRECTIONS, LEVEL, compare_to_baseline, marks
+from reports.significance import (
+    BOOTSTRAP_SAMPLES,
+    CORRECTIONS,
+    LEVEL,
+    MIN_SEEDS,
+    SEED_TESTS,
+    compare_to_baseline,
+    comparisons_factor,
+    marks,
+    reachable,
+    smallest_p,
+)
 
 PROVENANCE = "provenance.json"  # what produced the report and from which store: for verify
 FORMATS = ("markdown", "latex", "csv")
@@ -42,7 +55,7 @@ def _sort_key(value):
 
 def ablation_grid(runs: StudyRuns, summary: pd.DataFrame, stats: pd.DataFrame, rows: list[str], column: str,
                   decimals: int) -> Grid:
-    selected = dev_selected(summary, rows, column)
+    selected = dev_selected(summary, rows, column, runs.mode)
     best = best_per_column(summary, rows, column)
     significant = marks(stats, float(runs.report.get("alpha", LEVEL))) if not stats.empty else {}
     columns = sorted(summary[column].unique(), key=_sort_key)
@@ -55,16 +68,32 @@ def ablation_grid(runs: StudyRuns, summary: pd.DataFrame, stats: pd.DataFrame, r
                 cells.append(Cell(note="not in the study"))
                 continue
             row = match.iloc[0]
+            rising = RISING if row.get("rising", math.nan) > 0.5 else ""
             cells.append(Cell(mean=row["mean"], std=row["std"], bold=row["cell"] in best,
-                              selected=selected.get(key) == value, mark=significant.get(row["cell"], ""),
+                              selected=selected.get(key) == value, mark=significant.get(row["cell"], "") + rising,
                               note=row["missing"] if isinstance(row["missing"], str) else None,
                               n=int(row["n"]), planned=runs.planned_seeds))
         grid_rows.append((key, cells))
     metric = runs.test_metric.replace("test_", "test ")
     title = f"{runs.name}: {metric} ×100 by {column} (mean ± std over seeds)"
     notes = [BEST_NOTE, SELECTED_NOTE, N_NOTE] + _significance_notes(runs, stats) + [
-        note for note in (seed_rule_note(runs), stage_seed_note(runs)) if note]
+        note for note in (rising_note(runs, summary), seed_rule_note(runs), stage_seed_note(runs)) if note]
     return Grid(title, ", ".join(rows) or "", [f"{column} {c}" for c in columns], grid_rows, notes, decimals)
+
+
+RISING = "↑"
+
+
+def rising_note(runs: StudyRuns, summary: pd.DataFrame) -> str | None:
+    """Counts the cells whose dev score was still rising at their last round (not converged)."""
+    rising = summary[summary.get("rising", pd.Series(dtype=float)) > 0.5] if "rising" in summary else summary.iloc[:0]
+    if not len(rising):
+        return None
+    round_ = runs.round_name
+    single = "epoch" in runs.runs and runs.replicates().get("epoch", pd.Series(dtype=float)).max() == 1
+    return (f"{RISING} not converged: in most seeds the best dev {round_} was the last {round_}, so dev was still "
+            f"rising when training stopped ({len(rising)} of {len(summary)} cells); more {round_}s may change these "
+            "numbers" + (f" (with one {round_} per trial convergence cannot be seen)" if single else ""))
 
 
 def _significance_notes(runs: StudyRuns, stats: pd.DataFrame) -> list[str]:
@@ -74,13 +103,27 @@ def _significance_notes(runs: StudyRuns, stats: pd.DataFrame) -> list[str]:
     what = ", ".join(f"{k}={v}" for k, v in baseline.items())
     alpha = float(runs.report.get("alpha", LEVEL))
     correction = runs.report.get("correction", "holm")
+    test = runs.report.get("seed_test", "t")
     paired = int(stats.paired_p.notna().sum())
     resampled = int(stats.bootstrap_p.notna().sum())
     corrected = (f"{CORRECTIONS[correction]}-corrected over the table's comparisons ({paired} paired, "
                  f"{resampled} bootstrap)" if correction != "none" else "uncorrected")
-    notes = [f"† p < {alpha} against the baseline ({what}) of the row, paired over seeds (t-test; Wilcoxon "
-             f"signed-rank with 6 or more seeds); ‡ p < {alpha}, paired bootstrap over test pairs "
-             f"({BOOTSTRAP_SAMPLES} resamples); p-values {corrected}; raw and corrected ones in stats.csv"]
+    notes = [f"† p < {alpha:g} against the baseline ({what}) of the row, {SEED_TESTS[test]} over seeds; ‡ p < "
+             f"{alpha:g}, paired bootstrap over test pairs ({BOOTSTRAP_SAMPLES} resamples); p-values {corrected}; "
+             "raw and corrected ones (t-test, Wilcoxon, permutation) in stats.csv"]
+    few = stats[(stats.n_seeds > 0) & (stats.n_seeds < MIN_SEEDS)]
+    if len(few):
+        counts = ", ".join(str(n) for n in sorted(set(few.n_seeds)))
+        notes.append(f"no † for {len(few)} of {len(stats)} cells: fewer than {MIN_SEEDS} seeds pair with the "
+                     f"baseline (n = {counts}), too few for a test over seeds")
+    family = max(1, paired)
+    for n in sorted(set(stats.n_seeds[stats.n_seeds >= MIN_SEEDS])):
+        if not reachable(test, int(n), family, correction, alpha):
+            smallest = min(1.0, comparisons_factor(correction, family) * smallest_p(test, int(n)))
+            notes.append(f"{SEED_TESTS[test]} cannot reach p < {alpha:g} with n = {int(n)}"
+                         + (f" and {family} comparisons" if correction != "none" else "")
+                         + f" (smallest possible {'corrected ' if correction != 'none' else ''}p {smallest:.3g}): no "
+                         "† is possible at this n; use report.seed_test: t or more seeds")
     refused = stats.dropna(subset=["bootstrap_refused"]) if "bootstrap_refused" in stats else stats.iloc[:0]
     if len(refused):
         notes.append(f"no bootstrap for {', '.join(refused.cell)}: {refused.bootstrap_refused.iloc[0]}")
@@ -92,7 +135,7 @@ def headline_grid(runs: StudyRuns, summary: pd.DataFrame, rows: list[str], decim
     test Spearman/Pearson at k, the same at the last layer, and the difference."""
     if "layer" not in runs.axes or runs.test_metric != "test_spearman":
         return None
-    selected = dev_selected(summary, rows, "layer")
+    selected = dev_selected(summary, rows, "layer", runs.mode)
     out = []
     for key, group in row_groups(summary, rows):
         if key not in selected:
@@ -102,15 +145,16 @@ def headline_grid(runs: StudyRuns, summary: pd.DataFrame, rows: list[str], decim
         delta = at_k["mean"] - last["mean"]
         out.append((key, [Cell(text=str(selected[key])),
                           Cell(text="—" if math.isnan(at_k["params"]) else f"{at_k['params'] / 1e6:.1f}"),
-                          Cell(mean=at_k["mean"], std=at_k["std"]),
+                          Cell(mean=at_k["mean"], std=at_k["std"], n=int(at_k["n"]), planned=runs.planned_seeds),
                           Cell(mean=at_k.get("pearson_mean", math.nan), std=at_k.get("pearson_std", math.nan)),
-                          Cell(text=str(last["layer"])), Cell(mean=last["mean"], std=last["std"]),
+                          Cell(text=str(last["layer"])),
+                          Cell(mean=last["mean"], std=last["std"], n=int(last["n"]), planned=runs.planned_seeds),
                           Cell(text="—" if math.isnan(delta) else f"{delta:+.{decimals}f}")]))
     if not out:
         return None
     return Grid(f"{runs.name}: dev-selected layer against the last layer (test ×100)", ", ".join(rows) or "",
                 ["k (dev)", "params (M)", "Spearman at k", "Pearson at k", "last", "Spearman at last", "Δ"],
-                out, [], decimals)
+                out, [N_NOTE], decimals)
 
 
 def suite_grid(runs: StudyRuns, decimals: int) -> Grid | None:
@@ -122,11 +166,11 @@ def suite_grid(runs: StudyRuns, decimals: int) -> Grid | None:
     rows = []
     for cell, group in suite.groupby("cell", sort=False):
         by_set = {r["set"]: r for _, r in group.iterrows()}
-        rows.append((cell, [Cell(mean=by_set[label]["mean"], std=by_set[label]["std"], bold=bool(by_set[label]["best"]))
-                            for label in labels]))
+        rows.append((cell, [Cell(mean=by_set[label]["mean"], std=by_set[label]["std"], bold=bool(by_set[label]["best"]),
+                                 n=int(by_set[label]["n"]), planned=runs.planned_seeds) for label in labels]))
     return Grid(f"{runs.name}: STS suite, test Spearman ×100 of cosine (mean ± std over seeds)", "cell", labels,
-                rows, [BEST_NOTE, "STS12-16: all subsets of a year pooled (SentEval's \"all\"); STS-B and SICK-R: "
-                       "test splits"], decimals)
+                rows, [BEST_NOTE, N_NOTE, "STS12-16: all subsets of a year pooled (SentEval's \"all\"); STS-B and "
+                       "SICK-R: test splits"], decimals)
 
 
 def cycle_grid(runs: StudyRuns, decimals: int) -> Grid | None:
@@ -140,36 +184,64 @@ def cycle_grid(runs: StudyRuns, decimals: int) -> Grid | None:
     for (cell, encoder, split), group in cycles.groupby(["cell", "encoder", "split"], sort=False):
         by_cycle = {r["cycle"]: r for _, r in group.iterrows()}
         rows.append((f"{cell} · {encoder} · {split}",
-                     [Cell(mean=by_cycle[c]["mean"], std=by_cycle[c]["std"]) if c in by_cycle else Cell(text="—")
+                     [Cell(mean=by_cycle[c]["mean"], std=by_cycle[c]["std"], n=int(by_cycle[c]["n"]),
+                           planned=runs.planned_seeds) if c in by_cycle else Cell(text="—")
                       for c in numbers]))
     return Grid(f"{runs.name}: Spearman ×100 after each distillation cycle (mean ± std over seeds)",
                 "cell · encoder · split", [f"cycle {c}" for c in numbers], rows,
-                ["the run's own test figure is the dev-selected cycle's (best bi-encoder dev), scored once; test "
-                 "rows appear only with the diagnostic test_every_round: true and are never used"], decimals)
+                [N_NOTE, "the run's own test figure is the dev-selected cycle's (best bi-encoder dev), scored once; "
+                 "test rows appear only with the diagnostic test_every_round: true and are never used"], decimals)
+
+
+def format_value(value) -> str:
+    """A tuned value as a table shows it: learning rates in scientific notation, others plainly."""
+    if isinstance(value, bool) or value is None:
+        return "—" if value is None else str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "—"
+        return f"{value:.2e}" if value != 0 and (abs(value) < 1e-2 or abs(value) >= 1e4) else f"{value:g}"
+    return str(value)
 
 
 def tuning_grid(runs: StudyRuns) -> Grid | None:
-    tuning = runs.runs[runs.runs.phase == "tune"]
+    """Per cell: trials, pruned, failed or diverged, degenerate, and the dev-best trial's value of
+    every tuned parameter (the plan says which) with its dev score."""
+    tuning = runs.runs[runs.runs.phase == "tune"] if "phase" in runs.runs else runs.runs.iloc[:0]
     if tuning.empty:
         return None
     rows = []
     dev = f"best_{runs.metric}"
+    sign = -1 if runs.mode == "min" else 1
+    tuned = [name for name in runs.tuned if name in tuning]
+    notes = []
+    degenerate_total = 0
     for cell, group in tuning.groupby("cell", sort=False):
-        done = group[group.outcome == "completed"]
-        best = done.loc[done[dev].idxmax()] if len(done) and dev in done else None
-        rows.append((cell, [Cell(text=str(len(group))), Cell(text=str(int((group.outcome == "pruned").sum()))),
-                            Cell(text=str(int(group.outcome.isin(["failed", "diverged"]).sum()))),
-                            Cell(text="—" if best is None else f"{best['lr']:.2e}"),
-                            Cell(mean=math.nan if best is None else best[dev])]))
+        usable = usable_tuning(group, dev)
+        best = usable.loc[(sign * usable[dev].astype(float)).idxmax()] if len(usable) else None
+        degenerate = int((group.outcome == "completed").sum()) - len(usable)
+        cells = [Cell(text=str(len(group))), Cell(text=str(int((group.outcome == "pruned").sum()))),
+                 Cell(text=str(int(group.outcome.isin(["failed", "diverged"]).sum()))), Cell(text=str(degenerate))]
+        cells += [Cell(text="—" if best is None else format_value(best[name])) for name in tuned]
+        replicated = bool(len(runs.replicates()[runs.replicates().cell == cell]))
+        reason = None if best is not None else ("no tuning trial completed with a dev score" if replicated
+                                                else tuning_skip_reason(group, dev))
+        degenerate_total += degenerate
+        cells.append(Cell(mean=math.nan if best is None else float(best[dev]), note=reason))
+        rows.append((cell, cells))
     tuning_seeds = sorted({int(s) for s in tuning.seed.dropna()})
     replicate_seeds = sorted({int(s) for s in runs.replicates().seed.dropna()})
     overlap = set(tuning_seeds) & set(replicate_seeds)
-    note = (f"tuning trials trained with seed {', '.join(map(str, tuning_seeds))}; replicates with "
-            f"{', '.join(map(str, replicate_seeds)) or 'none yet'}" +
-            ("; disjoint, so no replicate reruns a tuning trial" if not overlap else
-             f"; seeds {sorted(overlap)} were used by both (a study launched before tuning seeds were separate)"))
+    notes.append(f"tuning trials trained with seed {', '.join(map(str, tuning_seeds))}; replicates with "
+                 f"{', '.join(map(str, replicate_seeds)) or 'none yet'}" +
+                 ("; disjoint, so no replicate reruns a tuning trial" if not overlap else
+                  f"; seeds {sorted(overlap)} were used by both (a study launched before tuning seeds were separate)"))
+    if degenerate_total:
+        notes.append("degenerate: finished without a dev score (constant embeddings make the correlation undefined); "
+                     "never selected")
     return Grid(f"{runs.name}: tuning per cell (dev only)", "cell",
-                ["trials", "pruned", "failed", "best lr", f"best {runs.metric}"], rows, [note], 2)
+                ["trials", "pruned", "failed", "degenerate", *[f"best {name}" for name in tuned],
+                 f"best {runs.metric}"], rows, notes, 2)
 
 
 def producer() -> dict[str, str]:
@@ -200,7 +272,8 @@ def build_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] = FORMATS)
     stats = pd.DataFrame()
     if column and baseline_spec.get(column) is not None and not summary.empty:
         stats = compare_to_baseline(runs, summary, rows, column, baseline_spec[column], runs.test_metric,
-                                    correction=runs.report.get("correction", "holm"))
+                                    correction=runs.report.get("correction", "holm"),
+                                    seed_test=runs.report.get("seed_test", "t"))
 
     grids: list[tuple[str, Grid]] = []
     if column and not summary.empty:
@@ -217,7 +290,7 @@ def build_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] = FORMATS)
 
     figures = []
     if column and not summary.empty and summary["mean"].notna().any():
-        selected = dev_selected(summary, rows, column)
+        selected = dev_selected(summary, rows, column, runs.mode)
         figures.append(layer_plot(summary, rows, column, selected, runs.test_metric, out / "score_by_layer"))
         if summary["params"].notna().any():
             figures.append(pareto_plot(summary, rows, runs.test_metric, out / "score_by_params"))

@@ -33,6 +33,10 @@ class StudyRuns:
     replicate: dict = field(default_factory=dict)  # the study's `replicate:` block (its seed rule)
     sources: list[dict] = field(default_factory=list)  # combined reports: each study's store and id
     clients: dict = field(default_factory=dict)  # combined reports: run id -> its study's MLflow client
+    tuned: list[str] = field(default_factory=list)  # the parameters the study tunes per cell (plan's `tuned`)
+    planned_cells: list[tuple[str, dict]] = field(default_factory=list)  # (cell key, axis values) of the plan
+    mode: str = "max"  # whether a greater dev score is better (max) or a smaller one (min)
+    round_name: str = "epoch"  # what one report of a trial covers (the kind's round: epoch, cycle, round)
 
     @property
     def test_metric(self) -> str:
@@ -83,6 +87,9 @@ def collect(tracking_uri: str, study: str, study_uid: str | None = None) -> Stud
     plan = _artifact_json(client, parent.info.run_id, "plan.json") or {}
     study_file = _artifact_yaml(client, parent.info.run_id, "study.yaml") or {}
     axes = list((plan.get("cells") or [{}])[0].keys())
+    tuned = [str(k) for k in (plan.get("tuned") or {})]
+    planned = [(" ".join(f"{k}={v}" for k, v in values.items()) or "all", dict(values))
+               for values in plan.get("cells") or []]
     rows = []
     for run in children:
         tags = run.data.tags
@@ -95,16 +102,17 @@ def collect(tracking_uri: str, study: str, study_uid: str | None = None) -> Stud
                "status": run.info.status, "error": tags.get("error"),
                "model_path": tags.get("orchestrator.model_path")}
         row.update({axis: _number(tags.get(f"ablate.{axis}", run.data.params.get(axis))) for axis in axes})
-        row["lr"] = _number(run.data.params.get("lr"))
+        row.update({name: _number(run.data.params.get(name)) for name in tuned})
         row.update(run.data.metrics)
         rows.append(row)
-    frame = pd.DataFrame(rows, columns=BASE_COLUMNS + axes + ["lr"] if not rows else None)
+    frame = pd.DataFrame(rows, columns=BASE_COLUMNS + axes + tuned if not rows else None)
     if not frame.empty:
         frame = frame.sort_values(["phase", "cell", "seed"], kind="stable").reset_index(drop=True)
     return StudyRuns(study, frame, axes, plan.get("metric", "dev_spearman"), study_file.get("report") or {}, client,
                      len(plan["seeds"]) if plan.get("seeds") else None, tracking_uri,
                      parent.data.tags.get("orchestrator.study_uid"), dict(parent.data.tags),
-                     study_file.get("replicate") or {})
+                     study_file.get("replicate") or {}, tuned=tuned, planned_cells=planned,
+                     mode=plan.get("mode", "max"), round_name=plan.get("round", "epoch"))
 
 
 def _artifact_text(client: MlflowClient, run_id: str, path: str) -> str | None:
@@ -147,8 +155,11 @@ def combine(studies: list[StudyRuns]) -> StudyRuns:
     first = studies[0]
     report = {k: v for k, v in first.report.items() if k not in ("rows", "label")}
     planned = {s.planned_seeds for s in studies}
+    cells = [(f"study={label} {key}", {"study": label, **values})
+             for runs, label in zip(studies, labels, strict=True) for key, values in runs.planned_cells]
+    tuned = list(dict.fromkeys(name for s in studies for name in s.tuned))
     return StudyRuns("+".join(s.name for s in studies), pd.concat(frames, ignore_index=True), axes, first.metric,
                      report, first.client, planned.pop() if len(planned) == 1 else None, first.tracking_uri,
                      first.study_uid, {}, first.replicate,
                      [{"study": s.name, "tracking_uri": s.tracking_uri, "study_uid": s.study_uid} for s in studies],
-                     clients)
+                     clients, tuned, cells, first.mode, first.round_name)

@@ -66,5 +66,6 @@ def pareto_plot(summary: pd.DataFrame, rows: list[str], metric: str, stem: Path)
     axis.set_xlabel("parameters of the truncated model (M)")
     axis.set_ylabel(f"{metric.replace('_', ' ')} ×100")
     axis.grid(alpha=0.3)
-    axis.legend(fontsize="small")
+    if axis.get_legend_handles_labels()[0]:
+        axis.legend(fontsize="small")
     return _save(figure, stem)

@@ -82,7 +82,7 @@ def to_markdown(grid: Grid) -> str:
 
 LATEX_ESCAPES = {
     "×": r"$\times$", "±": r"$\pm$", "—": "--", "–": "--", "Δ": r"$\Delta$", "†": r"$^{\dagger}$",
-    "‡": r"$^{\ddagger}$",
+    "‡": r"$^{\ddagger}$", "↑": r"$^{\uparrow}$",
     "<": r"$<$", ">": r"$>$", "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
     "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
 }

@@ -372,3 +372,43 @@ def test_an_adaptive_seed_study_runs_end_to_end_and_its_report_says_how_many_see
         in report
     cells = pd.read_csv(tmp_path / "report" / "cells.csv")
     assert list(cells.n) == [3, 3] and (cells.dev_ci95 > 0.001).all()
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+@pytest.mark.parametrize("case", ["tuned_distill", "degenerate_cell"])
+def test_studies_that_used_to_crash_the_report_launch_report_and_verify(case, tiny_bert, data_dir, tmp_path):
+    """A tuned distill study tunes bi_lr (no lr); a layer-0 CLS cell has constant embeddings, so every
+    tuning trial is degenerate. Both ended `launch` in a traceback; both must end with exit 0."""
+    if case == "tuned_distill":
+        study = write_study(tmp_path, tiny_bert, data_dir, trainable="distill", ablate={"mode": ["self"]},
+                            tune={"params": {"bi_lr": {"loguniform": [1e-5, 1e-4]}}, "trials": 2,
+                                  "startup_trials": 1},
+                            replicate={"seeds": [0]},
+                            train={"layer": 2, "cycles": 1, "bi_epochs": 1, "bi_batch_size": 16, "cross_epochs": 1,
+                                   "cross_batch_size": 16, "bi_max_seq_length": 16, "cross_max_seq_length": 32},
+                            data={"max_train_samples": 48, "max_eval_samples": 40}, report={"columns": "mode"})
+    else:
+        study = write_study(tmp_path, tiny_bert, data_dir, ablate={"layer": [0, 1], "pooling": ["cls"]},
+                            tune={"params": {"lr": {"loguniform": [1e-5, 1e-4]}}, "trials": 2, "startup_trials": 1},
+                            replicate={"seeds": [0]}, train={"epochs": 1, "batch_size": 16, "max_seq_length": 16},
+                            data={"max_train_samples": 48, "max_eval_samples": 40})
+    storage = str(tmp_path / "studies")
+    launched = run_cli("launch", str(study), "--storage", storage, cwd=tmp_path)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    assert "Traceback" not in launched.stdout + launched.stderr
+    report = (tmp_path / "reports" / "e2e" / "report.md").read_text()
+    status = run_cli("status", "e2e", "--storage", storage, cwd=tmp_path)
+    assert status.returncode == 0
+    if case == "tuned_distill":
+        tuning = next(line for line in report.splitlines() if line.startswith("| mode=self | 2 |"))
+        assert "best bi_lr" in report and "e-05" in tuning  # the tuned key the plan names, with its value
+    else:
+        assert "finished: 5 completed" in launched.stdout and "(1 replicate skipped" in launched.stdout
+        assert "skipped: every tuning trial degenerate" in report
+        assert "skipped: every tuning trial degenerate" in status.stdout
+    verified = run_cli("verify", str(tmp_path / "reports" / "e2e"), cwd=tmp_path)
+    assert verified.returncode == 0 and verified.stdout.startswith("ok:"), verified.stderr

@@ -34,7 +34,8 @@ def make_store(folder: Path, name: str = "synthetic", label: str | None = None) 
     (folder / "study.yaml").write_text(yaml.safe_dump(study))
     tracker = StudyTracker(uri, name, folder / "artifacts")
     tracker.start_parent(folder / "study.yaml", {"cells": [{"layer": k} for k in range(4)], "metric": "dev_spearman",
-                                                 "mode": "max", "seeds": [0, 1, 2]}, "test")
+                                                 "mode": "max", "seeds": [0, 1, 2],
+                                                 "tuned": {"lr": "LogUniform(low=1e-05, high=0.001)"}}, "test")
     gold = np.random.default_rng(0).uniform(0, 1, 300)
     for layer in range(4):
         for seed in range(3):
@@ -98,7 +99,8 @@ def test_significance_against_the_last_layer(store):
     assert stats.loc["layer=2", "t_p"] < 0.05 < stats.loc["layer=1", "t_p"]
     assert stats.loc["layer=2", "bootstrap_p"] < 0.05
     assert stats.loc["layer=1", "bootstrap_p"] == 1.0 and stats.loc["layer=1", "bootstrap_difference"] == 0.0
-    assert np.isnan(stats.loc["layer=2", "wilcoxon_p"])  # fewer than 6 seeds
+    assert stats.loc["layer=2", "wilcoxon_p"] == pytest.approx(2 / 2 ** 3)  # every difference of 3 seeds positive
+    assert stats.loc["layer=2", "paired_p"] == stats.loc["layer=2", "t_p"]  # the t-test marks by default
 
 
 def unversioned(text: str) -> str:
@@ -192,7 +194,7 @@ def test_the_suite_table_is_mean_and_std_over_seeds_with_the_best_of_each_set_bo
     assert cells["method=micse"][0].bold and not cells["method=simcse"][0].bold
     assert cells["method=simcse"][6].bold and cells["method=simcse"][6].mean == 90.5
     markdown = to_markdown(grid)
-    assert "| method=micse | **72.50 ± 0.71** |" in markdown
+    assert "| method=micse | **72.50 ± 0.71 (n=2)** |" in markdown
     assert suite_grid(StudyRuns("plain", pd.DataFrame(rows).drop(columns=["test_suite_avg_spearman"]), ["method"],
                                 "dev_spearman"), 2) is None
     if shutil.which("pdflatex") is None:

@@ -51,8 +51,33 @@ def test_tuning_is_round_robin_and_replicates_wait_for_their_cell(plan, tmp_path
     for key in ("c0-s5", "c0-s6", "c1-s5", "c1-s6"):
         run(state, state.records[key], [50, 51, 52])
     assert state.next_trial() == FINISHED and state.is_complete()
-    assert state.counts() == {"planned": 8, "issued": 8, "running": 0, "completed": 7, "pruned": 1,
+    assert state.counts() == {"planned": 8, "skipped": 0, "issued": 8, "running": 0, "completed": 7, "pruned": 1,
                               "diverged": 0, "failed": 0}
+
+
+def test_a_cell_whose_tuning_is_all_degenerate_is_skipped_and_the_study_still_completes(plan, tmp_path):
+    """Constant embeddings (layer 0 with cls pooling) finish every round without a dev score: the cell
+    has nothing to replicate. It is a result (skipped, with the reason), not a hang or a hole."""
+    state = StudyState(plan, Journal(tmp_path / "j.jsonl"))
+    tuning = [state.next_trial() for _ in range(4)]
+    for record in tuning:
+        run(state, record, [float("nan")] * 3 if record.cell == 0 else [10, 20, 30])
+    replicates = [state.next_trial() for _ in range(2)]
+    assert {r.cell for r in replicates} == {1} and state.next_trial() is None
+    assert state.skip_reason(plan.cells[0]) == "skipped: every tuning trial degenerate"
+    assert state.skip_reason(plan.cells[1]) is None
+    for record in replicates:
+        run(state, record, [50, 51, 52])
+    assert state.next_trial() == FINISHED and state.is_complete()
+    assert state.counts()["skipped"] == 2 and state.counts()["completed"] == 6
+    from rich.console import Console
+
+    from orchestrator.progress import status_table
+
+    console = Console(width=200, record=True)
+    console.print(status_table(state))
+    shown = console.export_text()
+    assert "skipped: every tuning trial degenerate" in shown and "8 planned, 2 skipped" in shown
 
 
 def test_the_costliest_cells_start_first_and_the_order_survives_the_stored_plan(tiny_bert, synthetic_data_dir,
