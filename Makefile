@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN = $(VENV)/bin
 ENV = ORCHESTRATOR_DATA_DIR=$(abspath $(DATA)) HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: setup run paper paper-lr test test-fast lint bench clean
+.PHONY: setup run paper paper-epochs paper-lr test test-fast lint bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,9 +21,13 @@ setup: $(BIN)/.installed
 run: setup
 	$(ENV) $(BIN)/orchestrator launch examples/quickstart.yaml --resume
 
-# The paper-scale layer study (full STS-B, 7 layers x 5 seeds; about an hour on 2 cores), its report in reports/paper_minilm
+# The layer study on the full STS-B at a budget (7 layers x 5 seeds, 2 epochs; about 40 min on 2 cores): reports/paper_minilm
 paper: setup
 	$(ENV) $(BIN)/orchestrator launch examples/paper_minilm.yaml --resume
+
+# What the training budget changes: epochs 1, 2, 4 and the paper's 10 (batch 32) on layers 1, 3, 6
+paper-epochs: setup
+	$(ENV) $(BIN)/orchestrator launch examples/paper_minilm_epochs.yaml --resume
 
 # Does tuning lr per layer change which layer wins? Fixed lr and tuned lr on the same capped data, one report
 paper-lr: setup

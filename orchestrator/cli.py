@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -205,10 +206,12 @@ def launch(study_file: str, address: str | None = ADDRESS, storage: str | None =
            debug: bool = DEBUG) -> None:
     """Run a study on Ray Tune (a fresh local Ray unless --address), tracked in MLflow."""
     from orchestrator import launch as launcher
+    from orchestrator.config import load_study
 
     quiet_libraries()
-    finish(launcher.launch(study_file, storage=storage, address=address, max_concurrent=max_concurrent,
-                           resume=resume_existing))
+    with interrupts(load_study(study_file).name):
+        finish(launcher.launch(study_file, storage=storage, address=address, max_concurrent=max_concurrent,
+                               resume=resume_existing))
 
 
 @app.command()
@@ -219,7 +222,8 @@ def resume(name: str, address: str | None = ADDRESS, storage: str | None = STORA
     from orchestrator import launch as launcher
 
     quiet_libraries()
-    finish(launcher.resume(name, storage=storage, address=address, max_concurrent=max_concurrent))
+    with interrupts(name):
+        finish(launcher.resume(name, storage=storage, address=address, max_concurrent=max_concurrent))
 
 
 @app.command()
@@ -335,16 +339,17 @@ def runs_path(uri: str, name: str) -> str:
 def report(names: Annotated[list[str], typer.Argument(help="One study, or several for one report across them.")],
            tracking_uri: str | None = typer.Option(None, help="MLflow store (default: each study's)."),
            out: str | None = typer.Option(None, help="Output folder (default: reports/NAME or reports/A+B)."),
-           formats: str = typer.Option("md,tex,csv", "--format", help="Comma list of md, tex, csv."),
+           formats: str | None = typer.Option(None, "--format", help="Comma list of md, tex, csv (default: the "
+                                                                      "study's report.formats)."),
            storage: str | None = STORAGE, debug: bool = DEBUG) -> None:
     """Paper tables (Markdown, LaTeX), plots and tidy CSVs from a study's MLflow runs; with several
     studies, one report whose tables have the study (its `report.label`) as an axis."""
-    chosen = [f.strip() for f in formats.split(",") if f.strip()]
+    chosen = [f.strip() for f in (formats or "").split(",") if f.strip()]
     known = {"md": "markdown", "tex": "latex", "csv": "csv"}
     bad = [f for f in chosen if f not in known]
     if bad:
         raise UserInputError("--format", bad[0], "use a comma list of md, tex, csv")
-    write_report(names, storage, tracking_uri, out, tuple(known[f] for f in chosen))
+    write_report(names, storage, tracking_uri, out, tuple(known[f] for f in chosen) or None)
 
 
 @app.command()
@@ -371,7 +376,7 @@ def verify(folder: str, tracking_uri: str | None = typer.Option(None, help="MLfl
 
 
 def write_report(names: str | list[str], storage, tracking_uri: str | None = None, out: str | None = None,
-                 formats: tuple[str, ...] = ("markdown", "latex", "csv")) -> None:
+                 formats: tuple[str, ...] | None = None) -> None:
     from orchestrator.launch import stored_study_uid, stored_tracking_uri, study_dir
     from reports.build import build_report
     from reports.collect import collect, combine
@@ -388,10 +393,29 @@ def write_report(names: str | list[str], storage, tracking_uri: str | None = Non
     typer.echo(f"report: {folder / 'report.md'} ({len(written)} files)")
 
 
+INTERRUPTED = 130  # the shell's code for a process ended by SIGINT; 143 for SIGTERM
+
+
+@contextlib.contextmanager
+def interrupts(name: str):
+    """A second Ctrl-C (Tune handles the first) ends in one line, not a traceback."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted: orchestrator resume {name}", err=True)
+        raise typer.Exit(INTERRUPTED) from None
+
+
 def finish(result) -> None:
-    """The summary line, then the report (unless MLflow is down: then how to catch up)."""
+    """The summary line, then the report (unless MLflow is down: then how to catch up). A study that
+    did not finish (Ctrl-C, SIGTERM) says how to continue, keeps the report it had, and exits 130."""
+    from orchestrator.launch import TERMINATED
+
     summarize(result)
     name = result.study_dir.name
+    if not result.finished:
+        typer.echo(f"interrupted: orchestrator resume {name}", err=True)
+        raise typer.Exit(128 + TERMINATED["signal"] if TERMINATED["signal"] else INTERRUPTED)
     if result.reconciled.get("unsynced"):
         typer.echo(f"MLflow is unreachable: no report yet; when it is back run `orchestrator sync {name}` and "
                    f"`orchestrator report {name}`", err=True)
@@ -401,7 +425,7 @@ def finish(result) -> None:
 
 def summarize(result) -> None:
     counts = result.counts
-    state = "finished" if result.finished else "interrupted (run `orchestrator resume` to continue)"
+    state = "finished" if result.finished else "not finished"
     skipped = counts.get("skipped", 0)
     skipped_text = (f" ({skipped} replicate{'s' if skipped > 1 else ''} skipped: `orchestrator status "
                     f"{result.study_dir.name}` says why)" if skipped else "")

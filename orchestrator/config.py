@@ -40,6 +40,10 @@ class TuneSection(Section):
 class UntilSection(Section):
     dev_ci95: float = Field(gt=0, description="stop adding seeds to a cell once the 95 % confidence interval of its "
                                               "mean dev score is at most +- this many points")
+    rule: Literal["two_stage", "sequential"] = Field(
+        "two_stage", description="two_stage: the planned seeds' dev spread fixes each cell's total once (Stein's "
+                                 "two-stage rule: an exact interval, a smaller downward bias of the std); sequential: "
+                                 "one more seed while the interval is wider than dev_ci95")
 
 
 class ReplicateSection(Section):
@@ -66,8 +70,19 @@ class BudgetSection(Section):
     hours: float = Field(gt=0, description="refuse to launch a plan whose estimated wall time exceeds this")
 
 
+class LatexSection(Section):
+    width: Literal["auto", "column", "page"] = Field(
+        "auto", description="column: a table shrunk to one column of a two-column paper when wider; page: a "
+                            "table* across the page; auto: page for tables of more than 6 data columns")
+
+
 class ReportSection(Section):
-    formats: list[Literal["markdown", "latex", "csv"]] = ["markdown", "latex"]
+    formats: list[Literal["markdown", "latex", "csv"]] = Field(
+        ["markdown", "latex", "csv"], description="what `report` writes by default (--format overrides); runs.csv "
+                                                  "is always written: verify recomputes from it")
+    latex: LatexSection = LatexSection()
+    labels: dict[str, str] = Field({}, description="display names of axes and values in tables and plots, e.g. "
+                                                   "{layer: Layer, pooling: Pooling, cls: CLS}")
     baseline: dict[str, Any] | None = None
     rows: list[str] | None = Field(None, description="ablated axes down the tables (default: all but columns)")
     columns: str | None = Field(None, description="the ablated axis across (default: layer)")

@@ -8,10 +8,13 @@ last checkpoint in their own MLflow run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
+import signal
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -146,9 +149,13 @@ def launch(study_file: str | Path, storage: str | Path | None = None, address: s
         tracker.client.set_tag(tracker.parent_id, "orchestrator.extended", ",".join(changed)[:5000])
     resilient = ResilientTracker(tracker, lambda: state.records, {c.index: c.key for c in plan.cells})
     launches = len([p for p in (folder / "ray").glob("launch-*")]) if (folder / "ray").exists() else 0
+    counts = state.counts()
+    banner = [f"{study.name}: {'resuming' if resume else 'launching'} {counts['planned']} planned trials "
+              f"({len(plan.cells)} cells; {sum(r.finished for r in state.records.values())} already finished) · "
+              f"study folder {folder} · MLflow {uri}"]
     try:
         run_tuner(plan, state, resilient, folder / "ray", f"launch-{launches + 1}",
-                  max_concurrent or study.max_concurrent, progress)
+                  max_concurrent or study.max_concurrent, progress, banner)
     finally:
         finished = state.is_complete()
         reconciled = close_tracking(resilient, state, finished)
@@ -175,7 +182,7 @@ def close_tracking(resilient, state: StudyState, finished: bool) -> dict[str, in
 
 
 def run_tuner(plan: StudyPlan, state: StudyState, tracker, storage: Path, name: str,
-              max_concurrent: int | None, progress: bool) -> None:
+              max_concurrent: int | None, progress: bool, banner: list[str] | None = None) -> None:
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
     os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
@@ -196,6 +203,11 @@ def run_tuner(plan: StudyPlan, state: StudyState, tracker, storage: Path, name: 
     # the first would never fill while trials are shorter than a worker's start. Let every slot start.
     count = slots(study, ray.cluster_resources(), max_concurrent)
     os.environ["TUNE_MAX_PENDING_TRIALS_PG"] = str(count)
+    # a stop is ours to explain (`orchestrator resume NAME`), not Tune's advice to call Tuner.restore
+    logging.getLogger("ray.tune.tune").setLevel(logging.ERROR)
+    banner = [*(banner or []), f"{count} trial{'s' if count != 1 else ''} at a time on "
+              f"{ray.cluster_resources().get('CPU', 0):g} CPUs; Ctrl-C stops at the trials' last checkpoints "
+              "(`orchestrator resume` continues)"]
     tuner = tune.Tuner(
         tune.with_resources(run_trial, resources),
         tune_config=tune.TuneConfig(search_alg=PlanSearcher(state, count), scheduler=CellScheduler(state),
@@ -206,10 +218,34 @@ def run_tuner(plan: StudyPlan, state: StudyState, tracker, storage: Path, name: 
             failure_config=tune.FailureConfig(max_failures=study.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             callbacks=[TrackingCallback(state, tracker, str(storage.parent / MODELS) if study.save != "none" else None)]
-            + ([ProgressCallback(state)] if progress else []),
+            + ([ProgressCallback(state, banner)] if progress else []),
         ),
     )
-    tuner.fit()
+    with graceful_sigterm():
+        tuner.fit()
+
+
+TERMINATED = {"signal": None}  # the stop signal a launch received, for the CLI's exit code
+
+
+@contextlib.contextmanager
+def graceful_sigterm():
+    """SIGTERM (a scheduler's or `kill`'s stop) takes the path of Ctrl-C: Tune stops the trials at
+    their last checkpoints and returns, so the runs are closed and `resume` continues. A SIGINT is
+    remembered too; Tune's own handler does the stopping."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, frame):
+        TERMINATED["signal"] = signum
+        os.kill(os.getpid(), signal.SIGINT)
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def slots(study: StudyConfig, total: dict[str, float], max_concurrent: int | None = None) -> int:

@@ -1,16 +1,25 @@
-"""The live view of a running study: trials done / running / failed out of the plan, and the
-best dev score per cell so far. Read from the plan state, refreshed at most once a second."""
+"""What a running study shows. On a terminal: a live table (trials done / running / failed out of the
+plan, the best dev score per cell) with elapsed time and ETA in its title. Elsewhere (a file, CI,
+`| tee`): a start banner, one line per trial that ends, and a heartbeat line at most once a minute
+while none does. The ETA learns from the work finished so far, weighed by each cell's cost as the
+plan measures it (reports x layers), so a deep cell's trial counts for more than a shallow one's."""
 
 from __future__ import annotations
 
+import math
+import sys
 import time
+from typing import TextIO
 
 from ray.tune import Callback
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from orchestrator.journal import TrialRecord
 from orchestrator.study_state import StudyState
+
+HEARTBEAT_S = 60.0
 
 
 def status_table(state: StudyState, title: str | None = None) -> Table:
@@ -39,23 +48,131 @@ def status_table(state: StudyState, title: str | None = None) -> Table:
     return table
 
 
+def duration(seconds: float) -> str:
+    """`4m12s`, `1h03m`, `45s`."""
+    seconds = max(0, int(round(seconds)))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+def work_units(state: StudyState) -> tuple[float, float]:
+    """(done, total) work in the plan's cost units: a trial of cell c costs `cell_costs[c]` when it
+    runs all its reports; a finished trial counts what it ran (a pruned one, its reports so far); a
+    trial not issued yet counts in full; skipped replicates count nothing."""
+    plan = state.plan
+    costs = plan.cell_costs or (1.0,) * len(plan.cells)
+    done = total = 0.0
+    issued = {(c.index, phase): 0 for c in plan.cells for phase in ("tune", "replicate")}
+    for record in state.records.values():
+        if record.superseded:
+            continue
+        full = costs[record.cell]
+        ran = full * min(1.0, rounds_reached(record) / max(1, plan.reports_of(record.cell)))
+        done += ran
+        total += ran if record.finished else full
+        issued[(record.cell, record.phase)] += 1
+    for cell in plan.cells:
+        left_tuning = max(0, plan.trials_per_cell - issued[(cell.index, "tune")])
+        left_seeds = 0 if state.skip_reason(cell) else max(0, len(plan.seeds) - issued[(cell.index, "replicate")])
+        total += costs[cell.index] * (left_tuning + left_seeds)
+    return done, total
+
+
+def rounds_reached(record: TrialRecord) -> int:
+    """The last round a trial reported (a retried trial may report a round twice)."""
+    return max((int(r.get("epoch", 0)) for r in record.results), default=0)
+
+
+def eta_seconds(state: StudyState, elapsed: float) -> float | None:
+    """Time left at the pace so far (None until some work is done)."""
+    done, total = work_units(state)
+    if done <= 0 or elapsed <= 0:
+        return None
+    return max(0.0, elapsed * (total - done) / done)
+
+
+def trial_line(state: StudyState, record: TrialRecord, elapsed: float) -> str:
+    """`[12/21] layer=4 seed 1 done dev_spearman 81.30 · 4m12s elapsed · ETA 3m05s`."""
+    counts = state.counts()
+    finished = sum(r.finished for r in state.records.values())
+    planned = counts["planned"] - counts["skipped"]
+    who = f"{record.cell_key or state.plan.cells[record.cell].key} " + (
+        f"seed {record.seed}" if record.phase == "replicate" else f"tune {record.key.rsplit('-t', 1)[-1]}")
+    outcome = record.outcome.value if record.outcome else "ended"
+    if outcome == "completed" and record.last.get("degenerate") == 1:
+        outcome = "degenerate"
+    value = state._value(record)
+    if outcome == "pruned":
+        what = f"pruned at {state.plan.kind.round_name} {rounds_reached(record)}"
+    elif outcome in ("failed", "diverged"):
+        what = outcome + (f": {record.error.splitlines()[0][:80]}" if record.error else "")
+    else:
+        what = outcome
+    score = f" {state.plan.metric} {value:.2f}" if value is not None and math.isfinite(value) else ""
+    eta = eta_seconds(state, elapsed)
+    return (f"[{finished}/{max(planned, finished)}] {who} {what}{score} · {duration(elapsed)} elapsed"
+            + (f" · ETA {duration(eta)}" if eta is not None and finished < planned else ""))
+
+
 class ProgressCallback(Callback):
-    def __init__(self, state: StudyState):
-        self.state = state
-        self.live = Live(status_table(state), console=Console(stderr=True), auto_refresh=False)
-        self.last = 0.0
+    """Tune callback of the driver; `banner` lines are printed when the study starts."""
+
+    def __init__(self, state: StudyState, banner: list[str] | None = None, stream: TextIO | None = None,
+                 live: bool | None = None):
+        self.state, self.banner = state, banner or []
+        self.stream = stream or sys.stderr
+        self.live_mode = self.stream.isatty() if live is None else live
+        self.started = time.monotonic()
+        self.last_update = 0.0
+        self.last_line = time.monotonic()
+        self.reported = {k for k, r in state.records.items() if r.finished}  # a resume's earlier trials
+        self.live = (Live(status_table(state), console=Console(file=self.stream), auto_refresh=False)
+                     if self.live_mode else None)
 
     def __getstate__(self) -> dict:
-        return {}  # driver-only: a live terminal view does not travel with Tune's experiment pickle
+        return {}  # driver-only: a terminal view does not travel with Tune's experiment pickle
+
+    def _print(self, line: str) -> None:
+        print(line, file=self.stream, flush=True)
+        self.last_line = time.monotonic()
+
+    def _title(self) -> str:
+        counts = self.state.counts()
+        elapsed = time.monotonic() - self.started
+        eta = eta_seconds(self.state, elapsed)
+        return (f"{self.state.plan.study.name}: {counts['completed'] + counts['pruned']} done, {counts['running']} "
+                f"running, {counts['failed'] + counts['diverged']} failed · {counts['planned'] - counts['skipped']} "
+                f"planned · {duration(elapsed)} elapsed" + (f" · ETA {duration(eta)}" if eta is not None else ""))
 
     def setup(self, **info) -> None:
-        self.live.start()
+        for line in self.banner:
+            self._print(line)
+        if self.live is not None:
+            self.live.start()
+
+    def poll(self) -> None:
+        """New lines for trials that ended since the last poll; a heartbeat when none did for a while."""
+        now = time.monotonic()
+        if self.live is not None:
+            if now - self.last_update >= 1.0:
+                self.last_update = now
+                self.live.update(status_table(self.state, self._title()), refresh=True)
+            return
+        for key, record in list(self.state.records.items()):
+            if record.finished and key not in self.reported:
+                self.reported.add(key)
+                self._print(trial_line(self.state, record, now - self.started))
+        if now - self.last_line >= HEARTBEAT_S:
+            self._print(f"… {self._title()}")
 
     def on_step_end(self, iteration, trials, **info) -> None:
-        if time.monotonic() - self.last >= 1.0:
-            self.last = time.monotonic()
-            self.live.update(status_table(self.state), refresh=True)
+        self.poll()
 
     def on_experiment_end(self, trials, **info) -> None:
-        self.live.update(status_table(self.state), refresh=True)
-        self.live.stop()
+        self.last_update = 0.0
+        self.poll()
+        if self.live is not None:
+            self.live.stop()

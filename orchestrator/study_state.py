@@ -12,14 +12,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import TrialState
-from scipy.stats import t as stats_t
 
 from orchestrator.journal import Journal, Outcome, TrialRecord
 from orchestrator.plan import Cell, StudyPlan
+from orchestrator.seed_rules import ci95_half, wants_another
 from search_spaces.optuna_domains import optuna_space
 
 FINISHED = "FINISHED"
@@ -191,9 +190,10 @@ class StudyState:
         return extra
 
     def seed_rule(self, cell: Cell) -> tuple[bool, str]:
-        """(does the cell want another seed?, why it stopped or goes on) under `replicate.until`:
-        the 95 % confidence interval (Student's t) of the cell's mean dev score over its finished
-        replicates, against `until.dev_ci95`, capped by `max_seeds`. Dev only: test never decides."""
+        """(does the cell want another seed?, why it stopped or goes on) under `replicate.until`: the
+        cell's dev scores in seed order against `until.dev_ci95`, by `until.rule` (two-stage: the
+        planned seeds' spread fixes the total; sequential: one more while the CI is too wide), capped
+        by `max_seeds`. Dev only: test never decides."""
         rule = self.plan.study.replicate
         if rule.until is None:
             return False, ""
@@ -201,14 +201,14 @@ class StudyState:
         if not current or not all(r.finished for r in current) or \
                 {r.seed for r in current} < set(self.plan.seeds):
             return False, f"{len(current)} seeds so far"
-        values = [v for v in (self._value(r) for r in current if r.outcome == Outcome.COMPLETED) if _finite(v)]
-        half = (float(stats_t.ppf(0.975, len(values) - 1)) * float(np.std(values, ddof=1)) / math.sqrt(len(values))
-                if len(values) >= 2 else math.inf)
-        if half <= rule.until.dev_ci95:
-            return False, f"stopped: dev 95% CI ±{half:.2f} ≤ {rule.until.dev_ci95:g} after {len(current)} seeds"
-        if len(current) >= rule.max_seeds:
-            return False, f"stopped at max_seeds {rule.max_seeds}: dev 95% CI ±{half:.2f}"
-        return True, f"dev 95% CI ±{half:.2f} > {rule.until.dev_ci95:g} after {len(current)} seeds: one more"
+        scored = [(r.seed, self._value(r)) for r in sorted(current, key=lambda r: r.seed)
+                  if r.outcome == Outcome.COMPLETED]
+        first = [v for seed, v in scored if seed in self.plan.seeds and _finite(v)]
+        values = first + [v for seed, v in scored if seed not in self.plan.seeds and _finite(v)]
+        more, why = wants_another(rule.until.rule, values, len(first), rule.until.dev_ci95, rule.max_seeds)
+        if more and len(current) >= rule.max_seeds:  # failed seeds count: the cap is on runs
+            return False, f"stopped at max_seeds {rule.max_seeds}: dev 95% CI ±{ci95_half(values):.2f}"
+        return more, why
 
     def cell_done(self, cell: Cell) -> bool:
         """Every replicate the cell will get has finished."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from pathlib import Path
 
 import pandas as pd
@@ -24,7 +25,7 @@ from reports.aggregate import (
 )
 from reports.collect import StudyRuns
 from reports.plots import layer_plot, pareto_plot
-from reports.render import BEST_NOTE, N_NOTE, SELECTED_NOTE, Cell, Grid, to_latex, to_markdown
+from reports.render import BEST_NOTE, N_NOTE, Cell, Grid, latex_document, to_latex, to_markdown
 from reports.significance import (
     BOOTSTRAP_SAMPLES,
     CORRECTIONS,
@@ -49,8 +50,19 @@ def layout(runs: StudyRuns) -> tuple[list[str], str | None]:
     return rows, column
 
 
+def label_of(runs: StudyRuns, name) -> str:
+    """An axis or value as tables and plots show it (`report.labels`), else as the study names it."""
+    return str((runs.report.get("labels") or {}).get(str(name), name))
+
+
+def row_label(runs: StudyRuns, group: pd.DataFrame, rows: list[str]) -> str:
+    return ", ".join(label_of(runs, group.iloc[0][axis]) for axis in rows) if rows else "all"
+
+
 def _sort_key(value):
-    return (0, value, "") if isinstance(value, int | float) else (1, 0, str(value))
+    """Numbers in numeric order (numpy's too: 2 before 10), then names alphabetically."""
+    is_number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    return (0, float(value), "") if is_number else (1, 0.0, str(value))
 
 
 def ablation_grid(runs: StudyRuns, summary: pd.DataFrame, stats: pd.DataFrame, rows: list[str], column: str,
@@ -73,12 +85,19 @@ def ablation_grid(runs: StudyRuns, summary: pd.DataFrame, stats: pd.DataFrame, r
                               selected=selected.get(key) == value, mark=significant.get(row["cell"], "") + rising,
                               note=row["missing"] if isinstance(row["missing"], str) else None,
                               n=int(row["n"]), planned=runs.planned_seeds))
-        grid_rows.append((key, cells))
+        grid_rows.append((row_label(runs, group, rows), cells))
     metric = runs.test_metric.replace("test_", "test ")
-    title = f"{runs.name}: {metric} ×100 by {column} (mean ± std over seeds)"
-    notes = [BEST_NOTE, SELECTED_NOTE, N_NOTE] + _significance_notes(runs, stats) + [
+    title = f"{runs.name}: {metric} ×100 by {label_of(runs, column)} (mean ± std over seeds)"
+    across = label_of(runs, column)
+    down = ", ".join(label_of(runs, r) for r in rows)
+    best_note = (f"bold: the best test mean for each {across}" if rows else "bold: the best test mean")
+    selected_note = (f"underlined: the dev-selected {across}" + (f" for each {down}" if rows else "") +
+                     " (selection uses dev only)")
+    notes = [best_note, selected_note, N_NOTE] + _significance_notes(runs, stats) + [
         note for note in (rising_note(runs, summary), seed_rule_note(runs), stage_seed_note(runs)) if note]
-    return Grid(title, ", ".join(rows) or "", [f"{column} {c}" for c in columns], grid_rows, notes, decimals)
+    return Grid(title, ", ".join(label_of(runs, r) for r in rows) or "",
+                [f"{label_of(runs, column)} {label_of(runs, c)}" for c in columns], grid_rows, notes, decimals,
+                transposable=True)
 
 
 RISING = "↑"
@@ -143,7 +162,7 @@ def headline_grid(runs: StudyRuns, summary: pd.DataFrame, rows: list[str], decim
         at_k = group[group.layer == selected[key]].iloc[0]
         last = group[group.layer == group.layer.max()].iloc[0]
         delta = at_k["mean"] - last["mean"]
-        out.append((key, [Cell(text=str(selected[key])),
+        out.append((row_label(runs, group, rows), [Cell(text=str(selected[key])),
                           Cell(text="—" if math.isnan(at_k["params"]) else f"{at_k['params'] / 1e6:.1f}"),
                           Cell(mean=at_k["mean"], std=at_k["std"], n=int(at_k["n"]), planned=runs.planned_seeds),
                           Cell(mean=at_k.get("pearson_mean", math.nan), std=at_k.get("pearson_std", math.nan)),
@@ -152,7 +171,8 @@ def headline_grid(runs: StudyRuns, summary: pd.DataFrame, rows: list[str], decim
                           Cell(text="—" if math.isnan(delta) else f"{delta:+.{decimals}f}")]))
     if not out:
         return None
-    return Grid(f"{runs.name}: dev-selected layer against the last layer (test ×100)", ", ".join(rows) or "",
+    return Grid(f"{runs.name}: dev-selected layer against the last layer (test ×100)",
+                ", ".join(label_of(runs, r) for r in rows) or "",
                 ["k (dev)", "params (M)", "Spearman at k", "Pearson at k", "last", "Spearman at last", "Δ"],
                 out, [N_NOTE], decimals)
 
@@ -261,8 +281,10 @@ def producer() -> dict[str, str]:
     return {"version": package, "commit": commit}
 
 
-def build_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] = FORMATS) -> list[Path]:
-    """Write the report folder; returns the files written."""
+def build_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] | None = None) -> list[Path]:
+    """Write the report folder (`formats`: else the study's `report.formats`); returns the files written."""
+    formats = tuple(formats or runs.report.get("formats") or FORMATS)
+    labels = runs.report.get("labels") or {}
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     decimals = int(runs.report.get("decimals", 2))
@@ -291,9 +313,9 @@ def build_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] = FORMATS)
     figures = []
     if column and not summary.empty and summary["mean"].notna().any():
         selected = dev_selected(summary, rows, column, runs.mode)
-        figures.append(layer_plot(summary, rows, column, selected, runs.test_metric, out / "score_by_layer"))
+        figures.append(layer_plot(summary, rows, column, selected, runs.test_metric, out / "score_by_layer", labels))
         if summary["params"].notna().any():
-            figures.append(pareto_plot(summary, rows, runs.test_metric, out / "score_by_params"))
+            figures.append(pareto_plot(summary, rows, runs.test_metric, out / "score_by_params", labels))
         written += [p for stem in figures for p in (stem.with_suffix(".png"), stem.with_suffix(".pdf"))]
 
     runs.runs.to_csv(out / "runs.csv", index=False)  # always: every table is recomputed from it
@@ -307,10 +329,18 @@ def build_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] = FORMATS)
         stats.to_csv(out / "stats.csv", index=False)
         written.append(out / "stats.csv")
     if "latex" in formats:
+        width = (runs.report.get("latex") or {}).get("width", "auto")
         for name, grid in grids:
             path = out / f"{name}.tex"
-            path.write_text(to_latex(grid, f"{runs.name}-{name}"))
+            path.write_text(to_latex(grid, f"{runs.name}-{name}", width))
             written.append(path)
+        captions = {"score_by_layer": f"{runs.name}: test score by {label_of(runs, column)}, mean ± std over seeds; "
+                                      "circle: the dev-selected cell",
+                    "score_by_params": f"{runs.name}: test score against the truncated model's parameters"}
+        (out / "report.tex").write_text(latex_document([name for name, _ in grids],
+                                                       [(stem.name, captions[stem.name]) for stem in figures],
+                                                       runs.name))
+        written.append(out / "report.tex")
     provenance = producer()
     sources = runs.sources or [{"study": runs.name, "tracking_uri": runs.tracking_uri, "study_uid": runs.study_uid}]
     (out / PROVENANCE).write_text(json.dumps({**provenance, "study": runs.name, "tracking_uri": runs.tracking_uri,

@@ -3,6 +3,7 @@ against the truncated model's parameters (a Pareto view). PNG and PDF."""
 
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 
 import matplotlib
@@ -22,38 +23,47 @@ def _save(figure, stem: Path) -> Path:
     return stem
 
 
-def layer_plot(summary: pd.DataFrame, rows: list[str], column: str, selected: dict, metric: str, stem: Path) -> Path:
+def _shown(labels: dict | None, group: pd.DataFrame, rows: list[str], key: str) -> str:
+    """A row's legend entry: its axis values through `report.labels`."""
+    if not labels or not rows:
+        return key
+    return ", ".join(str(labels.get(str(group.iloc[0][a]), group.iloc[0][a])) for a in rows)
+
+
+def layer_plot(summary: pd.DataFrame, rows: list[str], column: str, selected: dict, metric: str, stem: Path,
+               labels: dict | None = None) -> Path:
     figure, axis = plt.subplots(figsize=(6, 4))
     for label, group in row_groups(summary, rows):
         group = group.dropna(subset=["mean"]).sort_values(column)
         if not len(group):
             continue
         x, mean, std = group[column].to_numpy(), group["mean"].to_numpy(), group["std"].fillna(0).to_numpy()
-        line, = axis.plot(x, mean, marker="o", label=label)
+        line, = axis.plot(x, mean, marker="o", label=_shown(labels, group, rows, label))
         axis.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2)
         if label in selected:
             pick = group[group[column] == selected[label]]
             axis.scatter(pick[column], pick["mean"], s=160, facecolors="none", edgecolors=line.get_color(),
                          linewidths=2, zorder=3)
-    axis.set_xlabel(column)
-    values = sorted(v for v in summary[column].unique() if isinstance(v, int | float))
+    axis.set_xlabel(str((labels or {}).get(column, column)))
+    values = sorted(float(v) for v in summary[column].unique()
+                    if isinstance(v, numbers.Real) and not isinstance(v, bool))
     if values and all(float(v).is_integer() for v in values):
         axis.set_xticks(values)
     axis.set_ylabel(f"{metric.replace('_', ' ')} ×100")
     axis.set_title("mean ± std over seeds; circle: dev-selected")
     axis.grid(alpha=0.3)
-    if rows:
+    if rows and axis.get_legend_handles_labels()[0]:
         axis.legend(fontsize="small")
     return _save(figure, stem)
 
 
-def pareto_plot(summary: pd.DataFrame, rows: list[str], metric: str, stem: Path) -> Path:
+def pareto_plot(summary: pd.DataFrame, rows: list[str], metric: str, stem: Path, labels: dict | None = None) -> Path:
     figure, axis = plt.subplots(figsize=(6, 4))
     valid = summary.dropna(subset=["mean", "params"])
     for label, group in row_groups(valid, rows):
         group = group.sort_values("params")
         axis.errorbar(group["params"] / 1e6, group["mean"], yerr=group["std"].fillna(0), marker="o", capsize=3,
-                      label=label)
+                      label=_shown(labels, group, rows, label))
     frontier, best = [], float("-inf")
     for _, row in valid.sort_values("params").iterrows():
         if row["mean"] > best:

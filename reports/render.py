@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-SELECTED_NOTE = "underlined: the dev-selected cell of the row (selection uses dev only)"
 N_NOTE = "n: replicate seeds completed; n=k/m marks a cell with fewer than the m planned"
 BEST_NOTE = "bold: the best test mean of the column"
 
@@ -32,6 +31,7 @@ class Grid:
     rows: list[tuple[str, list[Cell]]]
     footnotes: list[str] = field(default_factory=list)
     decimals: int = 2
+    transposable: bool = False  # the columns are one axis's values: LaTeX may print them down instead
 
 
 def _number(cell: Cell, decimals: int) -> str:
@@ -92,11 +92,24 @@ def latex_escape(text: str) -> str:
     return "".join(LATEX_ESCAPES.get(ch, ch) for ch in text)
 
 
-def to_latex(grid: Grid, label: str) -> str:
-    """A booktabs table (needs \\usepackage{booktabs}); footnotes under the rule."""
+WIDTHS = {"column": ("table", r"\columnwidth"), "page": ("table*", r"\textwidth")}
+AUTO_PAGE_COLUMNS = 6  # `auto`: tables with more data columns than this span the page (legible, not shrunk)
+
+
+def to_latex(grid: Grid, label: str, width: str = "auto") -> str:
+    """A booktabs table (needs booktabs and graphicx), footnotes under the rule. `width: column` is a
+    `table` shrunk to the column when wider (never enlarged); `page` a `table*` across a two-column
+    page, shrunk to the text width when wider; `auto` picks page for tables of many columns."""
+    if width == "auto":
+        if grid.transposable and len(grid.columns) > AUTO_PAGE_COLUMNS and len(grid.rows) < len(grid.columns):
+            grid = transposed(grid)  # e.g. 13 layers across, 2 poolings down: layers go down instead
+        width = "page" if len(grid.columns) > AUTO_PAGE_COLUMNS else "column"
+    environment, limit = WIDTHS[width]
     letters = {note: letter for letter, note in _notes(grid)}
     columns = "l" + "r" * len(grid.columns)
-    lines = [r"\begin{table}[t]", r"\centering", r"\small", rf"\begin{{tabular}}{{{columns}}}", r"\toprule",
+    lines = [rf"\begin{{{environment}}}[t]", r"\centering", r"\small",
+             rf"\resizebox{{\ifdim\width>{limit}{limit}\else\width\fi}}{{!}}{{%",
+             rf"\begin{{tabular}}{{{columns}}}", r"\toprule",
              " & ".join(latex_escape(c) for c in [grid.corner, *grid.columns]) + r" \\", r"\midrule"]
     for row_label, cells in grid.rows:
         texts = []
@@ -110,16 +123,31 @@ def to_latex(grid: Grid, label: str) -> str:
                 text = rf"\underline{{{text}}}"
             texts.append(text + latex_escape(cell.mark))
         lines.append(" & ".join([latex_escape(row_label), *texts]) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}"]
+    lines += [r"\bottomrule", r"\end{tabular}}"]
     notes = [rf"\textsuperscript{{{letter}}} {latex_escape(note)}" for letter, note in _notes(grid)]
     notes += [latex_escape(n) for n in grid.footnotes]
     if notes:
-        lines.append(r"\par\smallskip\footnotesize " + r" \\ ".join(notes))
-    lines += [rf"\caption{{{latex_escape(grid.title)}}}", rf"\label{{tab:{label}}}", r"\end{table}"]
+        lines.append(r"\par\smallskip{\footnotesize\raggedright " + r" \\ ".join(notes) + r"\par}")
+    lines += [rf"\caption{{{latex_escape(grid.title)}}}", rf"\label{{tab:{label}}}", rf"\end{{{environment}}}"]
     return "\n".join(lines) + "\n"
 
 
-def latex_document(tables: list[str]) -> str:
-    """A standalone document holding the tables, to check that they compile."""
-    return "\n".join([r"\documentclass{article}", r"\usepackage[utf8]{inputenc}", r"\usepackage{booktabs}",
-                      r"\begin{document}", *[rf"\input{{{t}}}" for t in tables], r"\end{document}"]) + "\n"
+def transposed(grid: Grid) -> Grid:
+    """The same table with rows and columns swapped (each cell keeps its marks and notes)."""
+    rows = [(column, [cells[j] for _, cells in grid.rows]) for j, column in enumerate(grid.columns)]
+    return Grid(grid.title, grid.corner, [label for label, _ in grid.rows], rows, grid.footnotes, grid.decimals)
+
+
+def latex_document(tables: list[str], figures: list[tuple[str, str]] = (), title: str | None = None) -> str:
+    """`report.tex`: a two-column article (the layout of ACL/EMNLP papers) that \\input's every table
+    and includes the figures (PDF file stem, caption), so the tables are checked as a paper sees them."""
+    lines = [r"\documentclass[twocolumn]{article}", r"\usepackage[T1]{fontenc}", r"\usepackage[utf8]{inputenc}",
+             r"\usepackage{booktabs}", r"\usepackage{graphicx}", r"\begin{document}"]
+    if title:  # a full-width header, above the floats of the first page
+        lines.append(rf"\twocolumn[{{\section*{{{latex_escape(title)}}}}}]")
+    lines += [rf"\input{{{t}}}" for t in tables]
+    for stem, caption in figures:
+        lines += [r"\begin{figure}[t]", r"\centering", rf"\includegraphics[width=\columnwidth]{{{stem}.pdf}}",
+                  rf"\caption{{{latex_escape(caption)}}}", r"\end{figure}"]
+    lines.append(r"\end{document}")
+    return "\n".join(lines) + "\n"

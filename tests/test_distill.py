@@ -43,6 +43,40 @@ def test_cross_encoder_reads_both_sentences_in_one_input(tiny_bert):
     assert np.allclose(scores, forward[::-1], atol=1e-6)  # padding and order do not change a pair's score
 
 
+def test_the_second_sentence_is_segment_b_as_the_tokenizer_says(tiny_bert):
+    """BERT-family encoders embed segments: the cross-encoder must feed the tokenizer's segment ids
+    (a random token-type table makes segment A and B embeddings differ, as in MiniLM by up to 0.12)."""
+    from trainables.batching import pad
+    from trainables.models import last_hidden_state, pool, segment_ids
+
+    tokenizer = load_tokenizer(tiny_bert)
+    first, second = ["a man plays the guitar", "word " * 40, "b"], ["a guitar", "other " * 40, "c d e f"]
+    encoded = tokenizer(first, second, truncation="longest_first", max_length=24, padding=True, return_tensors="pt")
+    model = CrossEncoder(tiny_bert, 2).eval()
+    assert model.separator == tokenizer.sep_token_id
+    derived = segment_ids(encoded["input_ids"], encoded["attention_mask"], model.separator)
+    assert torch.equal(derived, encoded["token_type_ids"]) and derived.sum() > 0
+    tokens = PairTokens(tokenizer, 24)
+    input_ids, mask = pad(tokens.lookup(first, second), tokens.pad_id, torch.device("cpu"))
+    with torch.no_grad():
+        ours = model(input_ids, mask)
+        expected = model.head(pool(last_hidden_state(model.encoder, input_ids, mask, encoded["token_type_ids"]),
+                                   mask, model.pooling)).squeeze(-1)
+        without = model.head(pool(last_hidden_state(model.encoder, input_ids, mask), mask, model.pooling)).squeeze(-1)
+    assert torch.allclose(ours, expected, atol=1e-6)
+    assert not torch.allclose(ours, without, atol=1e-4)  # segment ids change what the encoder computes
+
+
+def test_encoders_without_segment_embeddings_get_no_segment_ids(tiny_bert):
+    from transformers import BertConfig, RobertaConfig
+
+    from trainables.models import pair_separator
+
+    tokenizer = load_tokenizer(tiny_bert)
+    assert pair_separator(tokenizer, RobertaConfig(type_vocab_size=1)) is None  # RoBERTa, MPNet: one segment
+    assert pair_separator(tokenizer, BertConfig(type_vocab_size=2)) == tokenizer.sep_token_id
+
+
 def test_targets_are_clipped_to_zero_one_before_bce():
     logits = torch.tensor([0.0, 2.0])
     assert cross_loss("bce", logits, torch.tensor([-0.4, 1.3])).item() == pytest.approx(

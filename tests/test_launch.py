@@ -368,8 +368,8 @@ def test_an_adaptive_seed_study_runs_end_to_end_and_its_report_says_how_many_see
 
     build_report(collect(f"sqlite:///{tmp_path / 'mlflow.db'}", "e2e"), tmp_path / "report")
     report = (tmp_path / "report" / "report.md").read_text()
-    assert "(n=3)" in report and "seeds: added per cell until the 95 % CI of its mean dev score was at most ±0.001" \
-        in report
+    assert "(n=3)" in report and "seeds: adaptive, per cell, for a 95 % CI of the mean dev score of ±0.001 points, " \
+        "at most 3 seeds" in report and "two-stage rule" in report
     cells = pd.read_csv(tmp_path / "report" / "cells.csv")
     assert list(cells.n) == [3, 3] and (cells.dev_ci95 > 0.001).all()
 
@@ -412,3 +412,45 @@ def test_studies_that_used_to_crash_the_report_launch_report_and_verify(case, ti
         assert "skipped: every tuning trial degenerate" in status.stdout
     verified = run_cli("verify", str(tmp_path / "reports" / "e2e"), cwd=tmp_path)
     assert verified.returncode == 0 and verified.stdout.startswith("ok:"), verified.stderr
+
+
+def test_ctrl_c_stops_honestly_and_resume_finishes_the_study(tiny_bert, data_dir, tmp_path):
+    """SIGINT to the launch's process group (what Ctrl-C in a terminal sends, Ray's workers included):
+    exit 130, one line naming `orchestrator resume e2e`, none of Tune's Tuner.restore advice; with
+    output going to a file, a line per finished trial while it runs; resume finishes with no duplicate
+    and no RUNNING run."""
+    study = write_study(tmp_path, tiny_bert, data_dir, tune=None, replicate={"seeds": [0, 1, 2]},
+                        train={"epochs": 4, "batch_size": 8, "max_seq_length": 32},
+                        data={"max_train_samples": 400, "max_eval_samples": 100})
+    env = {k: v for k, v in {**os.environ, "HF_HUB_OFFLINE": "1"}.items() if k != "RAY_AUTH_MODE"}
+    log = open(tmp_path / "launch.log", "w")  # noqa: SIM115 (the child writes it)
+    driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "launch", str(study), "--storage",
+                               str(tmp_path / "studies")], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    deadline = time.monotonic() + 300
+    while "[2/6]" not in (tmp_path / "launch.log").read_text() and time.monotonic() < deadline:
+        assert driver.poll() is None, (tmp_path / "launch.log").read_text()[-2000:]
+        time.sleep(0.2)
+    os.killpg(driver.pid, signal.SIGINT)
+    assert driver.wait(timeout=180) == 130
+    log.close()
+    output = (tmp_path / "launch.log").read_text()
+    assert "interrupted: orchestrator resume e2e" in output and "Tuner.restore" not in output
+    assert "e2e: launching 6 planned trials" in output
+    lines = [line for line in output.splitlines() if line.startswith("[")]
+    assert lines[0].startswith("[1/6] layer=") and " completed dev_spearman " in lines[0]
+    assert "elapsed · ETA" in lines[0]
+    assert not (tmp_path / "reports" / "e2e").exists()  # no partial report
+    parents, children = runs_of(tmp_path)
+    assert parents[0].info.status == "KILLED" and "RUNNING" not in {c.info.status for c in children}
+    assert "KILLED" in {c.info.status for c in children}  # the trials the stop hit, continued by resume
+
+    resumed = run_cli("resume", "e2e", "--storage", str(tmp_path / "studies"), cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "e2e: finished: 6 completed" in resumed.stdout
+    assert "e2e: resuming 6 planned trials (2 cells;" in resumed.stderr
+    parents, children = runs_of(tmp_path)
+    keys = Counter(c.data.tags["orchestrator.trial_key"] for c in children)
+    assert len(children) == 6 and max(keys.values()) == 1
+    assert not [c for c in children if c.info.status == "RUNNING"]
+    assert all(c.data.tags["outcome"] == "completed" for c in children)  # nothing the stop hit counts as failed

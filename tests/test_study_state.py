@@ -336,22 +336,26 @@ def drive(state: StudyState) -> None:
         state.on_finished(record.key, Outcome.COMPLETED)
 
 
-def test_noisy_cells_get_more_seeds_than_quiet_ones_until_the_dev_mean_is_precise(synthetic_data_dir, tmp_path,
+@pytest.mark.parametrize(("rule", "quiet_why", "noisy_why"), [
+    ("two_stage", "stopped: 3 seeds as the first 3 fixed; dev 95% CI ±", "(capped at max_seeds)"),
+    ("sequential", "stopped: dev 95% CI ±", "stopped at max_seeds 8: dev 95% CI ±")])
+def test_noisy_cells_get_more_seeds_than_quiet_ones_until_the_dev_mean_is_precise(rule, quiet_why, noisy_why,
+                                                                                  synthetic_data_dir, tmp_path,
                                                                                   monkeypatch):
     from trainables.kinds import KINDS
 
     monkeypatch.setitem(KINDS, "toy", "tests.toy_kind:ToyKind")  # its dev noise grows with lr
     study = parse_study({"name": "adaptive", "trainable": "toy", "model": "toy", "data_dir": str(synthetic_data_dir),
                          "ablate": {"lr": [0.001, 0.3]}, "train": {"epochs": 3},
-                         "replicate": {"seeds": 3, "max_seeds": 8, "until": {"dev_ci95": 1.0}},
+                         "replicate": {"seeds": 3, "max_seeds": 8, "until": {"dev_ci95": 1.0, "rule": rule}},
                          "tracking": {"mlflow_uri": "sqlite:///x.db"}})
     state = StudyState(build_plan(study, tmp_path), Journal(tmp_path / "j.jsonl"))
     drive(state)
     quiet, noisy = (state.replicates(cell) for cell in state.plan.cells)
     assert len(quiet) == 3 and len(noisy) == 8 and len(quiet) + len(noisy) < 8 * 2
     assert sorted(r.seed for r in noisy) == list(range(8))
-    assert state.seed_rule(state.plan.cells[0])[1].startswith("stopped: dev 95% CI ±")
-    assert state.seed_rule(state.plan.cells[1])[1].startswith("stopped at max_seeds 8: dev 95% CI ±")
+    assert state.seed_rule(state.plan.cells[0])[1].startswith(quiet_why)
+    assert noisy_why in state.seed_rule(state.plan.cells[1])[1]
     assert state.is_complete() and all(r.config["score_test"] for r in quiet + noisy)
 
 
@@ -418,3 +422,14 @@ def test_the_estimate_counts_each_distinct_pretraining_stage_once(tiny_bert, syn
     assert count == 2 and seconds > 0  # 30 steps: one stage per replicate seed, shared by both layers
     shared = {**raw, "train": {**raw["train"], "stage_seed": "shared"}}
     assert stage_cost(build_plan(parse_study(shared), tmp_path))[1] == 1
+
+
+def test_the_two_stage_rule_fixes_the_total_from_the_first_seeds_alone():
+    from orchestrator.seed_rules import seeds_needed, wants_another
+
+    # s = 1 over [1, 2, 3], t(0.975, 2 df) = 4.3027: n = ceil((4.3027 / 2)^2) = ceil(4.628) = 5
+    assert seeds_needed([1.0, 2.0, 3.0], 2.0, 10) == 5
+    assert seeds_needed([1.0, 2.0, 3.0], 0.5, 10) == 10 and seeds_needed([2.0, 2.0, 2.0], 0.5, 10) == 3
+    # later seeds never change the decision, however they fall: the std is not selected for being small
+    assert wants_another("two_stage", [1.0, 2.0, 3.0, 2.0], 3, 2.0, 10)[0]
+    assert not wants_another("two_stage", [1.0, 2.0, 3.0, 9.0, -5.0], 3, 2.0, 10)[0]

@@ -1,7 +1,8 @@
-"""Cross-encoder building blocks: both sentences in one input to a (truncated) encoder with a
-regression head; the score of a pair is the sigmoid of the head's logit. Trained with BCE on scores
-in [0, 1] (targets are clipped there: a cosine below 0 is no probability) or MSE of the sigmoid.
-Used by the `cross_encoder` kind, by `distill` and by the teacher stage."""
+"""Cross-encoder building blocks: both sentences in one input to a (truncated) encoder (the second
+as segment B where the encoder embeds segments) with a regression head; the score of a pair is the
+sigmoid of the head's logit. Trained with BCE on scores in [0, 1] (targets are clipped there: a
+cosine below 0 is no probability) or MSE of the sigmoid. Used by the `cross_encoder` kind, by
+`distill` and by the teacher stage."""
 
 from __future__ import annotations
 
@@ -18,7 +19,16 @@ from transformers import get_linear_schedule_with_warmup
 from trainables.batching import EVAL_TOKENS_PER_CHUNK, length_chunks, pad
 from trainables.bi_encoder import build_optimizer, check_finite, epoch_batches
 from trainables.errors import one_of
-from trainables.models import POOLINGS, last_hidden_state, load_encoder, pool, truncate_encoder
+from trainables.models import (
+    POOLINGS,
+    last_hidden_state,
+    load_encoder,
+    load_tokenizer,
+    pair_separator,
+    pool,
+    segment_ids,
+    truncate_encoder,
+)
 from trainables.runtime import autocast
 
 CROSS_LOSSES = ("bce", "mse")
@@ -36,9 +46,12 @@ class CrossEncoder(nn.Module):
             truncate_encoder(self.encoder, layer)
         self.pooling = pooling
         self.head = nn.Linear(self.encoder.config.hidden_size, 1)
+        # the second sentence is segment B, as in pretraining (BERT's next-sentence pairs)
+        self.separator = pair_separator(load_tokenizer(name), self.encoder.config)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = last_hidden_state(self.encoder, input_ids, attention_mask)
+        segments = None if self.separator is None else segment_ids(input_ids, attention_mask, self.separator)
+        hidden = last_hidden_state(self.encoder, input_ids, attention_mask, segments)
         return self.head(pool(hidden, attention_mask, self.pooling)).squeeze(-1)
 
 

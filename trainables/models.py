@@ -91,12 +91,31 @@ def truncate_encoder(model: PreTrainedModel, num_layers: int) -> PreTrainedModel
     return model
 
 
-def last_hidden_state(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def last_hidden_state(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Token states of the (truncated) encoder. DeBERTa's layer loop cannot run empty, so with no
     layers left its embedding output (what hidden_states[0] holds) is computed directly."""
+    segments = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
     if len(encoder_layers(model)) == 0 and model.config.model_type in ("deberta", "deberta-v2"):
-        return model.embeddings(input_ids=input_ids, mask=attention_mask)
-    return model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return model.embeddings(input_ids=input_ids, mask=attention_mask, **segments)
+    return model(input_ids=input_ids, attention_mask=attention_mask, **segments).last_hidden_state
+
+
+def pair_separator(tokenizer, config: PretrainedConfig) -> int | None:
+    """The separator token id after which a pair's second segment starts, for encoders that embed
+    segments (BERT, ELECTRA, MiniLM: `type_vocab_size` > 1 and a tokenizer that gives pairs
+    segment ids); None for those that do not (RoBERTa, MPNet)."""
+    if getattr(config, "type_vocab_size", 1) <= 1 or tokenizer.sep_token_id is None:
+        return None
+    segments = tokenizer("a", "b").get("token_type_ids")
+    return tokenizer.sep_token_id if segments and any(segments) else None
+
+
+def segment_ids(input_ids: torch.Tensor, attention_mask: torch.Tensor, separator: int) -> torch.Tensor:
+    """Segment ids of joined pairs (`[CLS] a [SEP] b [SEP]`), as the tokenizer gives them: 0 up to
+    and including the first separator, 1 after it, 0 on padding."""
+    is_sep = (input_ids == separator).long()
+    return ((is_sep.cumsum(dim=1) - is_sep) > 0).long() * attention_mask.long()
 
 
 def count_parameters(module: nn.Module) -> int:
