@@ -12,6 +12,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from trainables.errors import UserInputError
+
 
 class Outcome(str, Enum):
     """How a trial ended; all outcome handling goes through this small enum."""
@@ -55,6 +57,43 @@ def remove_checkpoint(path: str | None) -> bool:
     return True
 
 
+FIELDS = {"cells": ("keys",), "issued": ("key", "cell", "phase", "seed", "tuned", "config"),
+          "result": ("key", "metrics"), "checkpoint": ("key", "path"), "finished": ("key", "outcome"),
+          "superseded": ("key",), "retry": ("key",), "checkpoint_removed": ("key",),
+          "launch": ("study_uid", "base_dir", "tracking_uri")}
+
+
+def event_problem(event: Any) -> str | None:
+    """What is wrong with one journal event, or None for a well-formed one."""
+    if not isinstance(event, dict):
+        return f"a {type(event).__name__}, not an event"
+    kind = event.get("event")
+    if kind not in FIELDS:
+        return f"unknown event {kind!r}" if kind is not None else "no `event` field"
+    missing = [name for name in FIELDS[kind] if name not in event]
+    if missing:
+        return f"a {kind} event without {', '.join(missing)}"
+    if kind == "finished" and event["outcome"] not in {o.value for o in Outcome}:
+        return f"unknown outcome {event['outcome']!r}"
+    if kind == "result" and not isinstance(event["metrics"], dict):
+        return "a result without its metrics"
+    if kind == "issued" and not (isinstance(event["cell"], int) and isinstance(event["config"], dict)):
+        return "an issued event with a malformed cell or config"
+    return None
+
+
+class JournalError(UserInputError):
+    """A damaged line in the middle of a journal: named by number, never skipped."""
+
+    problem = "is a damaged journal line"
+
+    def __init__(self, path: Path, number: int, raw: bytes, problem: str):
+        shown = raw[:80].decode("utf-8", errors="replace")
+        super().__init__(f"{path}:{number}", shown, f"line {number} is damaged ({problem}); the journal is the "
+                         "study's record, so nothing is guessed: restore the line from a backup, or delete it "
+                         "(a trial whose `finished` line is lost runs again)")
+
+
 class Journal:
     def __init__(self, path: str | Path, repair: bool = True):
         self.path = Path(path)
@@ -85,15 +124,27 @@ class Journal:
             os.fsync(f.fileno())
 
     def events(self) -> list[dict]:
-        """Every complete line; a torn last line (killed mid-write) is ignored."""
+        """Every line, checked: a torn last line (killed mid-write) is ignored; any other line that is
+        not a well-formed event stops the replay with its line number (`JournalError`) instead of a
+        guess: a lost `finished` line would make a completed trial run again."""
         if not self.path.exists():
             return []
+        data = self.path.read_bytes()
+        lines = data.split(b"\n")
+        torn = not data.endswith(b"\n")
         events = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
+        for number, raw in enumerate(lines, start=1):
+            if not raw.strip():
                 continue
+            try:
+                event = json.loads(raw.decode("utf-8"))
+                problem = event_problem(event)
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                event, problem = None, f"not a JSON line ({type(exc).__name__})"
+            if problem is None:
+                events.append(event)
+            elif not (torn and number == len(lines)):
+                raise JournalError(self.path, number, raw, problem)
         return events
 
     def records(self) -> dict[str, TrialRecord]:

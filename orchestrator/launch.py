@@ -12,7 +12,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import signal
 import threading
 import time
@@ -25,16 +24,24 @@ from orchestrator.config import StudyConfig, load_study
 from orchestrator.edits import check_edit
 from orchestrator.journal import Journal
 from orchestrator.plan import StudyPlan, build_plan, plan_from_record, plan_record
+from orchestrator.study_folder import (  # noqa: F401 (DEFAULT_STORAGE, is_running: re-exported for callers)
+    DEFAULT_STORAGE,
+    JOURNAL,
+    LAUNCHED_FILE,
+    META,
+    MODELS,
+    OPTUNA_LOG,
+    PLAN,
+    STUDY_FILE,
+    exclusive,
+    is_running,
+    read_json,
+    read_meta,
+    study_dir,
+    write_atomic,
+)
 from orchestrator.study_state import StudyState
 from trainables.errors import UserInputError
-
-STUDY_FILE = "study.yaml"
-META = "launch.json"
-PLAN = "plan.json"  # the resolved plan of the latest launch: status and report need no data or model
-OPTUNA_LOG = "optuna.log"  # every cell's Optuna study, for `orchestrator ui NAME --optuna`
-MODELS = "models"  # save: the kept models, one folder per cell and seed
-JOURNAL = "journal.jsonl"
-DEFAULT_STORAGE = "studies"
 
 
 @dataclass(frozen=True)
@@ -50,10 +57,6 @@ def package_version() -> str:
         return version("ablation-orchestrator")
     except PackageNotFoundError:
         return "0+unknown"
-
-
-def study_dir(storage: str | Path | None, name: str) -> Path:
-    return Path(storage or DEFAULT_STORAGE).expanduser().resolve() / name
 
 
 def tracking_uri(study: StudyConfig, base: Path) -> str:
@@ -106,37 +109,55 @@ def check_cluster(ray, study: StudyConfig) -> None:
 
 def launch(study_file: str | Path, storage: str | Path | None = None, address: str | None = None,
            max_concurrent: int | None = None, resume: bool = False, progress: bool = True) -> LaunchResult:
-    """Validate, plan, then run the study (or the rest of it) to the end."""
+    """Validate, plan, then run the study (or the rest of it) to the end, as the folder's one writer."""
     study_file = Path(study_file)
     study = load_study(study_file)
     folder = study_dir(storage or study.storage_path, study.name)
-    journal_path = folder / JOURNAL
-    if journal_path.exists() and not resume:
-        raise UserInputError("name", study.name, f"a study of that name exists in {folder}; run "
-                                                 f"`orchestrator resume {study.name}` or choose another name")
-    meta = json.loads((folder / META).read_text()) if resume and (folder / META).exists() else {
-        "base_dir": str(study_file.parent.resolve()), "study_uid": uuid.uuid4().hex}
+    refuse_existing(folder, study.name, resume)
+    meta = (read_meta(folder) if resume else None) or {"base_dir": str(study_file.parent.resolve()),
+                                                       "study_uid": uuid.uuid4().hex}
     base_dir = Path(meta["base_dir"])
-    stored = load_study(folder / STUDY_FILE) if resume and (folder / STUDY_FILE).exists() else None
-    changed = check_edit(stored, study) if stored is not None else []
+    accepted = folder / LAUNCHED_FILE if (folder / LAUNCHED_FILE).exists() else folder / STUDY_FILE
+    stored = load_study(accepted) if resume and accepted.exists() else None
+    changed = check_edit(stored, study) if stored is not None else []  # `resume NAME` too: the file may be edited
     plan = build_plan(study, base_dir, stage_root=folder / "stages")
     if study.budget is not None and not resume:  # a pilot on this machine, before anything is written
         from orchestrator.estimate import check_budget, estimate
 
-        check_budget(plan, estimate(plan))
+        try:
+            found = estimate(plan)
+        except UserInputError as exc:
+            raise UserInputError("budget", {"hours": study.budget.hours}, f"{exc.fix}; remove budget to launch "
+                                                                          "without an estimate") from None
+        check_budget(plan, found)
     uri = meta.get("tracking_uri") or tracking_uri(study, base_dir)
-    ray = connect_ray(address)
-    check_cluster(ray, study)
+    with exclusive(folder, study.name, "resume" if resume else "launch"):
+        refuse_existing(folder, study.name, resume)  # a launch that got here first, and ended
+        ray = connect_ray(address)
+        check_cluster(ray, study)
+        return run_locked(study_file, study, plan, folder, {**meta, "tracking_uri": uri}, stored, changed,
+                          resume, address, max_concurrent, progress)
 
-    folder.mkdir(parents=True, exist_ok=True)
-    journal = Journal(journal_path)
+
+def refuse_existing(folder: Path, name: str, resume: bool) -> None:
+    if not resume and ((folder / JOURNAL).exists() or (folder / META).exists()):
+        raise UserInputError("name", name, f"a study of that name exists in {folder}; run "
+                                           f"`orchestrator resume {name}` or choose another name")
+
+
+def run_locked(study_file: Path, study: StudyConfig, plan: StudyPlan, folder: Path, meta: dict, stored, changed,
+               resume: bool, address, max_concurrent, progress: bool) -> LaunchResult:
+    """Everything a launch writes, while it holds the folder's lock."""
+    base_dir, uri = Path(meta["base_dir"]), meta["tracking_uri"]
+    journal = Journal(folder / JOURNAL)
     if changed:  # an extension: the journal learns which cells its earlier indices meant, then the new file
         record_cells(journal, folder, stored, base_dir)
-        shutil.copyfile(study_file, folder / STUDY_FILE)
-    if not (folder / META).exists():
-        shutil.copyfile(study_file, folder / STUDY_FILE)
-        (folder / META).write_text(json.dumps({**meta, "tracking_uri": uri}, indent=1))
-    (folder / PLAN).write_text(json.dumps(plan_record(plan), indent=1, default=str))
+    text = study_file.read_text()
+    write_atomic(folder / STUDY_FILE, text)
+    write_atomic(folder / LAUNCHED_FILE, text)  # what the trials below run: later edits are checked against it
+    journal.write("launch", **meta)  # the study id lives in the journal too
+    write_atomic(folder / META, json.dumps(meta, indent=1))
+    write_atomic(folder / PLAN, json.dumps(plan_record(plan), indent=1, default=str))
     journal.write("cells", keys=[c.key for c in plan.cells])
     state = StudyState(plan, journal, folder / OPTUNA_LOG)
     from orchestrator.tracking import ResilientTracker, StudyTracker, plan_summary
@@ -280,9 +301,12 @@ def open_state(name: str, storage: str | Path | None = None) -> StudyState:
         raise UserInputError("NAME", name, f"no study folder {folder}; give --storage where it was launched")
     study = load_study(folder / STUDY_FILE)
     if (folder / PLAN).exists():
-        plan = plan_from_record(study, json.loads((folder / PLAN).read_text()))
+        plan = plan_from_record(study, read_json(folder / PLAN))
     else:  # a study folder from before plans were stored: rebuild it (needs the data and the model)
-        meta = json.loads((folder / META).read_text())
+        meta = read_meta(folder)
+        if meta is None:
+            raise UserInputError("NAME", name, f"{folder} holds no launch yet (no plan, no journal): launch the "
+                                               "study file again")
         plan = build_plan(study, Path(meta["base_dir"]), stage_root=folder / "stages")
     return StudyState(plan, ReadOnlyJournal(folder / JOURNAL))
 
@@ -293,7 +317,7 @@ def record_cells(journal: Journal, folder: Path, stored: StudyConfig, base_dir: 
     if any(event.get("event") == "cells" for event in journal.events()):
         return
     if (folder / PLAN).exists():
-        cells = json.loads((folder / PLAN).read_text())["cells"]
+        cells = read_json(folder / PLAN)["cells"]
         keys = [" ".join(f"{k}={v}" for k, v in values.items()) or "all" for values in cells]
     else:
         keys = [c.key for c in build_plan(stored, base_dir, stage_root=folder / "stages").cells]
@@ -302,8 +326,8 @@ def record_cells(journal: Journal, folder: Path, stored: StudyConfig, base_dir: 
 
 def stored_study_uid(name: str, storage: str | Path | None = None) -> str | None:
     """The id that ties a study folder to its own MLflow parent run (None for folders from before)."""
-    folder = study_dir(storage, name)
-    return json.loads((folder / META).read_text()).get("study_uid") if (folder / META).exists() else None
+    meta = read_meta(study_dir(storage, name))
+    return meta.get("study_uid") if meta else None
 
 
 def folder_size(folder: Path) -> int:
@@ -312,9 +336,10 @@ def folder_size(folder: Path) -> int:
 
 def stored_tracking_uri(name: str, storage: str | Path | None = None) -> str:
     folder = study_dir(storage, name)
-    if not (folder / META).exists():
+    meta = read_meta(folder) if folder.exists() else None
+    if not meta or "tracking_uri" not in meta:
         raise UserInputError("NAME", name, f"no study folder {folder}; give --storage where it was launched")
-    return json.loads((folder / META).read_text())["tracking_uri"]
+    return meta["tracking_uri"]
 
 
 class ReadOnlyJournal(Journal):
@@ -327,7 +352,15 @@ class ReadOnlyJournal(Journal):
 
 def sync(name: str, storage: str | Path | None = None) -> dict[str, int]:
     """Replay a study's journal into MLflow (after an outage the driver could not outlast) and
-    close its runs; run it while the study is not running."""
+    close its runs; refused while a launch or resume of the study runs (it writes the same runs)."""
+    folder = study_dir(storage, name)
+    if not (folder / STUDY_FILE).exists():
+        raise UserInputError("NAME", name, f"no study folder {folder}; give --storage where it was launched")
+    with exclusive(folder, name, "sync"):
+        return _sync(name, storage)
+
+
+def _sync(name: str, storage: str | Path | None) -> dict[str, int]:
     from orchestrator.tracking import StudyTracker
 
     state = open_state(name, storage)

@@ -454,3 +454,33 @@ def test_ctrl_c_stops_honestly_and_resume_finishes_the_study(tiny_bert, data_dir
     assert len(children) == 6 and max(keys.values()) == 1
     assert not [c for c in children if c.info.status == "RUNNING"]
     assert all(c.data.tags["outcome"] == "completed" for c in children)  # nothing the stop hit counts as failed
+
+
+def test_a_second_launch_of_a_running_study_is_refused_in_one_line(tiny_bert, data_dir, tmp_path):
+    """Two terminals, one study: the second launch (or resume, or sync) is refused while the first
+    holds the folder; it used to run every trial twice into one journal."""
+    study = write_study(tmp_path, tiny_bert, data_dir, tune=None, replicate={"seeds": [0, 1]},
+                        train={"epochs": 50, "batch_size": 8, "max_seq_length": 32},  # outlasts the checks
+                        data={"max_train_samples": 2000, "max_eval_samples": 100})
+    env = {k: v for k, v in {**os.environ, "HF_HUB_OFFLINE": "1"}.items() if k != "RAY_AUTH_MODE"}
+    storage = str(tmp_path / "studies")
+    first = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "launch", str(study), "--storage", storage],
+                             cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    journal = tmp_path / "studies" / "e2e" / "journal.jsonl"
+    deadline = time.monotonic() + 300
+    while not (journal.exists() and '"issued"' in journal.read_text()) and time.monotonic() < deadline:
+        assert first.poll() is None
+        time.sleep(0.2)
+    for args in (["launch", str(study), "--storage", storage, "--resume"], ["resume", "e2e", "--storage", storage],
+                 ["sync", "e2e", "--storage", storage]):
+        second = run_cli(*args, cwd=tmp_path)
+        assert second.returncode == 2, second.stderr
+        assert second.stderr.startswith("error: NAME: 'e2e' is not valid; pid ") and second.stderr.count("\n") == 1
+        assert "is running this study now" in second.stderr
+    assert first.poll() is None  # still running: every refusal above met a live holder
+    os.killpg(first.pid, signal.SIGINT)
+    assert first.wait(timeout=180) == 130
+    issued = Counter(json.loads(line)["key"] for line in journal.read_text().splitlines()
+                     if json.loads(line)["event"] == "issued")
+    assert issued and max(issued.values()) == 1  # no trial issued twice

@@ -130,3 +130,23 @@ def test_local_folder_wins_and_unknown_model_is_a_clear_error(tiny_bert, tmp_pat
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(UserInputError, match="model: 'no-such-org/no-such-model' is not valid"):
         load_encoder("no-such-org/no-such-model")
+
+
+def test_a_model_folder_that_asks_to_run_its_own_code_is_refused_before_loading(tiny_bert, tmp_path):
+    """transformers would ask "run the custom code? [y/N]" and, answered y, run the folder's Python inside
+    `validate`; the folder is refused in one line before transformers reads it."""
+    import json
+    import shutil
+
+    from trainables.errors import UserInputError
+    from trainables.models import load_config, load_tokenizer
+
+    hostile = tmp_path / "hostile"
+    shutil.copytree(tiny_bert, hostile)
+    (hostile / "evil.py").write_text("open('/tmp/pwned', 'w').write('ran')\n")
+    config = json.loads((hostile / "config.json").read_text())
+    (hostile / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoConfig": "evil.EvilConfig"}}))
+    for load in (load_config, load_tokenizer):
+        with pytest.raises(UserInputError, match=r"config.json has an auto_map: the folder asks to run its own"):
+            load(str(hostile))
+    load_config(tiny_bert)  # an ordinary folder still loads

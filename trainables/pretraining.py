@@ -82,7 +82,7 @@ class MLMObjective(torch.nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
-        self.model = AutoModelForMaskedLM.from_pretrained(resolve_model_path(cfg.model))
+        self.model = AutoModelForMaskedLM.from_pretrained(resolve_model_path(cfg.model), trust_remote_code=False)
 
     def forward(self, batch: dict) -> torch.Tensor:
         return self.model(**batch).loss
@@ -106,7 +106,7 @@ class RTDObjective(torch.nn.Module):
         if cfg.pretrain_generator:
             self.generator = ElectraForMaskedLM.from_pretrained(resolve_model_path(cfg.pretrain_generator))
         else:
-            config = AutoConfig.from_pretrained(resolve_model_path(cfg.model))
+            config = AutoConfig.from_pretrained(resolve_model_path(cfg.model), trust_remote_code=False)
             config.hidden_size = max(config.num_attention_heads, config.hidden_size // 4)
             config.intermediate_size = max(4, config.intermediate_size // 4)
             self.generator = ElectraForMaskedLM(config)

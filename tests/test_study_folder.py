@@ -1,0 +1,142 @@
+"""A study folder's state under faults: one writer at a time, whole files or none, a journal that
+names a damaged line instead of guessing, a study id that survives its file, and a stored study
+file edited by hand checked like any other edit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from orchestrator import study_folder
+from orchestrator.journal import Journal, JournalError
+from orchestrator.study_folder import exclusive, is_running, read_json, read_meta, write_atomic
+from trainables.errors import UserInputError
+
+
+def test_a_second_writer_is_refused_in_one_line_while_the_first_holds_the_folder(tmp_path):
+    folder = tmp_path / "s"
+    with exclusive(folder, "s", "launch"):
+        assert is_running(folder)
+        with pytest.raises(UserInputError) as refused, exclusive(folder, "s", "sync"):
+            pass
+        assert str(refused.value).startswith(f"NAME: 's' is not valid; pid {os.getpid()}, launch is running this "
+                                             "study now; wait for it to end")
+    assert not is_running(folder)
+    with exclusive(folder, "s", "resume"):  # released: the next writer gets it
+        pass
+
+
+def test_the_lock_of_a_killed_process_is_taken_over(tmp_path):
+    folder = tmp_path / "s"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from orchestrator.study_folder import exclusive\n"
+        f"with exclusive(Path({str(folder)!r}), 's', 'launch'):\n    print('held', flush=True); time.sleep(60)")],
+        stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    assert holder.stdout.readline().strip() == "held"
+    assert is_running(folder)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    with exclusive(folder, "s", "resume"):  # no stale-lock cleanup needed: the kernel dropped it
+        assert (folder / study_folder.LOCK).read_text() == f"pid {os.getpid()}, resume"
+
+
+def test_sync_is_refused_while_the_study_runs(tmp_path):
+    from orchestrator.launch import sync
+
+    folder = tmp_path / "studies" / "s"
+    folder.mkdir(parents=True)
+    (folder / "study.yaml").write_text("name: s\nmodel: m\n")
+    with exclusive(folder, "s", "launch"), pytest.raises(UserInputError, match="is running this study now"):
+        sync("s", tmp_path / "studies")
+    with pytest.raises(UserInputError, match="no study folder"):
+        sync("typo", tmp_path / "studies")
+    assert not (tmp_path / "studies" / "typo").exists()  # a typo creates nothing
+
+
+def test_a_failed_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
+    path = tmp_path / "launch.json"
+    write_atomic(path, json.dumps({"study_uid": "old"}))
+
+    def full_disk(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(study_folder.os, "replace", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        write_atomic(path, json.dumps({"study_uid": "new"}))
+    assert read_json(path) == {"study_uid": "old"}
+    assert [p.name for p in tmp_path.iterdir()] == ["launch.json"]  # no temp file left behind
+
+
+def test_a_truncated_launch_json_is_rebuilt_from_the_journal(tmp_path):
+    folder = tmp_path / "s"
+    journal = Journal(folder / "journal.jsonl")
+    meta = {"base_dir": "/work", "study_uid": "abc123", "tracking_uri": "sqlite:////work/mlflow.db"}
+    journal.write("launch", **meta)
+    (folder / "launch.json").write_text('{"base_dir": "/wo')  # what a crash mid-write used to leave
+    assert read_meta(folder) == meta
+    (folder / "plan.json").write_text('{"cells": [')
+    with pytest.raises(UserInputError, match=r"plan.json: 'plan.json' is not valid; the file is damaged"):
+        read_json(folder / "plan.json")
+
+
+@pytest.mark.parametrize(("line", "problem"), [
+    (b"42", "a int, not an event"), (b'{"key": "c0-s0"}', "no `event` field"),
+    (b'{"event": "finished", "key": "c0-s0", "outcome": "won"}', "unknown outcome 'won'"),
+    (b'{"event": "result", "key": "c0-s0"}', "a result event without metrics"),
+    (b"\xff\xfe not text", "not a JSON line (UnicodeDecodeError)"), (b'{"event": "fin', "not a JSON line")])
+def test_a_damaged_journal_line_in_the_middle_is_named_by_number(tmp_path, line, problem):
+    path = tmp_path / "journal.jsonl"
+    good = b'{"event": "cells", "keys": ["layer=1"]}\n'
+    path.write_bytes(good + line + b"\n" + good)
+    with pytest.raises(JournalError) as damaged:
+        Journal(path).events()
+    assert f"{path}:2" in str(damaged.value) and problem in str(damaged.value) and "nothing is guessed" in str(
+        damaged.value)
+
+
+def test_a_torn_last_line_is_still_forgiven(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    path.write_bytes(b'{"event": "cells", "keys": ["a"]}\n{"event": "issu')
+    assert Journal(path, repair=False).events() == [{"event": "cells", "keys": ["a"]}]
+
+
+def test_status_of_a_study_with_a_damaged_journal_is_one_line_exit_2(tmp_path):
+    folder = tmp_path / "studies" / "s"
+    folder.mkdir(parents=True)
+    (folder / "study.yaml").write_text(yaml.safe_dump({"name": "s", "model": "m"}))
+    (folder / "plan.json").write_text(json.dumps({"cells": [{}], "seeds": [0], "base": {}, "metric": "dev_spearman",
+                                                  "mode": "max", "epochs": 1, "origins": {}, "cell_reports": [1],
+                                                  "kind_path": "trainables.kinds.finetune:FinetuneKind"}))
+    (folder / "journal.jsonl").write_bytes(b'{"event": "cells", "keys": ["all"]}\n42\n{"event": "cells", "keys": []}\n')
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "orchestrator.cli", "status", "s", "--storage",
+                             str(tmp_path / "studies")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "journal.jsonl:2" in result.stderr, result.stderr
+    assert time.monotonic() - started < 120
+
+
+def test_resume_by_name_applies_the_edit_rules_to_a_hand_edited_study_file(tmp_path):
+    """studies/NAME/study.yaml edited by hand (a seed added, and train.lr changed) used to train the
+    new seed with the new lr and average it with the old seed into one cell."""
+    from orchestrator.launch import resume
+
+    folder = tmp_path / "studies" / "s"
+    folder.mkdir(parents=True)
+    launched = {"name": "s", "model": "m", "replicate": {"seeds": [0]}, "train": {"lr": 2e-5}}
+    (folder / "study.launched.yaml").write_text(yaml.safe_dump(launched))
+    (folder / "study.yaml").write_text(yaml.safe_dump({**launched, "replicate": {"seeds": [0, 1]},
+                                                       "train": {"lr": 0.05}}))
+    Journal(folder / "journal.jsonl").write("launch", base_dir=str(tmp_path), study_uid="u",
+                                            tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with pytest.raises(UserInputError) as refused:
+        resume("s", tmp_path / "studies")
+    assert str(refused.value) == ("train.lr: 0.05 is not valid; the study was launched with 2e-05; that change would "
+                                  "invalidate its finished work: restore it, or launch under a new name")
