@@ -81,6 +81,31 @@ def test_resume_from_the_first_round_reproduces_the_uninterrupted_run(configs, c
 
 
 @pytest.mark.parametrize("case", CASES)
+def test_a_damaged_checkpoint_restarts_the_trial_to_the_uninterrupted_numbers(configs, case, tmp_path):
+    """A checkpoint cut short (a crash or a full disk mid-write) is discarded like a deleted one: the
+    trial starts again from round 1 and, seeded the same, reaches the same numbers; it used to fail
+    for good with a SafetensorError."""
+    from trainables.checkpoints import WEIGHTS
+
+    name, config = configs[case]
+    kind = kind_of(name)
+    uninterrupted, saved = [], []
+
+    def keep(metrics, checkpoint_dir=None):
+        uninterrupted.append(metrics)
+        saved.append(shutil.copytree(checkpoint_dir, tmp_path / f"round{len(saved) + 1}"))
+
+    kind.run(config, keep)
+    weights = saved[0] / WEIGHTS
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    restarted = []
+    kind.run(config, collect(restarted), checkpoint_dir=str(saved[0]))
+    assert [r["epoch"] for r in restarted] == [r["epoch"] for r in uninterrupted]
+    for ours, theirs in zip(numbers(restarted), numbers(uninterrupted), strict=True):
+        assert ours == pytest.approx(theirs, abs=1e-6)
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_test_is_scored_once_with_the_best_dev_rounds_weights(configs, case, monkeypatch):
     name, config = configs[case]
     kind = kind_of(name)

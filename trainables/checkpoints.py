@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 WEIGHTS = "model.safetensors"
@@ -45,18 +46,29 @@ def save_checkpoint(folder: str | Path, weights: dict[str, torch.Tensor], optimi
     return folder
 
 
+class DamagedCheckpointError(ValueError):
+    """A checkpoint that cannot be read whole (cut short by a crash or a full disk)."""
+
+
 def load_checkpoint(folder: str | Path, optimizers: Optimizers) -> tuple[dict, dict, dict]:
-    """Restore optimizers and schedulers in place; return (weights, best_weights, state)."""
+    """Restore optimizers and schedulers in place; return (weights, best_weights, state). Every file
+    is read before anything is restored, so a damaged one changes nothing (`DamagedCheckpointError`)."""
     folder = Path(folder)
-    meta = json.loads((folder / STATE).read_text())
+    try:
+        meta = json.loads((folder / STATE).read_text())
+        flat = load_file(folder / OPTIMIZER)
+        weights = load_file(folder / WEIGHTS)
+        best = load_file(folder / BEST_WEIGHTS) if (folder / BEST_WEIGHTS).exists() else weights
+        saved_groups = [meta["optimizers"][number] for number in range(len(optimizers))]
+        state = meta["state"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError, SafetensorError) as exc:
+        raise DamagedCheckpointError(f"{folder}: {type(exc).__name__}: {exc}") from exc
     slots: dict[int, dict[int, dict[str, torch.Tensor]]] = {}
-    for key, value in load_file(folder / OPTIMIZER).items():
+    for key, value in flat.items():
         number, index, name = key.split(".", 2)
         slots.setdefault(int(number), {}).setdefault(int(index), {})[name] = value
     for number, (optimizer, scheduler) in enumerate(optimizers):
-        saved = meta["optimizers"][number]
-        optimizer.load_state_dict({"state": slots.get(number, {}), "param_groups": saved["param_groups"]})
-        scheduler.load_state_dict(saved["scheduler"])
-    weights = load_file(folder / WEIGHTS)
-    best = load_file(folder / BEST_WEIGHTS) if (folder / BEST_WEIGHTS).exists() else weights
-    return weights, best, meta["state"]
+        groups = saved_groups[number]
+        optimizer.load_state_dict({"state": slots.get(number, {}), "param_groups": groups["param_groups"]})
+        scheduler.load_state_dict(groups["scheduler"])
+    return weights, best, state

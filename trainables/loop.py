@@ -12,6 +12,7 @@ looks at dev; `test_every_round: true` is an opt-in diagnostic that scores test 
 
 from __future__ import annotations
 
+import logging
 import math
 import tempfile
 import time
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 
 from trainables.bi_encoder import write_predictions
-from trainables.checkpoints import MODEL_DIR, PREDICTIONS, load_checkpoint, save_checkpoint
+from trainables.checkpoints import MODEL_DIR, PREDICTIONS, DamagedCheckpointError, load_checkpoint, save_checkpoint
 from trainables.contract import Report
 from trainables.errors import TrainingDivergedError
 from trainables.kinds.base import Learner, TrainingKind
@@ -73,11 +74,19 @@ def train(kind: TrainingKind, cfg, report: Report, checkpoint_dir: str | None = 
     name = kind.round_name
     state, best = LoopState(), None
     if checkpoint_dir:
-        weights, best_weights, saved = load_checkpoint(checkpoint_dir, learner.optimizers())
-        load_weights(learner, weights)
-        learner.load_extra(Path(checkpoint_dir))
-        state = LoopState(**saved)
-        best = snapshot(best_weights) if state.best_round else None  # no round had a dev score yet
+        try:
+            weights, best_weights, saved = load_checkpoint(checkpoint_dir, learner.optimizers())
+            load_weights(learner, weights)
+            learner.load_extra(Path(checkpoint_dir))
+            state = LoopState(**saved)
+            best = snapshot(best_weights) if state.best_round else None  # no round had a dev score yet
+        except (DamagedCheckpointError, OSError, ValueError, KeyError, RuntimeError) as exc:
+            # cut short by a crash or a full disk: start again, as without a checkpoint (same seed,
+            # same numbers), instead of failing the trial for good
+            logging.getLogger("trainables").warning("%s; the trial starts again from its first %s", exc, name)
+            seed_everything(cfg.seed)
+            learner = kind.build(cfg, device, dtype)
+            state, best = LoopState(), None
 
     metrics: dict = {}
     for round_ in range(state.round + 1, rounds + 1):
