@@ -124,7 +124,7 @@ def probe(
 STORAGE = typer.Option(None, "--storage", help="Folder of study folders (default: the study's storage_path "
                                                  "or ./studies).")
 ADDRESS = typer.Option(None, "--address", help="Ray cluster: local (default), auto, or host:port; also RAY_ADDRESS.")
-MAX_CONCURRENT = typer.Option(None, "--max-concurrent", help="At most this many trials at once.")
+MAX_CONCURRENT = typer.Option(None, "--max-concurrent", min=1, help="At most this many trials at once.")
 
 
 @app.command()

@@ -182,13 +182,43 @@ def parse_study(raw: Any, source: str = "study") -> StudyConfig:
         raise explain(exc.errors()[0]) from None
 
 
+MAX_NODES = 100_000  # a study file expands to a few hundred values; a "billion laughs" file to billions
+
+
+class TooManyAliases(yaml.YAMLError):
+    pass
+
+
+class BoundedLoader(yaml.SafeLoader):
+    """YAML's safe loader with a bound on what aliases (`*name`) expand to, counted on the composed
+    graph before anything is built, so a few hundred bytes cannot become gigabytes of study."""
+
+    def construct_document(self, node):
+        sizes: dict[int, int] = {}
+
+        def expanded(current) -> int:
+            if id(current) not in sizes:
+                sizes[id(current)] = 0  # a recursive alias counts once while it is being measured
+                children = (current.value if isinstance(current, yaml.SequenceNode) else
+                            [part for pair in current.value for part in pair]
+                            if isinstance(current, yaml.MappingNode) else [])
+                sizes[id(current)] = min(MAX_NODES + 1, 1 + sum(expanded(child) for child in children))
+            return sizes[id(current)]
+
+        if expanded(node) > MAX_NODES:
+            raise TooManyAliases(f"its YAML aliases expand to more than {MAX_NODES:,} values")
+        return super().construct_document(node)
+
+
 def load_study(path: str | Path) -> StudyConfig:
     """Read and validate a study file (structure only; see orchestrator.plan for the deep checks)."""
     path = Path(path)
     if not path.is_file():
         raise UserInputError("study file", str(path), "give the path of an existing YAML file")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=BoundedLoader)  # noqa: S506 (a SafeLoader)
+    except TooManyAliases as exc:
+        raise UserInputError("study file", str(path), f"{exc}; write the values out instead") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"

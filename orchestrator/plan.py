@@ -136,6 +136,25 @@ def covering_values(param: Param) -> list[Any]:
     raise TypeError(param)
 
 
+def sqlite_write_problem(database: Path, timeout_s: float = 3.0) -> str | None:
+    """Why an existing SQLite store cannot take a write (locked by another process, read-only),
+    found by taking and releasing its write lock; None when it can. Writes nothing."""
+    import sqlite3
+
+    try:
+        connection = sqlite3.connect(str(database), timeout=timeout_s, isolation_level=None)
+    except sqlite3.Error as exc:
+        return str(exc)
+    try:
+        connection.execute("BEGIN IMMEDIATE")
+        connection.execute("ROLLBACK")
+        return None
+    except sqlite3.Error as exc:
+        return str(exc)
+    finally:
+        connection.close()
+
+
 def check_tracking_uri(uri: str, base: Path) -> None:
     """SQLite needs a writable folder, a server must answer; file stores are refused (use SQLite)."""
     key = "tracking.mlflow_uri"
@@ -145,6 +164,12 @@ def check_tracking_uri(uri: str, base: Path) -> None:
         existing = next((p for p in [folder, *folder.parents] if p.exists()), None)
         if existing is None or not os.access(existing, os.W_OK):
             raise UserInputError(key, uri, f"the folder {folder} cannot be created or written; choose another path")
+        database = folder / path.name
+        if database.exists():
+            problem = sqlite_write_problem(database)
+            if problem:
+                raise UserInputError(key, uri, f"the store cannot be written now ({problem}); close what holds it, "
+                                               "or make it writable, then launch again")
         return
     if uri.startswith(("http://", "https://")):
         import urllib.request
@@ -236,9 +261,8 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
             tuned[name] = expand_tuned_preset(name, raw) or parse_tuned(key, raw)
     seeds = expand_seeds(study.replicate.seeds)
     rule = study.replicate
-    if (rule.until is None) != (rule.max_seeds is None):
-        raise UserInputError("replicate.until" if rule.until is None else "replicate.max_seeds",
-                             rule.max_seeds if rule.until is None else rule.until.dev_ci95,
+    if (rule.until is None) != (rule.max_seeds is None):  # the missing key is named, with its (missing) value
+        raise UserInputError("replicate.until" if rule.until is None else "replicate.max_seeds", None,
                              "adaptive seeds need both: until: {dev_ci95: 0.5} and max_seeds: N")
     if rule.max_seeds is not None and rule.max_seeds < max(2, len(seeds)):
         raise UserInputError("replicate.max_seeds", rule.max_seeds,

@@ -71,6 +71,9 @@ def collect(tracking_uri: str, study: str, study_uid: str | None = None) -> Stud
     """Every child run of the study's parent run, as a DataFrame: the parent of the study folder
     `study_uid` when given, else the newest launch of that name."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).exists():
+        raise UserInputError("--tracking-uri", tracking_uri, "no MLflow store there (a report never creates one); "
+                                                            "give the study's store")
     client = MlflowClient(tracking_uri=tracking_uri)
     experiment = client.get_experiment_by_name(study)
     if experiment is None:

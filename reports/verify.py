@@ -17,6 +17,7 @@ import pandas as pd
 
 from reports.build import PROVENANCE, build_report
 from reports.collect import collect, combine
+from trainables.errors import UserInputError
 
 NUMBERS = ("n", "mean", "std", "dev")
 PRODUCED = "Produced by ablation-orchestrator"
@@ -77,7 +78,11 @@ def compare_text(written: Path, fresh: Path) -> list[str]:
 def verify(folder: str | Path, tracking_uri: str | None = None) -> list[str]:
     """Every difference between the report in `folder` and what MLflow holds now; empty when none."""
     folder = Path(folder)
-    provenance = json.loads((folder / PROVENANCE).read_text())
+    try:
+        provenance = json.loads((folder / PROVENANCE).read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise UserInputError("FOLDER", str(folder), f"{PROVENANCE} is damaged; write the report again with "
+                                                    "`orchestrator report`") from None
     sources = provenance.get("sources") or [provenance]
     studies = [collect(tracking_uri or s["tracking_uri"], s["study"], s.get("study_uid")) for s in sources]
     runs = studies[0] if len(studies) == 1 else combine(studies)

@@ -140,3 +140,49 @@ def test_resume_by_name_applies_the_edit_rules_to_a_hand_edited_study_file(tmp_p
         resume("s", tmp_path / "studies")
     assert str(refused.value) == ("train.lr: 0.05 is not valid; the study was launched with 2e-05; that change would "
                                   "invalidate its finished work: restore it, or launch under a new name")
+
+
+def test_a_locked_tracking_store_fails_validation_before_anything_is_written(tmp_path):
+    import sqlite3
+
+    from orchestrator.plan import check_tracking_uri
+
+    database = tmp_path / "mlflow.db"
+    holder = sqlite3.connect(str(database), isolation_level=None)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN EXCLUSIVE")  # another process mid-write, or a tool holding the file
+    try:
+        with pytest.raises(UserInputError, match=r"the store cannot be written now \(database is locked\)"):
+            check_tracking_uri(f"sqlite:///{database}", tmp_path)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    check_tracking_uri(f"sqlite:///{database}", tmp_path)  # released: fine
+
+
+def test_a_report_from_a_typo_store_creates_no_store(tmp_path, monkeypatch):
+    from reports.collect import collect
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserInputError, match="no MLflow store there"):
+        collect("sqlite:///mlfow.db", "s")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_yaml_alias_bomb_is_one_short_line(tmp_path):
+    from orchestrator.config import load_study
+
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8))
+    path = tmp_path / "bomb.yaml"
+    path.write_text(bomb)
+    assert len(bomb) < 600
+    with pytest.raises(UserInputError) as refused:
+        load_study(path)
+    assert "its YAML aliases expand to more than 100,000 values" in str(refused.value)
+    assert len(str(refused.value)) < 400
+
+
+def test_an_error_about_a_huge_value_stays_one_short_line():
+    error = UserInputError("train.layer", list(range(100_000)), "use a number")
+    assert len(str(error)) < 300 and "characters)" in str(error) and "\n" not in str(error)

@@ -360,8 +360,8 @@ def test_noisy_cells_get_more_seeds_than_quiet_ones_until_the_dev_mean_is_precis
 
 
 @pytest.mark.parametrize(("replicate", "message"), [
-    ({"seeds": 3, "max_seeds": 8}, "replicate.until: 8 is not valid; adaptive seeds need both"),
-    ({"seeds": 3, "until": {"dev_ci95": 0.5}}, "replicate.max_seeds: 0.5 is not valid; adaptive seeds need both"),
+    ({"seeds": 3, "max_seeds": 8}, "replicate.until: None is not valid; adaptive seeds need both"),
+    ({"seeds": 3, "until": {"dev_ci95": 0.5}}, "replicate.max_seeds: None is not valid; adaptive seeds need both"),
     ({"seeds": 3, "max_seeds": 2, "until": {"dev_ci95": 0.5}}, "replicate.max_seeds: 2 is not valid; give at least"),
 ])
 def test_an_adaptive_seed_rule_needs_both_bounds(tiny_bert, synthetic_data_dir, tmp_path, replicate, message):

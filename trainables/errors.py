@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+SHOWN_CHARS = 200
+
 
 class UserInputError(ValueError):
     """Bad input from the user: one line naming the key, the bad value and the fix (exit code 2)."""
@@ -10,7 +12,10 @@ class UserInputError(ValueError):
 
     def __init__(self, key: str, value: object, fix: str) -> None:
         self.key, self.value, self.fix = key, value, fix
-        super().__init__(f"{key}: {value!r} {self.problem}; {fix}")
+        shown = repr(value)
+        if len(shown) > SHOWN_CHARS:  # one line stays one line, whatever the value
+            shown = shown[:SHOWN_CHARS] + f"… ({len(shown):,} characters)"
+        super().__init__(f"{key}: {shown} {self.problem}; {fix}")
 
 
 class DataNotFoundError(UserInputError):
