@@ -47,11 +47,16 @@ def user_errors(command: Callable) -> Callable:
 
 
 def quiet_libraries() -> None:
-    """Progress bars and advice from transformers would bury the one line a user needs."""
-    from transformers.utils import logging as hf_logging
+    """Progress bars and advice from transformers and MLflow's database chatter would bury the one
+    line a user needs. Environment variables, so nothing heavy is imported to quiet it."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
     for name in ("mlflow", "alembic", "ray.tune", "ray.train"):
         logging.getLogger(name).setLevel(logging.WARNING)
 

@@ -214,8 +214,7 @@ def run_tuner(plan: StudyPlan, state: StudyState, tracker, storage: Path, name: 
     import ray
     from ray import tune
 
-    from orchestrator.progress import ProgressCallback
-    from orchestrator.tune_adapters import CellScheduler, PlanSearcher, TrackingCallback, run_trial
+    from orchestrator.tune_adapters import CellScheduler, PlanSearcher, ProgressCallback, TrackingCallback, run_trial
 
     study = plan.study
     resources = {"cpu": study.resources.cpu, "gpu": study.resources.gpu}

@@ -20,11 +20,9 @@ from orchestrator.config import StudyConfig
 from search_spaces.params import Choice, Fixed, Grid, IntRange, LogUniform, Param, Uniform, parse_ablated, parse_tuned
 from search_spaces.presets import expand_language, expand_layer, expand_pooling, expand_seeds, expand_tuned_preset
 from trainables.contract import TrialConfig
-from trainables.data import load_task, resolve_language, task_spec
 from trainables.errors import UserInputError
 from trainables.kinds import KINDS, TrainableKind, get_kind, load_kind
 from trainables.kinds.base import TrainingKind
-from trainables.models import encoder_depth, load_config
 
 # keys the orchestrator sets itself; a study may not put them in train/ablate/tune
 MANAGED = {"seed", "model", "task", "data_dir", "num_threads", "device", "max_train_samples", "max_eval_samples",
@@ -185,6 +183,8 @@ def check_tracking_uri(uri: str, base: Path) -> None:
 
 
 def _ablate_axes(study: StudyConfig, schema: type[TrialConfig]) -> dict[str, Fixed | Grid]:
+    from trainables.data import task_spec
+
     valid = [k for k in schema.model_fields if k not in MANAGED or k == "model"]
     axes: dict[str, Fixed | Grid] = {}
     for name, raw in study.ablate.items():
@@ -226,6 +226,8 @@ def _cells(study: StudyConfig, axes: dict[str, Fixed | Grid]) -> list[dict[str, 
 
 
 def _depth(model: str, key: str) -> int:
+    from trainables.models import encoder_depth, load_config
+
     try:
         return encoder_depth(load_config(model))
     except UserInputError as exc:
@@ -234,6 +236,8 @@ def _depth(model: str, key: str) -> int:
 
 def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Path | None = None) -> StudyPlan:
     """Resolve and check everything a launch needs; raises UserInputError on the first problem."""
+    from trainables.data import load_task, resolve_language, task_spec
+
     kind = get_kind(study.trainable)
     schema = kind.Config
     spec = task_spec(study.task) if study.task in _task_names() else None

@@ -7,19 +7,11 @@ plan measures it (reports x layers), so a deep cell's trial counts for more than
 from __future__ import annotations
 
 import math
-import sys
-import time
-from typing import TextIO
 
-from ray.tune import Callback
-from rich.console import Console
-from rich.live import Live
 from rich.table import Table
 
 from orchestrator.journal import TrialRecord
 from orchestrator.study_state import StudyState
-
-HEARTBEAT_S = 60.0
 
 
 def status_table(state: StudyState, title: str | None = None) -> Table:
@@ -115,64 +107,3 @@ def trial_line(state: StudyState, record: TrialRecord, elapsed: float) -> str:
     eta = eta_seconds(state, elapsed)
     return (f"[{finished}/{max(planned, finished)}] {who} {what}{score} · {duration(elapsed)} elapsed"
             + (f" · ETA {duration(eta)}" if eta is not None and finished < planned else ""))
-
-
-class ProgressCallback(Callback):
-    """Tune callback of the driver; `banner` lines are printed when the study starts."""
-
-    def __init__(self, state: StudyState, banner: list[str] | None = None, stream: TextIO | None = None,
-                 live: bool | None = None):
-        self.state, self.banner = state, banner or []
-        self.stream = stream or sys.stderr
-        self.live_mode = self.stream.isatty() if live is None else live
-        self.started = time.monotonic()
-        self.last_update = 0.0
-        self.last_line = time.monotonic()
-        self.reported = {k for k, r in state.records.items() if r.finished}  # a resume's earlier trials
-        self.live = (Live(status_table(state), console=Console(file=self.stream), auto_refresh=False)
-                     if self.live_mode else None)
-
-    def __getstate__(self) -> dict:
-        return {}  # driver-only: a terminal view does not travel with Tune's experiment pickle
-
-    def _print(self, line: str) -> None:
-        print(line, file=self.stream, flush=True)
-        self.last_line = time.monotonic()
-
-    def _title(self) -> str:
-        counts = self.state.counts()
-        elapsed = time.monotonic() - self.started
-        eta = eta_seconds(self.state, elapsed)
-        return (f"{self.state.plan.study.name}: {counts['completed'] + counts['pruned']} done, {counts['running']} "
-                f"running, {counts['failed'] + counts['diverged']} failed · {counts['planned'] - counts['skipped']} "
-                f"planned · {duration(elapsed)} elapsed" + (f" · ETA {duration(eta)}" if eta is not None else ""))
-
-    def setup(self, **info) -> None:
-        for line in self.banner:
-            self._print(line)
-        if self.live is not None:
-            self.live.start()
-
-    def poll(self) -> None:
-        """New lines for trials that ended since the last poll; a heartbeat when none did for a while."""
-        now = time.monotonic()
-        if self.live is not None:
-            if now - self.last_update >= 1.0:
-                self.last_update = now
-                self.live.update(status_table(self.state, self._title()), refresh=True)
-            return
-        for key, record in list(self.state.records.items()):
-            if record.finished and key not in self.reported:
-                self.reported.add(key)
-                self._print(trial_line(self.state, record, now - self.started))
-        if now - self.last_line >= HEARTBEAT_S:
-            self._print(f"… {self._title()}")
-
-    def on_step_end(self, iteration, trials, **info) -> None:
-        self.poll()
-
-    def on_experiment_end(self, trials, **info) -> None:
-        self.last_update = 0.0
-        self.poll()
-        if self.live is not None:
-            self.live.stop()

@@ -16,7 +16,6 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.stats import t as t_dist
 
 RULES = ("two_stage", "sequential")
 
@@ -25,6 +24,8 @@ def ci95_half(values: Sequence[float]) -> float:
     """Half-width of the 95 % Student-t interval of the mean (inf with fewer than two values)."""
     if len(values) < 2:
         return math.inf
+    from scipy.stats import t as t_dist
+
     return float(t_dist.ppf(0.975, len(values) - 1) * np.std(values, ddof=1) / math.sqrt(len(values)))
 
 
@@ -34,6 +35,8 @@ def seeds_needed(first: Sequence[float], target: float, max_seeds: int) -> int:
     k = len(first)
     if k < 2:
         return max_seeds
+    from scipy.stats import t as t_dist
+
     s = float(np.std(first, ddof=1))
     n = math.ceil((float(t_dist.ppf(0.975, k - 1)) * s / target) ** 2) if s > 0 else k
     return max(k, min(max_seeds, n))

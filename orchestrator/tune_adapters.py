@@ -6,13 +6,19 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+import time
+from typing import TextIO
 
 from ray import tune
 from ray.tune import Callback
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher
+from rich.console import Console
+from rich.live import Live
 
 from orchestrator.journal import Outcome, remove_checkpoint
+from orchestrator.progress import duration, eta_seconds, status_table, trial_line
 from orchestrator.study_state import FINISHED, StudyState
 from trainables.checkpoints import ARTIFACTS, MODEL_DIR
 
@@ -197,3 +203,68 @@ def run_trial(config: dict) -> None:
     except TrainingDivergedError as exc:
         with tempfile.TemporaryDirectory():
             tune.report({"diverged": 1, "error": str(exc)})
+
+
+HEARTBEAT_S = 60.0
+
+
+class ProgressCallback(Callback):
+    """What the driver shows while Tune runs (orchestrator.progress): `banner` lines when the study
+    starts; a live table on a terminal; elsewhere a line per trial that ends and a heartbeat."""
+
+    def __init__(self, state: StudyState, banner: list[str] | None = None, stream: TextIO | None = None,
+                 live: bool | None = None):
+        self.state, self.banner = state, banner or []
+        self.stream = stream or sys.stderr
+        self.live_mode = self.stream.isatty() if live is None else live
+        self.started = time.monotonic()
+        self.last_update = 0.0
+        self.last_line = time.monotonic()
+        self.reported = {k for k, r in state.records.items() if r.finished}  # a resume's earlier trials
+        self.live = (Live(status_table(state), console=Console(file=self.stream), auto_refresh=False)
+                     if self.live_mode else None)
+
+    def __getstate__(self) -> dict:
+        return {}  # driver-only: a terminal view does not travel with Tune's experiment pickle
+
+    def _print(self, line: str) -> None:
+        print(line, file=self.stream, flush=True)
+        self.last_line = time.monotonic()
+
+    def _title(self) -> str:
+        counts = self.state.counts()
+        elapsed = time.monotonic() - self.started
+        eta = eta_seconds(self.state, elapsed)
+        return (f"{self.state.plan.study.name}: {counts['completed'] + counts['pruned']} done, {counts['running']} "
+                f"running, {counts['failed'] + counts['diverged']} failed · {counts['planned'] - counts['skipped']} "
+                f"planned · {duration(elapsed)} elapsed" + (f" · ETA {duration(eta)}" if eta is not None else ""))
+
+    def setup(self, **info) -> None:
+        for line in self.banner:
+            self._print(line)
+        if self.live is not None:
+            self.live.start()
+
+    def poll(self) -> None:
+        """New lines for trials that ended since the last poll; a heartbeat when none did for a while."""
+        now = time.monotonic()
+        if self.live is not None:
+            if now - self.last_update >= 1.0:
+                self.last_update = now
+                self.live.update(status_table(self.state, self._title()), refresh=True)
+            return
+        for key, record in list(self.state.records.items()):
+            if record.finished and key not in self.reported:
+                self.reported.add(key)
+                self._print(trial_line(self.state, record, now - self.started))
+        if now - self.last_line >= HEARTBEAT_S:
+            self._print(f"… {self._title()}")
+
+    def on_step_end(self, iteration, trials, **info) -> None:
+        self.poll()
+
+    def on_experiment_end(self, trials, **info) -> None:
+        self.last_update = 0.0
+        self.poll()
+        if self.live is not None:
+            self.live.stop()

@@ -6,7 +6,7 @@ from typing import Any
 
 from search_spaces.params import Fixed, Grid, LogUniform, Param
 from trainables.errors import UserInputError
-from trainables.models import POOLINGS
+from trainables.names import POOLINGS
 
 # tune.params presets
 LR_DEFAULT = LogUniform(1e-5, 1e-4)  # the range truncated fine-tuning searches in the reference paper

