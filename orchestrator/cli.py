@@ -298,12 +298,12 @@ def doctor(address: str | None = ADDRESS, study: Annotated[str | None, typer.Opt
 
 @app.command()
 @user_errors
-def ui(name: str, storage: str | None = STORAGE, port: int = 5000,
+def ui(name: str, storage: str | None = STORAGE, port: int = typer.Option(5000, min=1, max=65535,
+                                                                        help="Port, or the next free one."),
        optuna: bool = typer.Option(False, "--optuna", help="optuna-dashboard of the cells' tuning instead."),
        debug: bool = DEBUG) -> None:
-    """Start the MLflow UI (or optuna-dashboard) for the study on 127.0.0.1 and print its URL."""
-    import subprocess
-
+    """Start the MLflow UI (or optuna-dashboard) for the study on 127.0.0.1 and print its URL once it
+    answers; exit 1 if it cannot start."""
     from orchestrator.launch import OPTUNA_LOG, stored_tracking_uri, study_dir
 
     if optuna:
@@ -311,13 +311,12 @@ def ui(name: str, storage: str | None = STORAGE, port: int = 5000,
         if not log.exists():
             raise UserInputError("NAME", name, f"no {log}: the study tunes nothing, or was launched before Optuna "
                                                "studies were kept; `orchestrator resume` writes it")
-        import shutil as _shutil
-
-        if _shutil.which("optuna-dashboard") is None:
-            raise UserInputError("--optuna", True, "install it: pip install optuna-dashboard")
-        typer.echo(f"optuna-dashboard for {name}: http://127.0.0.1:{port}  (one Optuna study per cell; "
-                   "Ctrl-C stops it)")
-        subprocess.run(["optuna-dashboard", "--host", "127.0.0.1", "--port", str(port), str(log)], check=False)
+        dashboard = own_command("optuna-dashboard")
+        if dashboard is None:
+            raise UserInputError("--optuna", True, f"install it: {sys.executable} -m pip install optuna-dashboard")
+        chosen = free_port(port)
+        serve([dashboard, "--host", "127.0.0.1", "--port", str(chosen), str(log)], chosen, "",
+              f"optuna-dashboard for {name} (one Optuna study per cell)")
         return
 
     uri = stored_tracking_uri(name, storage)
@@ -325,9 +324,74 @@ def ui(name: str, storage: str | None = STORAGE, port: int = 5000,
     if not uri.startswith("sqlite"):
         typer.echo(f"the study is tracked on {uri}: open {uri.rstrip('/')}/{experiment}")
         return
-    typer.echo(f"MLflow UI for {name}: http://127.0.0.1:{port}/{experiment}  (Ctrl-C stops it)")
-    subprocess.run([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
-                    "--port", str(port)], check=False)
+    chosen = free_port(port)
+    serve([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port",
+           str(chosen), "--workers", "1"], chosen, experiment, f"MLflow UI for {name}")
+
+
+def own_command(command: str) -> str | None:
+    """A console script of the orchestrator's own environment (a venv used without activating it),
+    else one on PATH."""
+    beside = Path(sys.executable).parent / command
+    return str(beside) if beside.exists() else shutil.which(command)
+
+
+def free_port(asked: int) -> int:
+    """`asked` when nothing listens on it on 127.0.0.1, else a free port the system picks (said)."""
+    import socket
+
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", asked))
+            return asked
+        except OSError:
+            pass
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        chosen = probe.getsockname()[1]
+    typer.echo(f"port {asked} is busy: using {chosen}", err=True)
+    return chosen
+
+
+def serve(command: list[str], port: int, path: str, what: str, start_timeout_s: float = 120.0) -> None:
+    """Run a web server until Ctrl-C; its URL is printed once it answers, and exit 1 (with its last
+    words) if it ends before that."""
+    import subprocess
+    import tempfile
+    import time
+    import urllib.request
+
+    with tempfile.TemporaryFile(mode="w+") as errors:
+        server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
+        try:
+            deadline = time.monotonic() + start_timeout_s
+            while True:
+                if server.poll() is not None:
+                    errors.seek(0)
+                    last = [line.strip() for line in errors.read().splitlines() if line.strip()][-1:] or ["no output"]
+                    typer.echo(f"error: {what} could not start (exit {server.returncode}): {last[0][:300]}", err=True)
+                    raise typer.Exit(1)
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2):
+                        break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        server.terminate()
+                        typer.echo(f"error: {what} did not answer on port {port} in {start_timeout_s:g} s", err=True)
+                        raise typer.Exit(1) from None
+                    time.sleep(0.5)
+            typer.echo(f"{what}: http://127.0.0.1:{port}/{path}  (Ctrl-C stops it)", err=False)
+            sys.stdout.flush()
+            server.wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            if server.poll() is None:
+                server.terminate()
+                try:
+                    server.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    server.kill()
 
 
 def runs_path(uri: str, name: str) -> str:
