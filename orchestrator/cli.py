@@ -25,8 +25,20 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 DEBUG = typer.Option(False, "--debug", help="Show the full traceback of an error.")
 
 
+def show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"orchestrator (ablation-orchestrator) {version('ablation-orchestrator')}")
+        except PackageNotFoundError:
+            typer.echo("orchestrator (ablation-orchestrator) 0+unknown")
+        raise typer.Exit()
+
+
 @app.callback()
-def commands() -> None:
+def commands(_version: bool = typer.Option(False, "--version", callback=show_version, is_eager=True,
+                                           help="Print the version and exit.")) -> None:
     """Ablation and hyperparameter studies of sentence encoders on Ray Tune, tracked in MLflow."""
 
 
@@ -234,17 +246,61 @@ def resume(name: str, address: str | None = ADDRESS, storage: str | None = STORA
 
 @app.command()
 @user_errors
-def status(name: str, storage: str | None = STORAGE, debug: bool = DEBUG) -> None:
+def status(name: str, storage: str | None = STORAGE,
+           as_json: bool = typer.Option(False, "--json", help="One JSON object: counts and every cell."),
+           debug: bool = DEBUG) -> None:
     """Trials done / running / failed and the best dev score per cell, from the study's journal."""
-    from rich.console import Console
-
     from orchestrator.launch import folder_size, open_state, study_dir
-    from orchestrator.progress import status_table
+    from orchestrator.progress import status_record, status_table
+    from orchestrator.study_folder import is_running
 
     quiet_libraries()
-    Console(width=max(120, shutil.get_terminal_size().columns)).print(status_table(open_state(name, storage)))
-    size = folder_size(study_dir(storage, name))
-    typer.echo(f"study folder {study_dir(storage, name)}: {size / 2**20:.1f} MiB (finished trials keep no checkpoint)")
+    state = open_state(name, storage)
+    folder = study_dir(storage, name)
+    if as_json:
+        print(json.dumps({**status_record(state), "running_now": is_running(folder), "folder": str(folder),
+                          "folder_bytes": folder_size(folder)}))
+        return
+    from rich.console import Console
+
+    Console(width=max(120, shutil.get_terminal_size().columns)).print(status_table(state))
+    size = folder_size(folder)
+    typer.echo(f"study folder {folder}: {size / 2**20:.1f} MiB (finished trials keep no checkpoint)"
+               + ("; a launch is running it now" if is_running(folder) else ""))
+
+
+@app.command(name="list")
+@user_errors
+def list_studies(storage: str | None = STORAGE,
+                 as_json: bool = typer.Option(False, "--json", help="One JSON object per study."),
+                 debug: bool = DEBUG) -> None:
+    """The studies in a storage folder, with their state: finished, running now, or interrupted."""
+    from orchestrator.launch import open_state
+    from orchestrator.study_folder import JOURNAL, STUDY_FILE, is_running, study_dir
+
+    root = study_dir(storage, "x").parent
+    folders = sorted(p for p in root.iterdir() if (p / STUDY_FILE).exists()) if root.is_dir() else []
+    if not folders:
+        typer.echo(f"no studies in {root}")
+        return
+    for folder in folders:
+        try:
+            state = open_state(folder.name, root) if (folder / JOURNAL).exists() else None
+        except UserInputError as exc:
+            row = {"study": folder.name, "state": "damaged", "problem": str(exc)}
+        else:
+            counts = state.counts() if state else None
+            finished = state.is_complete() if state else False
+            verdict = ("running now" if is_running(folder) else "finished" if finished else
+                       "not started" if not counts or not counts["issued"] else "interrupted")
+            row = {"study": folder.name, "state": verdict, **({k: counts[k] for k in (
+                "planned", "completed", "pruned", "failed", "diverged", "skipped")} if counts else {})}
+        if as_json:
+            print(json.dumps(row))
+        else:
+            detail = (f"{row['completed']} completed, {row['pruned']} pruned, {row['failed'] + row['diverged']} "
+                      f"failed of {row['planned']} planned" if "planned" in row else row.get("problem", ""))
+            typer.echo(f"{row['study']}: {row['state']}" + (f" · {detail}" if detail else ""))
 
 
 @app.command()

@@ -40,6 +40,23 @@ def status_table(state: StudyState, title: str | None = None) -> Table:
     return table
 
 
+def status_record(state: StudyState) -> dict:
+    """`status --json`: the counts and, per cell, its trials, replicates, best dev score and why it
+    stopped or was skipped."""
+    best = state.best_per_cell()
+    cells = []
+    for cell in state.plan.cells:
+        tune = [r for r in state.records.values() if r.cell == cell.index and r.phase == "tune"]
+        value = best.get(cell.key)
+        cells.append({"cell": cell.key, **cell.values, "tuning_finished": sum(r.finished for r in tune),
+                      "tuning_planned": state.plan.trials_per_cell,
+                      "replicates_finished": sum(r.finished for r in state.replicates(cell)),
+                      "replicates_planned": len(state.plan.seeds), "skipped": state.skip_reason(cell),
+                      "seed_rule": state.seed_rule(cell)[1] or None,
+                      f"best_{state.plan.metric}": value if value is None or math.isfinite(value) else None})
+    return {"study": state.plan.study.name, "complete": state.is_complete(), **state.counts(), "cells": cells}
+
+
 def duration(seconds: float) -> str:
     """`4m12s`, `1h03m`, `45s`."""
     seconds = max(0, int(round(seconds)))

@@ -186,3 +186,44 @@ def test_a_yaml_alias_bomb_is_one_short_line(tmp_path):
 def test_an_error_about_a_huge_value_stays_one_short_line():
     error = UserInputError("train.layer", list(range(100_000)), "use a number")
     assert len(str(error)) < 300 and "characters)" in str(error) and "\n" not in str(error)
+
+
+def small_study_folder(root, name: str, finished: bool) -> None:
+    """A study folder as a launch leaves it: one cell, one seed, its trial finished or not."""
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "study.yaml").write_text(yaml.safe_dump({"name": name, "model": "m"}))
+    (folder / "plan.json").write_text(json.dumps({"cells": [{"layer": 1}], "seeds": [0], "base": {},
+                                                  "metric": "dev_spearman", "mode": "max", "epochs": 1,
+                                                  "origins": {}, "cell_reports": [1],
+                                                  "kind_path": "trainables.kinds.finetune:FinetuneKind"}))
+    journal = Journal(folder / "journal.jsonl")
+    journal.write("issued", key="c0-s0", cell=0, cell_key="layer=1", phase="replicate", seed=0, tuned={},
+                  config={"layer": 1})
+    journal.write("result", key="c0-s0", metrics={"epoch": 1, "dev_spearman": 71.5})
+    if finished:
+        journal.write("finished", key="c0-s0", outcome="completed", error=None)
+
+
+def test_list_status_json_and_version(tmp_path):
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    root = tmp_path / "studies"
+    small_study_folder(root, "done", finished=True)
+    small_study_folder(root, "halfway", finished=False)
+    runner = CliRunner()
+    listed = runner.invoke(app, ["list", "--storage", str(root)])
+    assert listed.exit_code == 0, listed.output
+    assert listed.stdout.splitlines() == ["done: finished · 1 completed, 0 pruned, 0 failed of 1 planned",
+                                          "halfway: interrupted · 0 completed, 0 pruned, 0 failed of 1 planned"]
+    with exclusive(root / "halfway", "halfway", "launch"):
+        assert "halfway: running now" in runner.invoke(app, ["list", "--storage", str(root)]).stdout
+    shown = json.loads(runner.invoke(app, ["status", "done", "--storage", str(root), "--json"]).stdout)
+    assert shown["complete"] is True and shown["completed"] == 1 and shown["running_now"] is False
+    assert shown["cells"] == [{"cell": "layer=1", "layer": 1, "tuning_finished": 0, "tuning_planned": 0,
+                               "replicates_finished": 1, "replicates_planned": 1, "skipped": None,
+                               "seed_rule": None, "best_dev_spearman": 71.5}]
+    version = runner.invoke(app, ["--version"])
+    assert version.exit_code == 0 and version.stdout.startswith("orchestrator (ablation-orchestrator) ")
