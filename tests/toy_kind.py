@@ -46,6 +46,7 @@ class ToyLearner(Learner):
 
 
 class ToyKind(TrainingKind):
+    example = {"epochs": 4}
     Config = ToyConfig
 
     def build(self, cfg, device, dtype) -> Learner:

@@ -33,6 +33,9 @@ class TrainableKind(ABC):
     round_name: ClassVar[str] = "epoch"  # what one report covers: an epoch, a cycle, an evaluation round
     round_table: ClassVar[bool] = False  # the last report also carries every round's dev as <round><n>_*
     names: ClassVar[dict[str, tuple[str, ...]]] = {}  # config fields whose values come from a closed registry
+    # a tiny config of this kind, seconds to run: the contract tests run it for every registered kind (a
+    # kind without one fails CI); they fill in `model`, `data_dir`, `cache_dir`, `seed` and the device
+    example: ClassVar[dict[str, Any] | None] = None
 
     def parse(self, values: dict) -> Any:
         return parse_config(self.Config, values)

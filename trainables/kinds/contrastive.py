@@ -161,6 +161,8 @@ class ContrastiveLearner(Learner):
 
 
 class ContrastiveKind(TrainingKind):
+    example = {"layer": 2, "steps": 6, "eval_every": 2, "batch_size": 16, "corpus": "task",
+               "max_train_samples": 120, "method": "micse"}
     Config = ContrastiveConfig
     exports_models = True
     round_name = "round"

@@ -77,6 +77,8 @@ class CrossEncoderLearner(Learner):
 
 
 class CrossEncoderKind(TrainingKind):
+    example = {"layer": 1, "epochs": 2, "lr": 1e-3, "batch_size": 32, "max_seq_length": 48,
+               "max_train_samples": 96}
     Config = CrossEncoderConfig
     names = {"pooling": POOLINGS, "loss": CROSS_LOSSES}
 

@@ -270,6 +270,7 @@ class DistillLearner(Learner):
 
 
 class DistillKind(TrainingKind):
+    example = {"layer": 2, "cycles": 2, "bi_epochs": 1, "cross_epochs": 1, "max_train_samples": 64}
     Config = DistillConfig
     exports_models = True
     round_name = "cycle"

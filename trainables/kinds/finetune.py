@@ -104,6 +104,7 @@ class FinetuneLearner(Learner):
 
 
 class FinetuneKind(TrainingKind):
+    example = {"layer": 2, "epochs": 3, "lr": 1e-3, "batch_size": 16}
     Config = FinetuneConfig
     exports_models = True
     names = {"pooling": POOLINGS}

@@ -10,6 +10,7 @@ from trainables.probe import ProbeConfig, probe_layers
 
 
 class ProbeKind(TrainableKind):
+    example = {"layers": [0, 2], "max_eval_samples": 40}
     Config = ProbeConfig
 
     def num_reports(self, cfg) -> int:
