@@ -30,8 +30,21 @@ STUDY_UID = "orchestrator.study_uid"
 SUPERSEDED = "orchestrator.superseded"
 EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 TERMINAL = {RunStatus.to_string(s) for s in (RunStatus.FINISHED, RunStatus.FAILED, RunStatus.KILLED)}
-STATUS_OF = {Outcome.COMPLETED: "FINISHED", Outcome.PRUNED: "FINISHED", Outcome.DIVERGED: "FAILED",
+# a pruned trial was stopped early by its cell's pruner: KILLED, so the runs table does not show it as
+# a finished one (its name says `pruned at epoch k`; the `outcome` tag says pruned)
+STATUS_OF = {Outcome.COMPLETED: "FINISHED", Outcome.PRUNED: "KILLED", Outcome.DIVERGED: "FAILED",
              Outcome.FAILED: "FAILED"}
+
+
+def run_name(record: TrialRecord, cell_key: str) -> str:
+    """What the runs table shows first: `layer=2 · seed 1`, `tune 3 · layer=2`, and after a pruned
+    trial ends, `… · pruned at epoch 2`."""
+    name = (f"{cell_key} · seed {record.seed}" if record.phase == "replicate" else
+            f"tune {record.key.rsplit('-t', 1)[-1]} · {cell_key}")
+    if record.outcome == Outcome.PRUNED:
+        reached = max((int(r.get("epoch", 0)) for r in record.results), default=0)
+        name += f" · pruned at epoch {reached}"
+    return name
 
 
 def git_commit(folder: Path) -> str:
@@ -102,7 +115,7 @@ class StudyTracker:
             return run_id
         tags = {"mlflow.parentRunId": self.parent_id, TRIAL_KEY: record.key, "cell": cell_key, "phase": record.phase,
                 "seed": str(record.seed), "ray.trial_id": ray_trial_id, "cell_index": str(record.cell)}
-        run = self.client.create_run(self.experiment_id, run_name=f"{record.key} {cell_key}", tags=tags)
+        run = self.client.create_run(self.experiment_id, run_name=run_name(record, cell_key), tags=tags)
         self.logged[run.info.run_id] = set()
         params = flatten("", record.config, {})
         self.client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()],
@@ -180,6 +193,8 @@ class StudyTracker:
         if run_id is None or record.outcome is None:
             return
         self.client.set_tag(run_id, "outcome", record.outcome.value)
+        if record.outcome == Outcome.PRUNED and record.cell_key:
+            self.client.set_tag(run_id, "mlflow.runName", run_name(record, record.cell_key))
         if record.error:
             self.client.set_tag(run_id, "error", record.error[:5000])
         self.client.set_terminated(run_id, status=STATUS_OF[record.outcome])
@@ -238,6 +253,8 @@ class StudyTracker:
                 continue
             if record is not None and record.finished:
                 self.client.set_tag(run.info.run_id, "outcome", record.outcome.value)
+                if record.outcome == Outcome.PRUNED and record.cell_key:
+                    self.client.set_tag(run.info.run_id, "mlflow.runName", run_name(record, record.cell_key))
                 self.client.set_terminated(run.info.run_id, status=STATUS_OF[record.outcome])
                 changed["closed"] += 1
             else:

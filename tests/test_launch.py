@@ -60,7 +60,12 @@ def test_study_runs_ablate_tune_replicate_into_one_mlflow_tree(tiny_bert, data_d
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert len(children) == 10
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
-    assert all(c.info.status == "FINISHED" for c in children)
+    for child in children:  # pruned trials are visibly pruned in the runs table: status and name
+        pruned = child.data.tags["outcome"] == "pruned"
+        assert child.info.status == ("KILLED" if pruned else "FINISHED")
+        assert (" · pruned at epoch " in child.data.tags["mlflow.runName"]) is pruned
+    names = {c.data.tags["mlflow.runName"] for c in children if c.data.tags["phase"] == "replicate"}
+    assert names == {"layer=1 · seed 0", "layer=1 · seed 1", "layer=3 · seed 0", "layer=3 · seed 1"}
     keys = Counter(c.data.tags["orchestrator.trial_key"] for c in children)
     assert max(keys.values()) == 1
     phases = Counter((c.data.tags["cell"], c.data.tags["phase"]) for c in children)
