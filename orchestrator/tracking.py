@@ -117,11 +117,25 @@ class StudyTracker:
                 "seed": str(record.seed), "ray.trial_id": ray_trial_id, "cell_index": str(record.cell)}
         run = self.client.create_run(self.experiment_id, run_name=run_name(record, cell_key), tags=tags)
         self.logged[run.info.run_id] = set()
-        params = flatten("", record.config, {})
-        self.client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()],
-                              tags=[RunTag(f"ablate.{k}", str(v)) for k, v in _cell_values(cell_key).items()])
         self.children[record.key] = run.info.run_id
+        self.fill_identity(run.info.run_id, record, cell_key)
         return run.info.run_id
+
+    def fill_identity(self, run_id: str, record: TrialRecord, cell_key: str, params: dict | None = None,
+                      tags: dict | None = None) -> int:
+        """Log the trial's parameters and `ablate.*` tags that the run lacks (`params`, `tags`: what
+        it holds); a run created just before a crash or a failed request gets them on the next
+        replay. Returns how many were missing."""
+        params, tags = params or {}, tags or {}
+        missing = [Param(k, str(v)[:6000]) for k, v in flatten("", record.config, {}).items() if k not in params]
+        labels = [RunTag(f"ablate.{k}", str(v)) for k, v in _cell_values(cell_key).items()
+                  if f"ablate.{k}" not in tags]
+        for start in range(0, len(missing), 100):  # MLflow takes at most 100 params per batch
+            self.client.log_batch(run_id, params=missing[start:start + 100],
+                                  tags=labels if start == 0 else [])
+        if labels and not missing:
+            self.client.log_batch(run_id, tags=labels)
+        return len(missing) + len(labels)
 
     def log_epoch(self, key: str, metrics: dict) -> None:
         run_id = self.children.get(key)
@@ -212,7 +226,7 @@ class StudyTracker:
     def sync(self, records: dict[str, TrialRecord], cell_keys: dict[int, str]) -> dict[str, int]:
         """Bring MLflow up to the journal (idempotent): create the runs it lacks, log the epochs it
         lacks, close the runs of finished trials with their outcome and artifacts."""
-        counts = {"runs": 0, "epochs": 0, "closed": 0}
+        counts = {"runs": 0, "epochs": 0, "closed": 0, "filled": 0}
         existing = {run.data.tags.get(TRIAL_KEY, ""): run
                     for run in self._runs(f"tags.`mlflow.parentRunId` = '{self.parent_id}'")}
         for key, record in records.items():
@@ -224,6 +238,9 @@ class StudyTracker:
                 logged: set[int] = set()
             else:
                 self.children[key] = run.info.run_id
+                counts["filled"] += self.fill_identity(run.info.run_id, record,
+                                                       cell_keys.get(record.cell, str(record.cell)),
+                                                       run.data.params, run.data.tags)
                 logged = {m.step for m in self.client.get_metric_history(run.info.run_id, "epoch")}
             for result in record.results:
                 if "epoch" in result and int(result["epoch"]) not in logged:

@@ -58,3 +58,45 @@ def test_the_study_experiment_is_tagged_as_model_training(tmp_path):
     StudyTracker(uri, "older", tmp_path / "artifacts")
     for experiment in (client.get_experiment_by_name("fresh"), client.get_experiment(older)):
         assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_a_run_that_never_got_its_params_gets_them_from_the_journal(tmp_path, monkeypatch):
+    """`sync` killed between creating a run and logging its params (or one failed request there) left
+    a run without params or `ablate.*` tags forever, and every later report crashed on it."""
+    import yaml
+
+    from orchestrator.journal import Outcome
+    from reports.aggregate import summarize
+    from reports.collect import collect
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump({"name": "s", "model": "m", "ablate": {"layer": [1]}}))
+    tracker = StudyTracker(uri, "s", tmp_path / "artifacts")
+    tracker.start_parent(study, {"cells": [{"layer": 1}], "metric": "dev_spearman", "mode": "max", "seeds": [0],
+                                 "tuned": {}}, "0", "uid-1")
+    record = TrialRecord("c0-s0", 0, "replicate", 0, {}, {"layer": 1, "lr": 2e-5, "seed": 0}, cell_key="layer=1")
+
+    def killed(*args, **kwargs):
+        raise ConnectionError("killed right after the run was created")
+
+    monkeypatch.setattr(StudyTracker, "fill_identity", killed)
+    try:
+        tracker.start_trial(record, "layer=1", "ray1")
+    except ConnectionError:
+        pass
+    monkeypatch.undo()
+    run = MlflowClient(uri).search_runs([tracker.experiment_id], "tags.`orchestrator.trial_key` = 'c0-s0'")[0]
+    assert run.data.params == {} and "ablate.layer" not in run.data.tags
+    record.results = [{"epoch": 1, "best_dev_spearman": 80.0, "test_spearman": 77.0}]
+    record.outcome = Outcome.COMPLETED
+    replay = StudyTracker(uri, "s", tmp_path / "artifacts")
+    replay.attach_parent("uid-1")
+    counts = replay.sync({"c0-s0": record}, {0: "layer=1"})
+    assert counts["filled"] == 4 and counts["runs"] == 0  # 3 params and the ablate tag, on the same run
+    again = replay.sync({"c0-s0": record}, {0: "layer=1"})
+    assert again["filled"] == 0  # idempotent
+    run = MlflowClient(uri).get_run(run.info.run_id)
+    assert run.data.params == {"layer": "1", "lr": "2e-05", "seed": "0"} and run.data.tags["ablate.layer"] == "1"
+    summary = summarize(collect(uri, "s", "uid-1"))
+    assert summary.loc[0, "layer"] == 1 and summary.loc[0, "mean"] == 77.0
