@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -39,6 +40,8 @@ class TrialRecord:
     error: str | None = None
     cell_key: str | None = None  # the cell's values, so a resume after new axis values finds it again
     superseded: bool = False  # a replicate of a config that more tuning has since replaced
+    started: float | None = None  # when it was first issued and when it finished (epoch seconds, journal's `t`)
+    ended: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -117,7 +120,8 @@ class Journal:
         return len(data) - keep
 
     def write(self, event: str, **fields: Any) -> None:
-        line = json.dumps({"event": event, **fields}, default=str, allow_nan=True)
+        """Append one event, stamped with its wall-clock time `t` (trial durations for the dashboards)."""
+        line = json.dumps({"event": event, **fields, "t": round(time.time(), 3)}, default=str, allow_nan=True)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
             f.flush()
@@ -163,6 +167,7 @@ class Journal:
                                                             event["cell"] < len(cells) else None)
                 if previous is not None and not previous.finished:  # re-issued after an interruption
                     record.results, record.checkpoint = previous.results, previous.checkpoint
+                record.started = previous.started if previous is not None and previous.started else event.get("t")
                 records[event["key"]] = record
             elif kind == "result" and event["key"] in records:
                 records[event["key"]].results.append(event["metrics"])
@@ -171,6 +176,7 @@ class Journal:
             elif kind == "finished" and event["key"] in records:
                 records[event["key"]].outcome = Outcome(event["outcome"])
                 records[event["key"]].error = event.get("error")
+                records[event["key"]].ended = event.get("t")
             elif kind == "superseded" and event["key"] in records:
                 records[event["key"]].superseded = True
         return records

@@ -83,7 +83,7 @@ def read_meta(folder: Path) -> dict | None:
         if (folder / META).exists():
             return read_json(folder / META)  # damaged, and nothing to rebuild it from: say so
         return None
-    return {k: v for k, v in launches[-1].items() if k != "event"}
+    return {k: v for k, v in launches[-1].items() if k not in ("event", "t")}
 
 
 def holder(folder: Path) -> str:

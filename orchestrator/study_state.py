@@ -10,6 +10,7 @@ Pure Python: no Ray import, so it is tested directly.
 from __future__ import annotations
 
 import math
+from datetime import datetime
 from pathlib import Path
 
 import optuna
@@ -84,8 +85,12 @@ class StudyState:
         value = self._value(record) if state == TrialState.COMPLETE else None
         if state == TrialState.COMPLETE and value is None:  # degenerate: finished, but no dev score to tell
             state = TrialState.FAIL
-        return optuna.trial.create_trial(params=record.tuned, distributions=self.space, value=value, state=state,
-                                         intermediate_values=steps)
+        trial = optuna.trial.create_trial(params=record.tuned, distributions=self.space, value=value, state=state,
+                                          intermediate_values=steps)
+        if record.started is not None:  # the journal's times, not the moment of this replay
+            trial.datetime_start = datetime.fromtimestamp(record.started)
+            trial.datetime_complete = datetime.fromtimestamp(record.ended) if record.ended is not None else None
+        return trial
 
     # --- what runs next -------------------------------------------------------------------------
 

@@ -433,3 +433,32 @@ def test_the_two_stage_rule_fixes_the_total_from_the_first_seeds_alone():
     # later seeds never change the decision, however they fall: the std is not selected for being small
     assert wants_another("two_stage", [1.0, 2.0, 3.0, 2.0], 3, 2.0, 10)[0]
     assert not wants_another("two_stage", [1.0, 2.0, 3.0, 9.0, -5.0], 3, 2.0, 10)[0]
+
+
+def test_the_dashboard_mirror_has_real_durations_and_pruned_curves(plan, tmp_path, monkeypatch):
+    """optuna-dashboard read every trial as lasting 0 ms (the mirror is rebuilt from the journal at
+    each launch, and the journal had no times); pruned trials must keep their intermediate values."""
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    from orchestrator import journal as journal_module
+
+    clock = [1_700_000_000.0]
+    monkeypatch.setattr(journal_module.time, "time", lambda: clock[0])
+    journal = Journal(tmp_path / "j.jsonl")
+    state = StudyState(plan, journal)
+    records = [state.next_trial() for _ in range(2)]
+    clock[0] += 90
+    run(state, records[0], [10, 20, 30])
+    clock[0] += 30
+    run(state, records[1], [5])  # one of three epochs: pruned
+    log = tmp_path / "optuna.log"
+    StudyState(plan, Journal(tmp_path / "j.jsonl"), log)  # the next launch rebuilds the mirror
+    storage = JournalStorage(JournalFileBackend(str(log)))
+    trials = [t for s in storage.get_all_studies() for t in storage.get_all_trials(s._study_id)]  # one study a cell
+    by_state = {t.state.name: t for t in trials}
+    assert len(trials) == 2
+    complete, pruned = by_state["COMPLETE"], by_state["PRUNED"]
+    assert (complete.datetime_complete - complete.datetime_start).total_seconds() == 90
+    assert (pruned.datetime_complete - pruned.datetime_start).total_seconds() == 120
+    assert pruned.intermediate_values == {1: 5.0} and complete.intermediate_values == {1: 10, 2: 20, 3: 30}
