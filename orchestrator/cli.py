@@ -72,6 +72,25 @@ def quiet_libraries() -> None:
         hf_logging.disable_progress_bar()
     for name in ("mlflow", "alembic", "ray.tune", "ray.train"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    own = logging.getLogger("orchestrator")  # our warnings (an MLflow outage, a replay) reach stderr whatever
+    if not own.handlers:                     # other libraries did to the root logger
+        handler = CurrentStderr()
+        handler.setFormatter(logging.Formatter("warning: %(message)s"))
+        own.addHandler(handler)
+        own.setLevel(logging.INFO)
+        own.propagate = False
+
+
+class CurrentStderr(logging.StreamHandler):
+    """A handler that writes to whatever `sys.stderr` is when it emits (a redirect, a test runner)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
 
 
 def parse_layers(value: str) -> list[int] | None:

@@ -131,12 +131,12 @@ def launch(study_file: str | Path, storage: str | Path | None = None, address: s
                                                                           "without an estimate") from None
         check_budget(plan, found)
     uri = meta.get("tracking_uri") or tracking_uri(study, base_dir)
+    ray = connect_ray(address)
+    check_cluster(ray, study)  # the last cheap check: nothing is written before it passes
     with exclusive(folder, study.name, "resume" if resume else "launch"):
         refuse_existing(folder, study.name, resume)  # a launch that got here first, and ended
-        ray = connect_ray(address)
-        check_cluster(ray, study)
         return run_locked(study_file, study, plan, folder, {**meta, "tracking_uri": uri}, stored, changed,
-                          resume, address, max_concurrent, progress)
+                          resume, max_concurrent, progress)
 
 
 def refuse_existing(folder: Path, name: str, resume: bool) -> None:
@@ -146,7 +146,7 @@ def refuse_existing(folder: Path, name: str, resume: bool) -> None:
 
 
 def run_locked(study_file: Path, study: StudyConfig, plan: StudyPlan, folder: Path, meta: dict, stored, changed,
-               resume: bool, address, max_concurrent, progress: bool) -> LaunchResult:
+               resume: bool, max_concurrent, progress: bool) -> LaunchResult:
     """Everything a launch writes, while it holds the folder's lock."""
     base_dir, uri = Path(meta["base_dir"]), meta["tracking_uri"]
     journal = Journal(folder / JOURNAL)

@@ -296,7 +296,7 @@ class ResilientTracker:
         self.tracker, self.records, self.cell_keys, self.retry_s = tracker, records, cell_keys, retry_s
         self.offline_since: float | None = None
         self.outages = 0
-        self.synced: dict[str, int] = {"runs": 0, "epochs": 0, "closed": 0}
+        self.synced: dict[str, int] = {"runs": 0, "epochs": 0, "closed": 0, "filled": 0}
 
     def __getattr__(self, name: str):
         if name not in self.WRITES:
@@ -333,7 +333,7 @@ class ResilientTracker:
             self.offline_since = time.monotonic()
             log.debug("MLflow still unreachable: %s", exc)
             return False
-        self.synced = {k: self.synced[k] + v for k, v in counts.items()}
+        self.synced = {k: self.synced.get(k, 0) + v for k, v in counts.items()}
         self.offline_since = None
         log.warning("MLflow at %s is back: replayed %s", self.tracker.uri, counts)
         return True
