@@ -51,6 +51,11 @@ class TrialRecord:
     def last(self) -> dict:
         return self.results[-1] if self.results else {}
 
+    @property
+    def rounds_reached(self) -> int:
+        """The last round it reported (a retried trial may report a round twice)."""
+        return max((int(r.get("epoch", 0)) for r in self.results), default=0)
+
 
 def remove_checkpoint(path: str | None) -> bool:
     """Delete a finished trial's checkpoint (its results are in the journal and MLflow)."""

@@ -79,7 +79,7 @@ def work_units(state: StudyState) -> tuple[float, float]:
         if record.superseded:
             continue
         full = costs[record.cell]
-        ran = full * min(1.0, rounds_reached(record) / max(1, plan.reports_of(record.cell)))
+        ran = full * min(1.0, record.rounds_reached / max(1, plan.reports_of(record.cell)))
         done += ran
         total += ran if record.finished else full
         issued[(record.cell, record.phase)] += 1
@@ -88,11 +88,6 @@ def work_units(state: StudyState) -> tuple[float, float]:
         left_seeds = 0 if state.skip_reason(cell) else max(0, len(plan.seeds) - issued[(cell.index, "replicate")])
         total += costs[cell.index] * (left_tuning + left_seeds)
     return done, total
-
-
-def rounds_reached(record: TrialRecord) -> int:
-    """The last round a trial reported (a retried trial may report a round twice)."""
-    return max((int(r.get("epoch", 0)) for r in record.results), default=0)
 
 
 def eta_seconds(state: StudyState, elapsed: float) -> float | None:
@@ -115,7 +110,7 @@ def trial_line(state: StudyState, record: TrialRecord, elapsed: float) -> str:
         outcome = "degenerate"
     value = state._value(record)
     if outcome == "pruned":
-        what = f"pruned at {state.plan.kind.round_name} {rounds_reached(record)}"
+        what = f"pruned at {state.plan.kind.round_name} {record.rounds_reached}"
     elif outcome in ("failed", "diverged"):
         what = outcome + (f": {record.error.splitlines()[0][:80]}" if record.error else "")
     else:

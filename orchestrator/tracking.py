@@ -42,8 +42,7 @@ def run_name(record: TrialRecord, cell_key: str) -> str:
     name = (f"{cell_key} · seed {record.seed}" if record.phase == "replicate" else
             f"tune {record.key.rsplit('-t', 1)[-1]} · {cell_key}")
     if record.outcome == Outcome.PRUNED:
-        reached = max((int(r.get("epoch", 0)) for r in record.results), default=0)
-        name += f" · pruned at epoch {reached}"
+        name += f" · pruned at epoch {record.rounds_reached}"
     return name
 
 

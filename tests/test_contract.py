@@ -77,17 +77,23 @@ def test_same_seed_same_numbers_other_seed_other_numbers(configs, case):
     assert numbers(a) != numbers(c)
 
 
+def run_keeping_checkpoints(kind, config: dict, folder: Path) -> tuple[list[dict], list[Path]]:
+    """An uninterrupted run: every round's metrics and a copy of every round's checkpoint."""
+    reports, saved = [], []
+
+    def keep(metrics, checkpoint_dir=None):
+        reports.append(metrics)
+        saved.append(shutil.copytree(checkpoint_dir, folder / f"round{len(saved) + 1}"))
+
+    kind.run(config, keep)
+    return reports, saved
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_resume_from_the_first_round_reproduces_the_uninterrupted_run(configs, case, tmp_path):
     name, config = configs[case]
     kind = kind_of(name)
-    uninterrupted, saved = [], []
-
-    def keep(metrics, checkpoint_dir=None):
-        uninterrupted.append(metrics)
-        saved.append(shutil.copytree(checkpoint_dir, tmp_path / f"round{len(saved) + 1}"))
-
-    kind.run(config, keep)
+    uninterrupted, saved = run_keeping_checkpoints(kind, config, tmp_path)
     resumed = []
     kind.run(config, collect(resumed), checkpoint_dir=str(saved[0]))
     assert [r["epoch"] for r in resumed] == [r["epoch"] for r in uninterrupted[1:]]
@@ -104,13 +110,7 @@ def test_a_damaged_checkpoint_restarts_the_trial_to_the_uninterrupted_numbers(co
 
     name, config = configs[case]
     kind = kind_of(name)
-    uninterrupted, saved = [], []
-
-    def keep(metrics, checkpoint_dir=None):
-        uninterrupted.append(metrics)
-        saved.append(shutil.copytree(checkpoint_dir, tmp_path / f"round{len(saved) + 1}"))
-
-    kind.run(config, keep)
+    uninterrupted, saved = run_keeping_checkpoints(kind, config, tmp_path)
     weights = saved[0] / WEIGHTS
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     restarted = []
