@@ -24,7 +24,7 @@ from orchestrator.config import StudyConfig, load_study
 from orchestrator.edits import check_edit
 from orchestrator.journal import Journal
 from orchestrator.plan import StudyPlan, build_plan, plan_from_record, plan_record
-from orchestrator.study_folder import (  # noqa: F401 (DEFAULT_STORAGE, is_running: re-exported for callers)
+from orchestrator.study_folder import (  # noqa: F401 (DEFAULT_STORAGE: re-exported for the CLI's doctor)
     DEFAULT_STORAGE,
     JOURNAL,
     LAUNCHED_FILE,
@@ -34,7 +34,6 @@ from orchestrator.study_folder import (  # noqa: F401 (DEFAULT_STORAGE, is_runni
     PLAN,
     STUDY_FILE,
     exclusive,
-    is_running,
     read_json,
     read_meta,
     study_dir,
