@@ -170,7 +170,7 @@ def run_locked(study_file: Path, study: StudyConfig, plan: StudyPlan, folder: Pa
     resilient = ResilientTracker(tracker, lambda: state.records, {c.index: c.key for c in plan.cells})
     launches = len([p for p in (folder / "ray").glob("launch-*")]) if (folder / "ray").exists() else 0
     counts = state.counts()
-    banner = [f"{study.name}: {'resuming' if resume else 'launching'} {counts['planned']} planned trials "
+    banner = [f"{study.name}: {'resuming' if counts['issued'] else 'launching'} {counts['planned']} planned trials "
               f"({len(plan.cells)} cells; {sum(r.finished for r in state.records.values())} already finished) · "
               f"study folder {folder} · MLflow {uri}"]
     try:
