@@ -27,6 +27,8 @@ class Section(BaseModel):
 class TuneSection(Section):
     params: dict[str, Any] = Field(min_length=1)
     trials: int = Field(8, ge=1, description="Optuna trials per ablation cell")
+    sampler: Literal["tpe", "random"] = Field("tpe", description="tpe: Optuna's TPE after startup_trials random "
+                                                                 "trials; random: every trial drawn at random")
     scheduler: Literal["asha", "none"] = "asha"
     grace_epochs: int = Field(1, ge=1, description="epochs before ASHA may stop a trial")
     reduction_factor: int = Field(3, ge=2)

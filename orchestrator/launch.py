@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -107,8 +108,11 @@ def check_cluster(ray, study: StudyConfig) -> None:
 
 
 def launch(study_file: str | Path, storage: str | Path | None = None, address: str | None = None,
-           max_concurrent: int | None = None, resume: bool = False, progress: bool = True) -> LaunchResult:
-    """Validate, plan, then run the study (or the rest of it) to the end, as the folder's one writer."""
+           max_concurrent: int | None = None, resume: bool = False, progress: bool = True,
+           executor: Callable | None = None) -> LaunchResult:
+    """Validate, plan, then run the study (or the rest of it) to the end, as the folder's one writer.
+    `executor` replaces Ray Tune as what runs the trials (`run_tuner`'s signature; benchmarks/scale.py
+    passes one whose trials take no time, to measure the driver's own costs)."""
     study_file = Path(study_file)
     study = load_study(study_file)
     folder = study_dir(storage or study.storage_path, study.name)
@@ -130,12 +134,13 @@ def launch(study_file: str | Path, storage: str | Path | None = None, address: s
                                                                           "without an estimate") from None
         check_budget(plan, found)
     uri = meta.get("tracking_uri") or tracking_uri(study, base_dir)
-    ray = connect_ray(address)
-    check_cluster(ray, study)  # the last cheap check: nothing is written before it passes
+    if executor is None:
+        ray = connect_ray(address)
+        check_cluster(ray, study)  # the last cheap check: nothing is written before it passes
     with exclusive(folder, study.name, "resume" if resume else "launch"):
         refuse_existing(folder, study.name, resume)  # a launch that got here first, and ended
         return run_locked(study_file, study, plan, folder, {**meta, "tracking_uri": uri}, stored, changed,
-                          resume, max_concurrent, progress)
+                          resume, max_concurrent, progress, executor or run_tuner)
 
 
 def refuse_existing(folder: Path, name: str, resume: bool) -> None:
@@ -145,7 +150,7 @@ def refuse_existing(folder: Path, name: str, resume: bool) -> None:
 
 
 def run_locked(study_file: Path, study: StudyConfig, plan: StudyPlan, folder: Path, meta: dict, stored, changed,
-               resume: bool, max_concurrent, progress: bool) -> LaunchResult:
+               resume: bool, max_concurrent, progress: bool, executor: Callable) -> LaunchResult:
     """Everything a launch writes, while it holds the folder's lock."""
     base_dir, uri = Path(meta["base_dir"]), meta["tracking_uri"]
     journal = Journal(folder / JOURNAL)
@@ -174,8 +179,8 @@ def run_locked(study_file: Path, study: StudyConfig, plan: StudyPlan, folder: Pa
               f"({len(plan.cells)} cells; {sum(r.finished for r in state.records.values())} already finished) · "
               f"study folder {folder} · MLflow {uri}"]
     try:
-        run_tuner(plan, state, resilient, folder / "ray", f"launch-{launches + 1}",
-                  max_concurrent or study.max_concurrent, progress, banner)
+        executor(plan, state, resilient, folder / "ray", f"launch-{launches + 1}",
+                 max_concurrent or study.max_concurrent, progress, banner)
     finally:
         finished = state.is_complete()
         reconciled = close_tracking(resilient, state, finished)

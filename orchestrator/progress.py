@@ -27,8 +27,8 @@ def status_table(state: StudyState, title: str | None = None) -> Table:
     table.add_column(f"best {state.plan.metric}", justify="right")
     best = state.best_per_cell()
     for cell in state.plan.cells:
-        tune = [r for r in state.records.values() if r.cell == cell.index and r.phase == "tune"]
-        reps = [r for r in state.records.values() if r.cell == cell.index and r.phase == "replicate"]
+        tune = state.issued(cell, "tune")
+        reps = state.issued(cell, "replicate")
         value = best.get(cell.key)
         degenerate = any(r.finished and r.last.get("degenerate") == 1 for r in tune + reps)
         rule = state.seed_rule(cell)[1]
@@ -46,7 +46,7 @@ def status_record(state: StudyState) -> dict:
     best = state.best_per_cell()
     cells = []
     for cell in state.plan.cells:
-        tune = [r for r in state.records.values() if r.cell == cell.index and r.phase == "tune"]
+        tune = state.issued(cell, "tune")
         value = best.get(cell.key)
         cells.append({"cell": cell.key, **cell.values, "tuning_finished": sum(r.finished for r in tune),
                       "tuning_planned": state.plan.trials_per_cell,
@@ -98,10 +98,11 @@ def eta_seconds(state: StudyState, elapsed: float) -> float | None:
     return max(0.0, elapsed * (total - done) / done)
 
 
-def trial_line(state: StudyState, record: TrialRecord, elapsed: float) -> str:
-    """`[12/21] layer=4 seed 1 done dev_spearman 81.30 · 4m12s elapsed · ETA 3m05s`."""
+def trial_line(state: StudyState, record: TrialRecord, elapsed: float, eta: float | None = math.nan) -> str:
+    """`[12/21] layer=4 seed 1 done dev_spearman 81.30 · 4m12s elapsed · ETA 3m05s`. `eta`: the time
+    left when the caller knows it (None: not yet), else computed here."""
     counts = state.counts()
-    finished = sum(r.finished for r in state.records.values())
+    finished = counts["issued"] - counts["running"]
     planned = counts["planned"] - counts["skipped"]
     who = f"{record.cell_key or state.plan.cells[record.cell].key} " + (
         f"seed {record.seed}" if record.phase == "replicate" else f"tune {record.key.rsplit('-t', 1)[-1]}")
@@ -116,6 +117,7 @@ def trial_line(state: StudyState, record: TrialRecord, elapsed: float) -> str:
     else:
         what = outcome
     score = f" {state.plan.metric} {value:.2f}" if value is not None and math.isfinite(value) else ""
-    eta = eta_seconds(state, elapsed)
+    if eta is not None and math.isnan(eta):
+        eta = eta_seconds(state, elapsed)
     return (f"[{finished}/{max(planned, finished)}] {who} {what}{score} · {duration(elapsed)} elapsed"
             + (f" · ETA {duration(eta)}" if eta is not None and finished < planned else ""))

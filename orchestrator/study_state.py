@@ -41,6 +41,13 @@ class StudyState:
         self.space: dict[str, BaseDistribution] = optuna_space(plan.tuned)
         self.studies = {cell.index: self._new_study(cell) for cell in plan.cells} if plan.study.tune else {}
         self.records: dict[str, TrialRecord] = {}
+        # what the driver asks about on every trial, kept as it changes so that no question scans the
+        # whole study (a 10,000-trial study would pay for it on each trial: benchmarks/scale.py)
+        self.by_cell: dict[tuple[int, str], dict[str, TrialRecord]] = {}  # (cell, phase) -> its records
+        self.finished_keys: list[str] = []  # in the order they finished (a resume: the earlier ones first)
+        self._outcomes: dict[Outcome, int] = dict.fromkeys(Outcome, 0)
+        self._open: dict[tuple[int, str], int] = {}  # (cell, phase) -> its records not finished
+        self._best: dict[int, TrialRecord | None] = {}  # cells whose tuning finished: their best trial
         self.asked: dict[str, optuna.trial.Trial] = {}
         self.requeue: list[TrialRecord] = []
         self._replay()
@@ -55,7 +62,9 @@ class StudyState:
     def _new_study(self, cell: Cell) -> optuna.Study:
         tune = self.plan.study.tune
         direction = "maximize" if self.plan.mode == "max" else "minimize"
-        sampler = optuna.samplers.TPESampler(seed=tune.sampler_seed + cell.index, n_startup_trials=tune.startup_trials)
+        seed = tune.sampler_seed + cell.index
+        sampler = (optuna.samplers.TPESampler(seed=seed, n_startup_trials=tune.startup_trials)
+                   if tune.sampler == "tpe" else optuna.samplers.RandomSampler(seed=seed))
         pruner = (optuna.pruners.SuccessiveHalvingPruner(min_resource=tune.grace_epochs,
                                                          reduction_factor=tune.reduction_factor)
                   if tune.scheduler == "asha" else optuna.pruners.NopPruner())
@@ -66,12 +75,14 @@ class StudyState:
         """Rebuild from the journal: finished tuning trials go back into their cell's study;
         unfinished trials are queued to run again (from their last checkpoint)."""
         index = {cell.key: cell.index for cell in self.plan.cells}
-        for key, record in self.journal.records().items():
+        for record in self.journal.records().values():
             if record.cell_key is not None:  # the plan may have gained cells since: find it by its values
                 if record.cell_key not in index:
                     continue
                 record.cell = index[record.cell_key]
-            self.records[key] = record
+            self._index(record)
+            if record.finished:
+                self._count_finished(record, was_open=False)
             if record.finished and record.phase == "tune":
                 self.studies[record.cell].add_trial(self._frozen(record))
             elif not record.finished:
@@ -113,27 +124,42 @@ class StudyState:
             return tuning
         return FINISHED if all(r.finished for r in self.records.values()) else None
 
-    def _issued(self, cell: Cell, phase: str) -> list[TrialRecord]:
-        return [r for r in self.records.values() if r.cell == cell.index and r.phase == phase]
+    def _index(self, record: TrialRecord) -> None:
+        group = self.by_cell.setdefault((record.cell, record.phase), {})
+        if record.key not in group and not record.finished:
+            self._open[record.cell, record.phase] = self._open.get((record.cell, record.phase), 0) + 1
+        self.records[record.key] = group[record.key] = record
+
+    def _count_finished(self, record: TrialRecord, was_open: bool = True) -> None:
+        self._outcomes[record.outcome] += 1
+        self.finished_keys.append(record.key)
+        if was_open:
+            self._open[record.cell, record.phase] -= 1
+
+    def issued(self, cell: Cell, phase: str) -> list[TrialRecord]:
+        return list(self.by_cell.get((cell.index, phase), {}).values())
 
     def tuning_done(self, cell: Cell) -> bool:
-        tuning = self._issued(cell, "tune")
-        return len(tuning) >= self.plan.trials_per_cell and all(r.finished for r in tuning)
+        key = (cell.index, "tune")
+        return len(self.by_cell.get(key, ())) >= self.plan.trials_per_cell and not self._open.get(key, 0)
 
     def best_tuned(self, cell: Cell) -> TrialRecord | None:
         """The cell's best fully-trained tuning trial, by the dev metric only."""
-        done = [r for r in self._issued(cell, "tune") if r.outcome == Outcome.COMPLETED and _finite(self._value(r))]
-        if not done:
-            return None
+        if cell.index in self._best:
+            return self._best[cell.index]
+        done = [r for r in self.issued(cell, "tune") if r.outcome == Outcome.COMPLETED and _finite(self._value(r))]
         sign = 1 if self.plan.mode == "max" else -1
-        return max(done, key=lambda r: sign * self._value(r))
+        best = max(done, key=lambda r: sign * self._value(r)) if done else None
+        if self.tuning_done(cell):  # a finished tuning never changes in this state: asked once per trial
+            self._best[cell.index] = best
+        return best
 
     def skip_reason(self, cell: Cell) -> str | None:
         """Why a cell gets no replicates (its tuning finished and left no config with a dev score to
         replicate), else None. A degenerate trial completed but never had a dev score to compare."""
         if not self.plan.study.tune or not self.tuning_done(cell) or self.best_tuned(cell) is not None:
             return None
-        outcomes = [r.outcome for r in self._issued(cell, "tune")]
+        outcomes = [r.outcome for r in self.issued(cell, "tune")]
         names = {Outcome.COMPLETED: "degenerate", Outcome.DIVERGED: "diverged", Outcome.FAILED: "failed",
                  Outcome.PRUNED: "pruned"}
         counts = {name: sum(names.get(o) == name for o in outcomes) for name in dict.fromkeys(names.values())}
@@ -145,7 +171,7 @@ class StudyState:
 
     def replicates(self, cell: Cell) -> list[TrialRecord]:
         """The cell's replicate runs that count: those of its current config (never superseded)."""
-        return [r for r in self._issued(cell, "replicate") if not r.superseded]
+        return [r for r in self.issued(cell, "replicate") if not r.superseded]
 
     def _supersede_stale(self, cell: Cell, tuned: dict) -> None:
         """More tuning trials (a study extended on resume) found a better config: replicates of the
@@ -224,13 +250,14 @@ class StudyState:
     def _next_tuning(self) -> TrialRecord | None:
         if not self.plan.study.tune:
             return None
-        open_cells = [c for c in self.plan.cells if len(self._issued(c, "tune")) < self.plan.trials_per_cell]
+        open_cells = [c for c in self.plan.cells
+                      if len(self.by_cell.get((c.index, "tune"), ())) < self.plan.trials_per_cell]
         if not open_cells:
             return None
         rank = {c.index: i for i, c in enumerate(self.plan.start_order())}  # round-robin, costliest first
-        cell = min(open_cells, key=lambda c: (len(self._issued(c, "tune")), rank[c.index]))
+        cell = min(open_cells, key=lambda c: (len(self.by_cell.get((c.index, "tune"), ())), rank[c.index]))
         trial = self.studies[cell.index].ask(self.space)
-        n = len(self._issued(cell, "tune"))
+        n = len(self.by_cell.get((cell.index, "tune"), ()))
         seed = self.plan.study.tune.seed  # disjoint from the replicate seeds (checked by the plan)
         record = TrialRecord(key=f"c{cell.index}-t{n}", cell=cell.index, phase="tune", seed=seed,
                              tuned=dict(trial.params),
@@ -242,7 +269,7 @@ class StudyState:
 
     def _issue(self, record: TrialRecord) -> None:
         record.cell_key = self.plan.cells[record.cell].key
-        self.records[record.key] = record
+        self._index(record)
         self.journal.write("issued", key=record.key, cell=record.cell, cell_key=record.cell_key, phase=record.phase,
                            seed=record.seed, tuned=record.tuned, config=record.config, number=record.number)
 
@@ -289,6 +316,7 @@ class StudyState:
         if outcome == Outcome.COMPLETED and int(record.last.get("epoch", full)) < full:
             outcome = Outcome.PRUNED  # stopped before the last epoch: tell the truth
         record.outcome, record.error = outcome, error
+        self._count_finished(record)
         self.journal.write("finished", key=key, outcome=outcome.value, error=error)
         trial = self.asked.pop(key, None)
         if trial is not None:
@@ -311,15 +339,14 @@ class StudyState:
     # --- summaries ----------------------------------------------------------------------------------
 
     def counts(self) -> dict[str, int]:
-        records = list(self.records.values())
         skipped = sum(len(self.plan.seeds) for cell in self.plan.cells if self.skip_reason(cell))
+        finished = sum(self._outcomes.values())
         return {"planned": self.plan.tuning_trials + self.plan.replicate_trials, "skipped": skipped,
-                "issued": len(records),
-                "running": sum(not r.finished for r in records),
-                **{o.value: sum(r.outcome == o for r in records) for o in Outcome}}
+                "issued": len(self.records), "running": len(self.records) - finished,
+                **{o.value: n for o, n in self._outcomes.items()}}
 
     def best_per_cell(self) -> dict[str, float | None]:
-        return {cell.key: max((self._value(r) for r in self._issued(cell, "tune") + self.replicates(cell)
+        return {cell.key: max((self._value(r) for r in self.issued(cell, "tune") + self.replicates(cell)
                                if _finite(self._value(r))), default=None) for cell in self.plan.cells}
 
 

@@ -136,35 +136,32 @@ class StudyTracker:
             self.client.log_batch(run_id, tags=labels)
         return len(missing) + len(labels)
 
-    def log_epoch(self, key: str, metrics: dict) -> None:
+    def log_epoch(self, key: str, metrics: dict, node_ip: str | None = None) -> None:
+        """One report of a trial, in one request; `node_ip`: where it ran (tagged `ray.node_ip`, and
+        every node it ran on, in order, in `ray.nodes`), sent along when it changed."""
         run_id = self.children.get(key)
         if run_id is None:
             return
+        tags = []
+        if node_ip and self.nodes.get(key, [None])[-1] != node_ip:
+            self.nodes.setdefault(key, []).append(node_ip)
+            tags = [RunTag("ray.node_ip", node_ip), RunTag("ray.nodes", ",".join(self.nodes[key]))]
         step = int(metrics.get("epoch", 0))
         if run_id not in self.logged:  # a run of an earlier driver: ask MLflow what it already holds
             self.logged[run_id] = {m.step for m in self.client.get_metric_history(run_id, "epoch")}
-        if "epoch" in metrics and step in self.logged[run_id]:
-            return  # a retried trial reports an epoch again: MLflow keeps the first, identical report
         now = int(time.time() * 1000)
         numeric = [Metric(k, float(v), now, step) for k, v in metrics.items()
                    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))]
-        if numeric:
-            self.client.log_batch(run_id, metrics=numeric)
-            if "epoch" in metrics:
+        if "epoch" in metrics and step in self.logged[run_id]:
+            numeric = []  # a retried trial reports an epoch again: MLflow keeps the first, identical report
+        if numeric or tags:
+            self.client.log_batch(run_id, metrics=numeric, tags=tags)
+            if numeric and "epoch" in metrics:
                 self.logged[run_id].add(step)
 
     def set_tag(self, key: str, name: str, value: str) -> None:
         if key in self.children:
             self.client.set_tag(self.children[key], name, value)
-
-    def set_node(self, key: str, node_ip: str) -> None:
-        """Tag where the trial runs (`ray.node_ip`; every node it ran on, in order, in `ray.nodes`)."""
-        run_id = self.children.get(key)
-        if run_id is None or self.nodes.get(key, [None])[-1] == node_ip:
-            return
-        self.nodes.setdefault(key, []).append(node_ip)
-        self.client.set_tag(run_id, "ray.node_ip", node_ip)
-        self.client.set_tag(run_id, "ray.nodes", ",".join(self.nodes[key]))
 
     def link_stage(self, key: str, stage_dir: str) -> None:
         """The stage (e.g. a DAPT checkpoint) as its own run, once, with its loss curve and config;
@@ -205,11 +202,12 @@ class StudyTracker:
         run_id = self.children.get(record.key)
         if run_id is None or record.outcome is None:
             return
-        self.client.set_tag(run_id, "outcome", record.outcome.value)
+        tags = [RunTag("outcome", record.outcome.value)]  # one request: a 10,000-trial study pays each per trial
         if record.outcome == Outcome.PRUNED and record.cell_key:
-            self.client.set_tag(run_id, "mlflow.runName", run_name(record, record.cell_key))
+            tags.append(RunTag("mlflow.runName", run_name(record, record.cell_key)))
         if record.error:
-            self.client.set_tag(run_id, "error", record.error[:5000])
+            tags.append(RunTag("error", record.error[:5000]))
+        self.client.log_batch(run_id, tags=tags)
         self.client.set_terminated(run_id, status=STATUS_OF[record.outcome])
 
     def attach_parent(self, study_uid: str | None = None) -> str:
@@ -287,7 +285,7 @@ class ResilientTracker:
     until a probe every `retry_s` seconds finds the server again, and then `sync` replays what
     the outage missed from the journal before the next write."""
 
-    WRITES = ("start_trial", "log_epoch", "set_tag", "set_node", "link_stage", "log_artifact", "log_artifacts",
+    WRITES = ("start_trial", "log_epoch", "set_tag", "link_stage", "log_artifact", "log_artifacts",
               "finish_trial")
 
     def __init__(self, tracker: StudyTracker, records: Callable[[], dict[str, TrialRecord]],

@@ -136,9 +136,7 @@ class TrackingCallback(Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         key = trial.config.get("trial_key")
-        self.tracker.log_epoch(key, trial_metrics(result))
-        if result.get("node_ip"):
-            self.tracker.set_node(key, str(result["node_ip"]))
+        self.tracker.log_epoch(key, trial_metrics(result), str(result["node_ip"]) if result.get("node_ip") else None)
         if result.get("dapt_stage_dir"):
             self.tracker.link_stage(key, result["dapt_stage_dir"])
 
@@ -220,7 +218,8 @@ class ProgressCallback(Callback):
         self.started = time.monotonic()
         self.last_update = 0.0
         self.last_line = time.monotonic()
-        self.reported = {k for k, r in state.records.items() if r.finished}  # a resume's earlier trials
+        self.reported = len(state.finished_keys)  # a resume's earlier trials are not announced again
+        self.eta: tuple[float, float | None] = (-math.inf, None)  # (when computed, the ETA then)
         self.live = (Live(status_table(state), console=Console(file=self.stream), auto_refresh=False)
                      if self.live_mode else None)
 
@@ -231,10 +230,16 @@ class ProgressCallback(Callback):
         print(line, file=self.stream, flush=True)
         self.last_line = time.monotonic()
 
+    def _eta(self, now: float) -> float | None:
+        """The time left, recomputed at most once a second (it reads every trial of the study)."""
+        if now - self.eta[0] >= 1.0:
+            self.eta = (now, eta_seconds(self.state, now - self.started))
+        return self.eta[1]
+
     def _title(self) -> str:
         counts = self.state.counts()
         elapsed = time.monotonic() - self.started
-        eta = eta_seconds(self.state, elapsed)
+        eta = self._eta(time.monotonic())
         return (f"{self.state.plan.study.name}: {counts['completed'] + counts['pruned']} done, {counts['running']} "
                 f"running, {counts['failed'] + counts['diverged']} failed · {counts['planned'] - counts['skipped']} "
                 f"planned · {duration(elapsed)} elapsed" + (f" · ETA {duration(eta)}" if eta is not None else ""))
@@ -253,10 +258,9 @@ class ProgressCallback(Callback):
                 self.last_update = now
                 self.live.update(status_table(self.state, self._title()), refresh=True)
             return
-        for key, record in list(self.state.records.items()):
-            if record.finished and key not in self.reported:
-                self.reported.add(key)
-                self._print(trial_line(self.state, record, now - self.started))
+        for key in self.state.finished_keys[self.reported:]:
+            self.reported += 1
+            self._print(trial_line(self.state, self.state.records[key], now - self.started, self._eta(now)))
         if now - self.last_line >= HEARTBEAT_S:
             self._print(f"… {self._title()}")
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from orchestrator.config import parse_study
 from orchestrator.journal import Journal, Outcome
@@ -108,6 +111,23 @@ def test_the_sampler_seed_draws_other_configurations_and_the_same_seed_the_same(
         return [state.next_trial().tuned["lr"] for _ in range(3)]
 
     assert drawn(None, "a") == drawn(1000, "b") != drawn(1007, "c")
+
+
+def test_random_search_ignores_what_earlier_trials_scored_and_tpe_does_not(tiny_bert, synthetic_data_dir, tmp_path):
+    """`tune.sampler: random` draws every trial at random (a baseline for the searcher comparison);
+    TPE, past its startup trials, draws from what the cell's finished trials scored."""
+    def fifth(sampler: str, scores: list[float], name: str) -> float:
+        tune = {"params": {"lr": {"loguniform": [1e-5, 1e-1]}}, "trials": 5, "startup_trials": 2,
+                "scheduler": "none", "sampler": sampler}
+        study = parse_study({"name": "s", "model": tiny_bert, "tune": tune, "data_dir": str(synthetic_data_dir),
+                             "train": {"epochs": 1}, "tracking": {"mlflow_uri": "sqlite:///x.db"}})
+        state = StudyState(build_plan(study, tmp_path), Journal(tmp_path / f"{name}.jsonl"))
+        for score in scores:
+            run(state, state.next_trial(), [score])
+        return state.next_trial().tuned["lr"]
+
+    assert fifth("random", [1, 2, 3, 4], "r1") == fifth("random", [4, 3, 2, 1], "r2")
+    assert fifth("tpe", [1, 2, 3, 4], "t1") != fifth("tpe", [4, 3, 2, 1], "t2")
 
 
 def test_a_cell_whose_tuning_all_failed_has_no_replicates(plan, tmp_path):
@@ -462,3 +482,37 @@ def test_the_dashboard_mirror_has_real_durations_and_pruned_curves(plan, tmp_pat
     assert (complete.datetime_complete - complete.datetime_start).total_seconds() == 90
     assert (pruned.datetime_complete - pruned.datetime_start).total_seconds() == 120
     assert pruned.intermediate_values == {1: 5.0} and complete.intermediate_values == {1: 10, 2: 20, 3: 30}
+
+
+@settings(max_examples=int(os.environ.get("REPORT_EXAMPLES", "30")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.tuples(st.sampled_from(["issue", "result", "finish", "replay"]), st.integers(0, 99),
+                                st.sampled_from(list(Outcome)), st.floats(0, 100)), max_size=60))
+def test_what_the_state_keeps_as_it_goes_equals_a_recount_of_its_trials(plan, tmp_path_factory, steps):
+    """Counts, tuning_done and best_tuned are kept as trials come and go (no question scans the whole
+    study); whatever happens, and after a replay of the journal, they equal a recount from scratch."""
+    path = tmp_path_factory.mktemp("j") / "j.jsonl"
+    state = StudyState(plan, Journal(path))
+    for action, pick, outcome, value in steps:
+        running = [r for r in state.records.values() if not r.finished]
+        if action == "issue":
+            state.next_trial()
+        elif action == "result" and running:
+            record = running[pick % len(running)]
+            state.on_result(record.key, {"epoch": len(record.results) + 1, "dev_spearman": value})
+        elif action == "finish" and running:
+            state.on_finished(running[pick % len(running)].key, outcome)
+        elif action == "replay":
+            state = StudyState(plan, Journal(path))
+        records = list(state.records.values())
+        counts = state.counts()
+        assert counts["issued"] == len(records) and counts["running"] == sum(not r.finished for r in records)
+        assert all(counts[o.value] == sum(r.outcome == o for r in records) for o in Outcome)
+        for cell in plan.cells:
+            tuning = [r for r in records if r.cell == cell.index and r.phase == "tune"]
+            assert state.tuning_done(cell) == (len(tuning) >= plan.trials_per_cell and all(r.finished for r in tuning))
+            assert {r.key for r in state.issued(cell, "tune")} == {r.key for r in tuning}
+            scored = [r for r in tuning if r.outcome == Outcome.COMPLETED and state._value(r) is not None]
+            best = state.best_tuned(cell)
+            assert (best is None) == (not scored)
+            assert best is None or state._value(best) == max(state._value(r) for r in scored)

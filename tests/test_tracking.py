@@ -29,6 +29,21 @@ def test_an_epoch_reported_again_is_logged_once_per_run_and_step(tmp_path):
     assert sorted(m.step for m in history) == [1, 2, 3]
 
 
+def test_a_trial_retried_on_another_node_names_both_and_logs_each_epoch_once(tmp_path):
+    """The node travels with the epoch's own request (one request per report, not three)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    study = tmp_path / "study.yaml"
+    study.write_text("name: s\n")
+    tracker = StudyTracker(uri, "s", tmp_path / "artifacts")
+    tracker.start_parent(study, {}, "0", "uid-1")
+    run_id = tracker.start_trial(TrialRecord("c0-s0", 0, "replicate", 0, {}, {"layer": 1}), "layer=1", "ray1")
+    for epoch, node in ((1, "10.0.0.2"), (2, "10.0.0.2"), (2, "10.0.0.1"), (3, "10.0.0.1")):
+        tracker.log_epoch("c0-s0", {"epoch": epoch, "dev_spearman": 50.0 + epoch}, node)
+    run = MlflowClient(uri).get_run(run_id)
+    assert run.data.tags["ray.node_ip"] == "10.0.0.1" and run.data.tags["ray.nodes"] == "10.0.0.2,10.0.0.1"
+    assert sorted(m.step for m in MlflowClient(uri).get_metric_history(run_id, "dev_spearman")) == [1, 2, 3]
+
+
 def test_a_new_study_folder_of_the_same_name_gets_its_own_parent(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     study = tmp_path / "study.yaml"
