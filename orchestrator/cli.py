@@ -186,13 +186,13 @@ def plan(study_file: str, estimate: bool = typer.Option(False, "--estimate", hel
     from rich.console import Console
     from rich.table import Table
 
-    from orchestrator.config import load_study
+    from orchestrator.config import load_study, models_of
     from orchestrator.plan import build_plan
 
     quiet_libraries()
     study = load_study(study_file)
     resolved = build_plan(study, Path(study_file).resolve().parent)
-    table = Table(title=f"{study.name}: {study.trainable} on {study.task} · {study.model}")
+    table = Table(title=f"{study.name}: {study.trainable} on {study.task} · {', '.join(models_of(study))}")
     table.add_column("#", justify="right")
     table.add_column("cell")
     table.add_column("tuning trials", justify="right")

@@ -104,7 +104,8 @@ class StudyConfig(Section):
     trainable: str = Field("finetune", json_schema_extra={"enum": list(KINDS)},
                            description="a kind from the closed registry trainables.kinds.KINDS")
     task: str = "stsb"
-    model: str
+    model: str | None = Field(None, description="hub id or local folder; may be left out when ablate.model lists "
+                                                "the models")
     language: str | None = None
     ablate: dict[str, Any] = {}
     tune: TuneSection | None = None
@@ -179,9 +180,21 @@ def parse_study(raw: Any, source: str = "study") -> StudyConfig:
     if not isinstance(kind, str) or kind not in KINDS:
         raise one_of("trainable", kind, KINDS)
     try:
-        return StudyConfig(**raw)
+        study = StudyConfig(**raw)
     except ValidationError as exc:
         raise explain(exc.errors()[0]) from None
+    if study.model is None and "model" not in study.ablate:
+        raise UserInputError("model", None, "this key is required: a hub id or a model folder (or list the models "
+                                            "under ablate.model)")
+    return study
+
+
+def models_of(study: StudyConfig) -> list[str]:
+    """Every model the study uses: `model`, or the values of `ablate.model`."""
+    ablated = study.ablate.get("model")
+    if ablated is None:
+        return [study.model]
+    return [str(m) for m in (ablated if isinstance(ablated, list) else [ablated])]
 
 
 MAX_NODES = 100_000  # a study file expands to a few hundred values; a "billion laughs" file to billions

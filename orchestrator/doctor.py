@@ -94,7 +94,7 @@ def cluster_checks(ray, storage: Path, gpu_per_trial: float = 0.0, cpu_per_trial
 
 def study_checks(study_file: Path) -> list[Check]:
     """The study file, its model (offline or online), its data, and its tracking URI."""
-    from orchestrator.config import load_study
+    from orchestrator.config import load_study, models_of
     from orchestrator.plan import build_plan, check_tracking_uri
     from trainables.models import load_config, resolve_model_path
 
@@ -104,13 +104,14 @@ def study_checks(study_file: Path) -> list[Check]:
     except UserInputError as exc:
         return [Check("study file", False, str(exc))]
     checks.append(Check("study file", True, f"{study_file} ({study.trainable} on {study.task})"))
-    try:
-        load_config(study.model)
-        where = resolve_model_path(study.model)
-        offline = os.environ.get("HF_HUB_OFFLINE", "0") in ("1", "true", "yes")
-        checks.append(Check("model", True, f"{study.model} from {where}" + (" (offline)" if offline else "")))
-    except UserInputError as exc:
-        checks.append(Check("model", False, str(exc)))
+    for model in models_of(study):
+        try:
+            load_config(model)
+            where = resolve_model_path(model)
+            offline = os.environ.get("HF_HUB_OFFLINE", "0") in ("1", "true", "yes")
+            checks.append(Check("model", True, f"{model} from {where}" + (" (offline)" if offline else "")))
+        except UserInputError as exc:
+            checks.append(Check("model", False, str(exc)))
     try:
         check_tracking_uri(study.tracking.mlflow_uri, study_file.parent)
         checks.append(Check("tracking", True, study.tracking.mlflow_uri))

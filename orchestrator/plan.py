@@ -282,7 +282,7 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
                              f"{study.trainable} is deterministic: use one seed")
 
     origins = {"model": "model", "task": "task", "language": "language", "data_dir": "data_dir"}
-    base: dict[str, Any] = {"model": study.model, "task": study.task}
+    base: dict[str, Any] = {"task": study.task, **({"model": study.model} if study.model is not None else {})}
     if study.language is not None:
         base["language"] = study.language
     if study.data_dir:  # relative to the study file's folder

@@ -8,6 +8,7 @@ from transformers import (
     DebertaV2Config,
     DistilBertConfig,
     ElectraConfig,
+    MPNetConfig,
     RobertaConfig,
 )
 
@@ -34,6 +35,8 @@ CONFIGS = {
     "roberta": lambda: RobertaConfig(**SMALL, pad_token_id=1),
     "deberta-v2": lambda: DebertaV2Config(**SMALL, relative_attention=True, position_buckets=8,
                                           pos_att_type=["p2c", "c2p"]),
+    # MPNet: its relative position bias lives in the encoder, shared by every block (a cut must keep it)
+    "mpnet": lambda: MPNetConfig(**SMALL),
     "distilbert": lambda: DistilBertConfig(vocab_size=100, dim=32, n_layers=4, n_heads=2, hidden_dim=64,
                                            max_position_embeddings=64),
 }

@@ -48,6 +48,8 @@ CASES = [
     ("task", "unlabeled_en", "task: 'unlabeled_en' is not valid; valid names: korsts, mrpc, sick, sick_full"),
     ("language", "de", "language: 'de' is not valid; task stsb has the languages: en"),
     ("model", "no-such-org/no-such-model", "model: 'no-such-org/no-such-model' is not valid; give a local model"),
+    ("model", DELETE, "model: None is not valid; this key is required: a hub id or a model folder (or list the "
+                      "models under ablate.model)"),
     ("ablate.layer", [1, 9], "ablate.layer: [1, 9] is not valid; the model has 3 layers: use all, last, or numbers "
                              "in 0..3"),
     ("ablate.pooling", ["mean", "sum"], "ablate.pooling: 'sum' is not valid; use all or names from: mean, cls"),
@@ -132,6 +134,21 @@ def test_layer_all_resolves_from_the_model_config(good, tmp_path):
     study.write_text(yaml.safe_dump(_with(_with(good, "ablate.layer", "all"), "tune", DELETE)))
     result = runner.invoke(app, ["validate", str(study)])
     assert "4 cells, 8 trials" in result.stdout  # layers 0..3 of the tiny encoder x 2 seeds
+
+
+def test_two_models_of_different_depths_share_a_study_each_with_all_its_layers(good, tmp_path):
+    """`model` may be left out when `ablate.model` lists the models; `layer: all` is each one's own."""
+    from tests.conftest import save_tiny_bert
+
+    shallow = str(save_tiny_bert(tmp_path / "shallow", layers=1))
+    spec = _with(_with(_with(good, "model", DELETE), "tune", DELETE), "ablate.layer", "all")
+    spec["ablate"] = {"model": [good["model"], shallow], **spec["ablate"]}
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump(spec))
+    result = runner.invoke(app, ["validate", str(study)])
+    assert result.exit_code == 0 and "6 cells, 12 trials" in result.stdout, result.output  # layers 0..3 and 0..1
+    planned = runner.invoke(app, ["plan", str(study)])
+    assert planned.exit_code == 0 and shallow in planned.stdout
 
 
 def test_schema_is_json_schema_of_the_study_file():

