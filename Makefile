@@ -56,7 +56,7 @@ bench: setup
 	$(ENV) $(BIN)/python benchmarks/epoch.py --data-dir $(DATA)
 	$(ENV) $(BIN)/python benchmarks/profile_step.py --data-dir $(DATA)
 	$(ENV) $(BIN)/python benchmarks/orchestration.py --data-dir $(DATA)
-	$(ENV) $(BIN)/python benchmarks/asha_vs_grid.py --data-dir $(DATA)
+	$(ENV) $(BIN)/python benchmarks/searchers.py --data-dir $(DATA)
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -209,6 +209,8 @@ def main() -> None:
                 print(f"{name:<12}{trials:>7}{s['epochs']:>13.1f}{100 * s['epochs'] / total:>6.0f}%{s['units']:>6.1f}"
                       f"{s['gap']:>9.2f}{s['worst']:>7.2f}{s['within']:>10.2f}{s['test']:>7.2f}"
                       + (f"  ({s['none']} runs selected nothing)" if s["none"] else ""))
+        print(f"{'grid':<12}{size:>7}{total:>13.1f}{100:>6.0f}%{total / 2:>6.1f}{0:>9.2f}{0:>7.2f}{1:>10.2f}"
+              f"{tests[best_config]:>7.2f}")
         print()
         for trials in budgets:
             top = max(methods, key=lambda n: (table[n, trials]["within"], -table[n, trials]["epochs"]))
@@ -216,6 +218,13 @@ def main() -> None:
             print(f"at {trials} trials: most often within {args.margin}: {top} ({table[top, trials]['within']:.2f}, "
                   f"{table[top, trials]['epochs']:.1f} trial-epochs); cheapest: {cheapest} "
                   f"({table[cheapest, trials]['epochs']:.1f} trial-epochs, {table[cheapest, trials]['within']:.2f})")
+        always = [(s["epochs"], name, trials) for (name, trials), s in table.items() if s["within"] >= 1.0]
+        if always:
+            epochs, name, trials = min(always)
+            print(f"cheapest within {args.margin} of the grid's best for every searcher seed: {name} at {trials} "
+                  f"trials ({epochs:.1f} trial-epochs, {100 * epochs / total:.0f} % of the grid's)")
+        else:
+            print(f"no method and budget is within {args.margin} of the grid's best for every searcher seed")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -179,8 +180,12 @@ def run_locked(study_file: Path, study: StudyConfig, plan: StudyPlan, folder: Pa
               f"({len(plan.cells)} cells; {sum(r.finished for r in state.records.values())} already finished) · "
               f"study folder {folder} · MLflow {uri}"]
     try:
-        executor(plan, state, resilient, folder / "ray", f"launch-{launches + 1}",
-                 max_concurrent or study.max_concurrent, progress, banner)
+        if state.is_complete():  # nothing left: no Tuner is started (whose state sync would race its own exit)
+            if progress:
+                print("\n".join([*banner, "nothing left to run: every planned trial has finished"]), file=sys.stderr)
+        else:
+            executor(plan, state, resilient, folder / "ray", f"launch-{launches + 1}",
+                     max_concurrent or study.max_concurrent, progress, banner)
     finally:
         finished = state.is_complete()
         reconciled = close_tracking(resilient, state, finished)

@@ -331,6 +331,12 @@ def test_resume_after_an_edit_runs_only_the_new_work_and_refuses_what_would_inva
                                       "name")
     assert len(runs_of(tmp_path)[1]) == 6
 
+    write_study(tmp_path, tiny_bert, data_dir, ablate={"layer": [1, 2, 3]}, replicate={"seeds": [0, 1]}, **common)
+    again = CliRunner().invoke(app, ["launch", str(study), "--storage", str(storage), "--resume"])
+    assert again.exit_code == 0 and "nothing left to run" in again.stderr and "Traceback" not in again.output
+    assert sorted(p.name for p in (storage / "e2e" / "ray").iterdir()) == ["launch-1", "launch-2"]  # no Tuner
+    assert len(runs_of(tmp_path)[1]) == 6
+
 
 def test_save_best_per_cell_keeps_one_loadable_model_per_cell(tiny_bert, data_dir, tmp_path):
     from sentence_transformers import SentenceTransformer
