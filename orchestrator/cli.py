@@ -53,7 +53,7 @@ def user_errors(command: Callable) -> Callable:
             if kwargs.get("debug"):
                 traceback.print_exc()
             typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from None
+            raise typer.Exit(getattr(exc, "exit_code", 2)) from None
 
     return wrapper
 

@@ -4,6 +4,7 @@ driver as events happen, replayed on resume, so a SIGKILL loses at most the line
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -13,7 +14,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from trainables.errors import UserInputError
+from trainables.errors import StorageFullError, UserInputError, storage_full
 
 
 class Outcome(str, Enum):
@@ -90,6 +91,11 @@ def event_problem(event: Any) -> str | None:
     return None
 
 
+def full_disk_fix(name: str) -> str:
+    return (f"free space on its disk (or in the temp folder), then `orchestrator resume {name}`: the study "
+            f"stopped, keeps every finished trial and runs again what the full disk stopped")
+
+
 class JournalError(UserInputError):
     """A damaged line in the middle of a journal: named by number, never skipped."""
 
@@ -127,10 +133,17 @@ class Journal:
     def write(self, event: str, **fields: Any) -> None:
         """Append one event, stamped with its wall-clock time `t` (trial durations for the dashboards)."""
         line = json.dumps({"event": event, **fields, "t": round(time.time(), 3)}, default=str, allow_nan=True)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            if not storage_full(str(exc)):
+                raise
+            with contextlib.suppress(OSError):
+                self.repair_tail()  # a line cut short by the full disk: the next write starts clean
+            raise StorageFullError("storage", str(self.path.parent), full_disk_fix(self.path.parent.name)) from None
 
     def events(self) -> list[dict]:
         """Every line, checked: a torn last line (killed mid-write) is ignored; any other line that is
@@ -170,8 +183,9 @@ class Journal:
                                      number=event.get("number"))
                 record.cell_key = event.get("cell_key") or (cells[event["cell"]] if cells and
                                                             event["cell"] < len(cells) else None)
-                if previous is not None and not previous.finished:  # re-issued after an interruption
-                    record.results, record.checkpoint = previous.results, previous.checkpoint
+                if previous is not None and (not previous.finished or previous.outcome == Outcome.FAILED
+                                             and storage_full(previous.error)):  # re-issued after an interruption
+                    record.results, record.checkpoint = previous.results, previous.checkpoint  # or a full disk
                 record.started = previous.started if previous is not None and previous.started else event.get("t")
                 records[event["key"]] = record
             elif kind == "result" and event["key"] in records:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from orchestrator.config import StudyConfig, load_study
 from orchestrator.edits import check_edit
-from orchestrator.journal import Journal
+from orchestrator.journal import Journal, full_disk_fix
 from orchestrator.plan import StudyPlan, build_plan, plan_from_record, plan_record
 from orchestrator.study_folder import (  # noqa: F401 (DEFAULT_STORAGE: re-exported for the CLI's doctor)
     DEFAULT_STORAGE,
@@ -42,7 +42,7 @@ from orchestrator.study_folder import (  # noqa: F401 (DEFAULT_STORAGE: re-expor
     write_atomic,
 )
 from orchestrator.study_state import StudyState
-from trainables.errors import UserInputError
+from trainables.errors import StorageFullError, UserInputError, storage_full
 
 
 @dataclass(frozen=True)
@@ -186,10 +186,25 @@ def run_locked(study_file: Path, study: StudyConfig, plan: StudyPlan, folder: Pa
         else:
             executor(plan, state, resilient, folder / "ray", f"launch-{launches + 1}",
                      max_concurrent or study.max_concurrent, progress, banner)
+    except Exception as exc:  # once the disk is full, Tune's own ending fails too (its error files are empty)
+        if not (state.storage_full or disk_was_full(exc)):
+            raise
+        state.storage_full = state.storage_full or str(exc)
     finally:
         finished = state.is_complete()
         reconciled = close_tracking(resilient, state, finished)
+    if state.storage_full and not finished:  # one line; `resume` runs what the full disk stopped
+        raise StorageFullError("storage", str(folder), full_disk_fix(study.name))
     return LaunchResult(folder, state.counts(), finished, reconciled)
+
+
+def disk_was_full(exc: BaseException | None) -> bool:
+    """Did the disk fill up, here or anywhere in the exception's chain (Tune wraps what a callback raised)?"""
+    while exc is not None:
+        if isinstance(exc, StorageFullError) or storage_full(str(exc)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def close_tracking(resilient, state: StudyState, finished: bool) -> dict[str, int]:

@@ -21,6 +21,7 @@ from orchestrator.journal import Journal, Outcome, TrialRecord
 from orchestrator.plan import Cell, StudyPlan
 from orchestrator.seed_rules import ci95_half, wants_another
 from search_spaces.optuna_domains import optuna_space
+from trainables.errors import storage_full
 
 FINISHED = "FINISHED"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -49,6 +50,7 @@ class StudyState:
         self._open: dict[tuple[int, str], int] = {}  # (cell, phase) -> its records not finished
         self._best: dict[int, TrialRecord | None] = {}  # cells whose tuning finished: their best trial
         self.asked: dict[str, optuna.trial.Trial] = {}
+        self.storage_full: str | None = None  # a trial failed because the disk was full: the launch stops
         self.requeue: list[TrialRecord] = []
         self._replay()
 
@@ -73,13 +75,16 @@ class StudyState:
 
     def _replay(self) -> None:
         """Rebuild from the journal: finished tuning trials go back into their cell's study;
-        unfinished trials are queued to run again (from their last checkpoint)."""
+        unfinished trials, and trials a full disk failed, are queued to run again (from their last
+        checkpoint)."""
         index = {cell.key: cell.index for cell in self.plan.cells}
         for record in self.journal.records().values():
             if record.cell_key is not None:  # the plan may have gained cells since: find it by its values
                 if record.cell_key not in index:
                     continue
                 record.cell = index[record.cell_key]
+            if record.outcome == Outcome.FAILED and storage_full(record.error):  # not the trial's fault: again
+                record.outcome = record.error = record.ended = None
             self._index(record)
             if record.finished:
                 self._count_finished(record, was_open=False)
@@ -316,6 +321,8 @@ class StudyState:
         if outcome == Outcome.COMPLETED and int(record.last.get("epoch", full)) < full:
             outcome = Outcome.PRUNED  # stopped before the last epoch: tell the truth
         record.outcome, record.error = outcome, error
+        if outcome == Outcome.FAILED and storage_full(error):
+            self.storage_full = error
         self._count_finished(record)
         self.journal.write("finished", key=key, outcome=outcome.value, error=error)
         trial = self.asked.pop(key, None)

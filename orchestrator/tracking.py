@@ -20,6 +20,7 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.config import flatten
 from orchestrator.journal import Outcome, TrialRecord, remove_checkpoint
+from reports.store import search_all
 from trainables.checkpoints import ARTIFACTS
 
 log = logging.getLogger("orchestrator.tracking")
@@ -77,7 +78,7 @@ class StudyTracker:
         self.nodes: dict[str, list[str]] = {}
 
     def _runs(self, filter_string: str):
-        return self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=50_000)
+        return search_all(self.client, [self.experiment_id], filter_string)
 
     def _parents(self, study_uid: str | None):
         if study_uid is None:  # a study folder from before study ids: its experiment's one parent

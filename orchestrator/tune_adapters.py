@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
 import time
 from typing import TextIO
@@ -21,6 +22,7 @@ from orchestrator.journal import Outcome, remove_checkpoint
 from orchestrator.progress import duration, eta_seconds, status_table, trial_line
 from orchestrator.study_state import FINISHED, StudyState
 from trainables.checkpoints import ARTIFACTS, MODEL_DIR
+from trainables.errors import storage_full
 
 RAY_RESULT_KEYS = {"timestamp", "checkpoint_dir_name", "done", "training_iteration", "trial_id", "date",
                    "time_this_iter_s", "time_total_s", "pid", "hostname", "node_ip", "config", "time_since_restore",
@@ -106,6 +108,16 @@ class CellScheduler(FIFOScheduler):
         key = trial.config.get("trial_key")
         if key in self.state.records:
             self.state.records[key].error = error_summary(trial)
+            stop_on_full_disk(self.state, self.state.records[key].error)
+
+
+def stop_on_full_disk(state: StudyState, error: str | None) -> None:
+    """A full disk fails every trial that writes a checkpoint, and each of its retries again: the
+    first such error stops the launch as Ctrl-C does (running trials keep their last checkpoints;
+    the launch then ends in one line, and `resume` runs them once there is space)."""
+    if storage_full(error) and state.storage_full is None:
+        state.storage_full = error
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 def error_summary(trial) -> str:
@@ -145,7 +157,9 @@ class TrackingCallback(Callback):
         key = trial.config.get("trial_key")
         if key in self.state.records:
             self.retries[key] = self.retries.get(key, 0) + 1
-            self.state.journal.write("retry", key=key, error=error_summary(trial))
+            error = error_summary(trial)
+            stop_on_full_disk(self.state, error)
+            self.state.journal.write("retry", key=key, error=error)
             self.tracker.set_tag(key, "ray.retries", str(self.retries[key]))
 
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info) -> None:

@@ -13,6 +13,7 @@ import pandas as pd
 import yaml
 from mlflow.tracking import MlflowClient
 
+from reports.store import search_all
 from trainables.errors import UserInputError
 
 BASE_COLUMNS = ["run_id", "trial_key", "cell", "phase", "seed", "outcome", "status", "error"]
@@ -85,8 +86,7 @@ def collect(tracking_uri: str, study: str, study_uid: str | None = None) -> Stud
     if not parents:
         raise UserInputError("NAME", study, "the experiment has no study run: was it launched by orchestrator?")
     parent = parents[0]
-    children = client.search_runs([experiment.experiment_id], max_results=50_000,
-                                  filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    children = search_all(client, [experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
     plan = _artifact_json(client, parent.info.run_id, "plan.json") or {}
     study_file = _artifact_yaml(client, parent.info.run_id, "study.yaml") or {}
     axes = list((plan.get("cells") or [{}])[0].keys())

@@ -227,3 +227,60 @@ def test_list_status_json_and_version(tmp_path):
                                "seed_rule": None, "best_dev_spearman": 71.5}]
     version = runner.invoke(app, ["--version"])
     assert version.exit_code == 0 and version.stdout.startswith("orchestrator (ablation-orchestrator) ")
+
+
+ENOSPC = "OSError: [Errno 28] Error writing bytes to file. Detail: [errno 28] No space left on device"
+
+
+def test_a_full_disk_under_the_journal_is_one_line_naming_the_folder_and_resume():
+    from trainables.errors import StorageFullError
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    with pytest.raises(StorageFullError) as full:
+        Journal("/dev/full").write("retry", key="c0-s0")
+    assert str(full.value).startswith("storage: '/dev' has no space left; free space on its disk")
+    assert "orchestrator resume" in str(full.value) and full.value.exit_code == 1
+
+
+def test_a_trial_the_full_disk_failed_runs_again_on_resume_and_one_that_failed_on_its_own_does_not(
+        tiny_bert, synthetic_data_dir, tmp_path):
+    """A study on a full disk: the launch stops in one line (exit 1), keeps what finished, and a resume
+    once there is space runs the trials the disk failed, from where they were, to the end."""
+    from orchestrator.journal import Outcome
+    from orchestrator.launch import launch
+    from trainables.errors import StorageFullError
+
+    def executor(fail: dict[str, str]):
+        def run(plan, state, *rest) -> None:
+            while (record := state.next_trial()) not in (None, "FINISHED"):
+                start = len(record.results)
+                for epoch in range(start + 1, plan.epochs + 1):
+                    state.on_result(record.key, {"epoch": epoch, "dev_spearman": 10.0 * epoch + record.seed})
+                    if record.key in fail and epoch == 1:
+                        break
+                if record.key in fail:
+                    state.on_finished(record.key, Outcome.FAILED, fail[record.key])
+                    if state.storage_full:
+                        return  # what the Tune adapters do: stop as Ctrl-C would
+                else:
+                    state.on_finished(record.key, Outcome.COMPLETED)
+        return run
+
+    study = tmp_path / "s.yaml"
+    study.write_text(yaml.safe_dump({"name": "s", "model": tiny_bert, "ablate": {"layer": [1, 2]},
+                                     "replicate": {"seeds": [0, 1]}, "train": {"epochs": 3},
+                                     "data_dir": str(synthetic_data_dir),
+                                     "tracking": {"mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}}))
+    storage = tmp_path / "studies"
+    with pytest.raises(StorageFullError, match="orchestrator resume s"):
+        launch(study, storage=storage, progress=False,
+               executor=executor({"c1-s0": "ValueError: its own bug", "c1-s1": ENOSPC}))
+    events = Journal(storage / "s" / "journal.jsonl").events()
+    assert [e["key"] for e in events if e["event"] == "finished"] == ["c1-s0", "c1-s1"]
+    result = launch(study, storage=storage, resume=True, progress=False, executor=executor({}))
+    assert result.finished and result.counts["completed"] == 3 and result.counts["failed"] == 1
+    records = Journal(storage / "s" / "journal.jsonl").records()
+    assert records["c1-s0"].outcome == Outcome.FAILED  # its own error: not run again
+    assert records["c1-s1"].outcome == Outcome.COMPLETED  # the disk's: run again, from its epoch 1 on
+    assert [r["epoch"] for r in records["c1-s1"].results] == [1, 2, 3]

@@ -114,3 +114,15 @@ def test_a_run_that_never_got_its_params_gets_them_from_the_journal(tmp_path, mo
     assert run.data.params == {"layer": "1", "lr": "2e-05", "seed": "0"} and run.data.tags["ablate.layer"] == "1"
     summary = summarize(collect(uri, "s", "uid-1"))
     assert summary.loc[0, "layer"] == 1 and summary.loc[0, "mean"] == 77.0
+
+
+def test_every_run_is_read_however_many_pages_the_store_returns(tmp_path, monkeypatch):
+    """One search_runs call stops at a page (50,000 at most, silently): stores are read page by page."""
+    import reports.store
+    from reports.store import search_all
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("e")
+    made = {client.create_run(experiment, tags={"k": "v"}).info.run_id for _ in range(5)}
+    monkeypatch.setattr(reports.store, "PAGE", 2)
+    assert {r.info.run_id for r in search_all(client, [experiment], "tags.k = 'v'")} == made

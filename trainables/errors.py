@@ -24,6 +24,22 @@ class DataNotFoundError(UserInputError):
     problem = "has no data here"
 
 
+class StorageFullError(UserInputError):
+    """The disk under the study folder (or the temp folder) is full: the study stops, nothing it
+    finished is lost, and `resume` runs what the full disk stopped once there is space (exit code 1)."""
+
+    problem = "has no space left"
+    exit_code = 1
+
+
+STORAGE_FULL_MARKS = ("[Errno 28]", "No space left on device", "[Errno 122]", "Disk quota exceeded")
+
+
+def storage_full(error: str | None) -> bool:
+    """Does an error (a trial's last traceback line, an exception's text) say the disk is full?"""
+    return bool(error) and any(mark in error for mark in STORAGE_FULL_MARKS)
+
+
 class TrainingDivergedError(RuntimeError):
     """The training loss became NaN or infinite; the trial ends as diverged."""
 
