@@ -39,6 +39,7 @@ from orchestrator.study_folder import (  # noqa: F401 (DEFAULT_STORAGE: re-expor
     read_json,
     read_meta,
     study_dir,
+    unwritable,
     write_atomic,
 )
 from orchestrator.study_state import StudyState
@@ -135,6 +136,10 @@ def launch(study_file: str | Path, storage: str | Path | None = None, address: s
                                                                           "without an estimate") from None
         check_budget(plan, found)
     uri = meta.get("tracking_uri") or tracking_uri(study, base_dir)
+    problem = unwritable(folder / MODELS) if study.save != "none" else None
+    if problem:
+        raise UserInputError("save", study.save, f"its models go to {folder / MODELS}, where nothing can be "
+                                                 f"written ({problem}): make it a writable folder, or save: none")
     if executor is None:
         ray = connect_ray(address)
         check_cluster(ray, study)  # the last cheap check: nothing is written before it passes

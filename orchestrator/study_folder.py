@@ -35,6 +35,23 @@ def study_dir(storage: str | Path | None, name: str) -> Path:
     return Path(storage or DEFAULT_STORAGE).expanduser().resolve() / name
 
 
+def unwritable(folder: Path) -> str | None:
+    """Why files cannot be created in `folder`, or None when they can (a missing folder: its nearest
+    existing parent is tried); nothing is left behind. The `save:` models folder is checked before a
+    launch, not when the first model is copied there."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file"
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return None
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Replace `path` with `text` all at once (temp file, fsync, rename, fsync of the folder)."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ trainable that runs the trial's kind (its registry entry travels with the trial)
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
@@ -182,7 +183,14 @@ class TrackingCallback(Callback):
         if self.models_dir and record.checkpoint and os.path.isdir(os.path.join(record.checkpoint, MODEL_DIR)):
             from orchestrator.models import keep_model
 
-            keep_model(self.state, self.tracker, record, self.models_dir)
+            try:
+                keep_model(self.state, self.tracker, record, self.models_dir)
+            except OSError as exc:  # the result is safe; the model stays in its checkpoint, which is kept
+                stop_on_full_disk(self.state, str(exc))
+                logging.getLogger("orchestrator").warning(
+                    "the model of %s was not copied to %s (%s); it stays in %s", record.key, self.models_dir, exc,
+                    record.checkpoint)
+                return
         # results safe in the journal and MLflow: the checkpoint can go
         if getattr(self.tracker, "offline_since", None) is None and remove_checkpoint(record.checkpoint):
             self.state.journal.write("checkpoint_removed", key=record.key, path=record.checkpoint)

@@ -284,3 +284,20 @@ def test_a_trial_the_full_disk_failed_runs_again_on_resume_and_one_that_failed_o
     assert records["c1-s0"].outcome == Outcome.FAILED  # its own error: not run again
     assert records["c1-s1"].outcome == Outcome.COMPLETED  # the disk's: run again, from its epoch 1 on
     assert [r["epoch"] for r in records["c1-s1"].results] == [1, 2, 3]
+
+
+def test_a_save_folder_that_cannot_be_written_is_refused_before_the_launch_writes_anything(
+        tiny_bert, synthetic_data_dir, tmp_path):
+    from orchestrator.launch import launch
+
+    study = tmp_path / "s.yaml"
+    study.write_text(yaml.safe_dump({"name": "s", "model": tiny_bert, "save": "best_per_cell",
+                                     "data_dir": str(synthetic_data_dir),
+                                     "tracking": {"mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}}))
+    (tmp_path / "studies" / "s").mkdir(parents=True)
+    (tmp_path / "studies" / "s" / "models").write_text("a file where the models folder goes")
+    with pytest.raises(UserInputError, match=r"^save: 'best_per_cell' is not valid; its models go to .*models, "
+                                             r"where nothing can be written \(.* is a file\)"):
+        launch(study, storage=tmp_path / "studies", progress=False, executor=lambda *a: None)
+    assert sorted(p.name for p in (tmp_path / "studies" / "s").iterdir()) == ["models"]
+    assert not (tmp_path / "mlflow.db").exists()
