@@ -174,6 +174,10 @@ def validate(study_file: str, debug: bool = DEBUG) -> None:
     quiet_libraries()
     study = load_study(study_file)
     plan = build_plan(study, Path(study_file).resolve().parent)
+    if study.budget is not None:
+        from orchestrator.estimate import check_pilot
+
+        check_pilot(plan)
     typer.echo(f"ok: {study.name}: {len(plan.cells)} cells, {plan.tuning_trials + plan.replicate_trials} trials")
 
 

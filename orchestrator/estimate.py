@@ -48,6 +48,20 @@ class Estimate:
         return self.tuning_hours + self.replicate_hours + self.stage_hours
 
 
+def check_pilot(plan: StudyPlan) -> None:
+    """A `budget:` needs a pilot: refused at `validate` (no data or model is loaded here) for a kind
+    whose rounds the pilot cannot time."""
+    if plan.study.budget is None or not plan.cells:
+        return
+    config = plan.trial_config(plan.cells[0], {k: covering_values(p)[0] for k, p in plan.tuned.items()},
+                               plan.seeds[0])
+    full = plan.kind.parse(config)
+    if not (hasattr(full, "eval_every") or (hasattr(full, "epochs") and hasattr(full, "batch_size"))):
+        raise UserInputError("budget", {"hours": plan.study.budget.hours},
+                             f"{plan.study.trainable} has no pilot to estimate it with yet; remove budget to launch "
+                             "without an estimate")
+
+
 def pilot(plan: StudyPlan, cell: Cell) -> Pilot:
     """Time one trial's pieces for `cell` on this machine."""
     from trainables.data import load_task

@@ -516,3 +516,22 @@ def test_what_the_state_keeps_as_it_goes_equals_a_recount_of_its_trials(plan, tm
             best = state.best_tuned(cell)
             assert (best is None) == (not scored)
             assert best is None or state._value(best) == max(state._value(r) for r in scored)
+
+
+def test_a_budget_on_a_kind_without_a_pilot_is_refused_at_validate(tiny_bert, synthetic_data_dir, tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+    from trainables.kinds import get_kind
+
+    raw = {"name": "d", "trainable": "distill", "model": tiny_bert, "data_dir": str(synthetic_data_dir),
+           "train": {k: v for k, v in get_kind("distill").example.items() if k != "max_train_samples"},
+           "tracking": {"mlflow_uri": "sqlite:///x.db"}}
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump(raw))
+    assert CliRunner().invoke(app, ["validate", str(tmp_path / "d.yaml")]).exit_code == 0
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump({**raw, "budget": {"hours": 1.0}}))
+    refused = CliRunner().invoke(app, ["validate", str(tmp_path / "d.yaml")])
+    assert refused.exit_code == 2 and refused.stderr == ("error: budget: {'hours': 1.0} is not valid; distill has no "
+                                                         "pilot to estimate it with yet; remove budget to launch "
+                                                         "without an estimate\n")
