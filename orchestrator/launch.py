@@ -192,6 +192,11 @@ def run_locked(study_file: Path, study: StudyConfig, plan: StudyPlan, folder: Pa
             executor(plan, state, resilient, folder / "ray", f"launch-{launches + 1}",
                      max_concurrent or study.max_concurrent, progress, banner)
     except Exception as exc:  # once the disk is full, Tune's own ending fails too (its error files are empty)
+        if OUT_OF_MEMORY in str(exc):  # Ray's memory monitor killed a worker, and Tune ends the whole run
+            raise OutOfMemory("resources", {"cpu": study.resources.cpu, "gpu": study.resources.gpu},
+                              f"Ray killed a trial's worker because the node ran out of memory; every finished trial "
+                              f"is kept: run fewer trials at once (`--max-concurrent 1`, or more resources.cpu per "
+                              f"trial), then `orchestrator resume {study.name}`") from None
         if not (state.storage_full or disk_was_full(exc)):
             raise
         state.storage_full = state.storage_full or str(exc)
@@ -201,6 +206,14 @@ def run_locked(study_file: Path, study: StudyConfig, plan: StudyPlan, folder: Pa
     if state.storage_full and not finished:  # one line; `resume` runs what the full disk stopped
         raise StorageFullError("storage", str(folder), full_disk_fix(study.name))
     return LaunchResult(folder, state.counts(), finished, reconciled)
+
+
+OUT_OF_MEMORY = "were killed due to the node running low on memory"
+
+
+class OutOfMemory(UserInputError):
+    problem = "ran out of memory"
+    exit_code = 1
 
 
 def disk_was_full(exc: BaseException | None) -> bool:

@@ -90,12 +90,13 @@ def work_units(state: StudyState) -> tuple[float, float]:
     return done, total
 
 
-def eta_seconds(state: StudyState, elapsed: float) -> float | None:
-    """Time left at the pace so far (None until some work is done)."""
+def eta_seconds(state: StudyState, elapsed: float, done_before: float = 0.0) -> float | None:
+    """Time left at the pace of this launch (None until it has done some work): `done_before` is the
+    work an earlier launch finished, which `elapsed` did not pay for (a resume)."""
     done, total = work_units(state)
-    if done <= 0 or elapsed <= 0:
+    if done - done_before <= 0 or elapsed <= 0:
         return None
-    return max(0.0, elapsed * (total - done) / done)
+    return max(0.0, elapsed * (total - done) / (done - done_before))
 
 
 def trial_line(state: StudyState, record: TrialRecord, elapsed: float, eta: float | None = math.nan) -> str:

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.live import Live
 
 from orchestrator.journal import Outcome, remove_checkpoint
-from orchestrator.progress import duration, eta_seconds, status_table, trial_line
+from orchestrator.progress import duration, eta_seconds, status_table, trial_line, work_units
 from orchestrator.study_state import FINISHED, StudyState
 from trainables.checkpoints import ARTIFACTS, MODEL_DIR
 from trainables.errors import storage_full
@@ -203,6 +203,7 @@ def run_trial(config: dict) -> None:
 
     from trainables.errors import TrainingDivergedError
     from trainables.kinds import load_kind
+    from trainables.runtime import release_memory
 
     run = load_kind(config["kind"]).run
 
@@ -223,6 +224,8 @@ def run_trial(config: dict) -> None:
     except TrainingDivergedError as exc:
         with tempfile.TemporaryDirectory():
             tune.report({"diverged": 1, "error": str(exc)})
+    finally:
+        release_memory()
 
 
 HEARTBEAT_S = 60.0
@@ -242,6 +245,7 @@ class ProgressCallback(Callback):
         self.last_line = time.monotonic()
         self.reported = len(state.finished_keys)  # a resume's earlier trials are not announced again
         self.eta: tuple[float, float | None] = (-math.inf, None)  # (when computed, the ETA then)
+        self.done_before = work_units(state)[0]  # a resume's earlier work: not paid for by this launch's time
         self.live = (Live(status_table(state), console=Console(file=self.stream), auto_refresh=False)
                      if self.live_mode else None)
 
@@ -255,7 +259,7 @@ class ProgressCallback(Callback):
     def _eta(self, now: float) -> float | None:
         """The time left, recomputed at most once a second (it reads every trial of the study)."""
         if now - self.eta[0] >= 1.0:
-            self.eta = (now, eta_seconds(self.state, now - self.started))
+            self.eta = (now, eta_seconds(self.state, now - self.started, self.done_before))
         return self.eta[1]
 
     def _title(self) -> str:

@@ -44,6 +44,8 @@ def test_the_eta_weighs_each_cell_by_its_cost(state):
     assert work_units(state) == (6.0, 20.0)
     # 6 units took 60 s: the 14 left take 140 s at that pace
     assert eta_seconds(state, 60.0) == pytest.approx(140.0)
+    # a resume that found 2 of those 6 units done did 4 in 20 s: the 14 left take 70 s (not 14 x 20 / 6)
+    assert eta_seconds(state, 20.0, done_before=2.0) == pytest.approx(20.0 * 14.0 / 4.0)
     line = trial_line(state, first, 60.0)
     assert line == "[1/4] layer=2 seed 0 completed dev_spearman 60.00 · 1m00s elapsed · ETA 2m20s"
 

@@ -301,3 +301,41 @@ def test_a_save_folder_that_cannot_be_written_is_refused_before_the_launch_write
         launch(study, storage=tmp_path / "studies", progress=False, executor=lambda *a: None)
     assert sorted(p.name for p in (tmp_path / "studies" / "s").iterdir()) == ["models"]
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_worker_killed_for_memory_ends_the_launch_in_one_line_and_the_study_resumes(
+        tiny_bert, synthetic_data_dir, tmp_path, monkeypatch):
+    """Ray's memory monitor kills a worker and Tune ends the whole run with a RuntimeError (seen with two
+    base-size workers on 24 GiB): one line, exit 1, and `resume` runs what was left."""
+    from typer.testing import CliRunner
+
+    from orchestrator import launch as launching
+    from orchestrator.cli import app
+    from orchestrator.journal import Outcome
+
+    def killed(plan, state, *rest) -> None:
+        first = state.next_trial()
+        state.on_result(first.key, {"epoch": 1, "dev_spearman": 50.0})
+        state.on_finished(first.key, Outcome.COMPLETED)
+        state.next_trial()
+        raise RuntimeError("Caught unexpected exception: 1 worker(s) were killed due to the node running low on "
+                           "memory. Memory on the node (IP: 10.0.0.1) was 22.22GB used / 23.54GB limit")
+
+    def finish(plan, state, *rest) -> None:
+        while (record := state.next_trial()) not in (None, "FINISHED"):
+            state.on_result(record.key, {"epoch": 1, "dev_spearman": 50.0})
+            state.on_finished(record.key, Outcome.COMPLETED)
+
+    study = tmp_path / "s.yaml"
+    study.write_text(yaml.safe_dump({"name": "s", "model": tiny_bert, "replicate": {"seeds": [0, 1, 2]},
+                                     "train": {"epochs": 1}, "data_dir": str(synthetic_data_dir),
+                                     "tracking": {"mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}}))
+    original = launching.launch
+    monkeypatch.setattr(launching, "launch", lambda *a, **k: original(*a, **{**k, "executor": killed}))
+    result = CliRunner().invoke(app, ["launch", str(study), "--storage", str(tmp_path / "studies")])
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.output
+    assert result.stderr.startswith("error: resources: {'cpu': 1.0, 'gpu': 0.0} ran out of memory; Ray killed")
+    assert "orchestrator resume s" in result.stderr
+    resumed = original(tmp_path / "studies" / "s" / "study.yaml", storage=tmp_path / "studies", resume=True,
+                       progress=False, executor=finish)
+    assert resumed.finished and resumed.counts["completed"] == 3
