@@ -164,7 +164,7 @@ def measure(trials: int, data_dir: str, folder: Path) -> dict:
     replay_s = time.perf_counter() - started
     started = time.perf_counter()
     launch(folder / "studies" / spec["name"] / "study.yaml", storage=folder / "studies", resume=True,
-           executor=instant_executor(Timers(), []))
+           progress=False, executor=instant_executor(Timers(), []))
     resume_s = time.perf_counter() - started
     status_s, _ = cli("status", spec["name"], "--storage", str(folder / "studies"))
     report_s, _ = cli("report", spec["name"], "--storage", str(folder / "studies"), "--out",

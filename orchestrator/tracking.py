@@ -260,10 +260,12 @@ class StudyTracker:
         """Close every child run the journal has an outcome for; runs of trials that are not
         finished are KILLED (a later resume sets them RUNNING again). Counts what it changed."""
         changed = {"closed": 0, "killed": 0}
-        for run in self._runs(f"tags.`mlflow.parentRunId` = '{self.parent_id}'"):
+        for key, record in records.items():
+            if record.superseded and key in self.children:
+                self.client.set_tag(self.children[key], SUPERSEDED, "1")  # the report leaves it out
+        # only the runs still open: a finished 10,000-trial study is not read again in full
+        for run in self._runs(f"tags.`mlflow.parentRunId` = '{self.parent_id}' AND attributes.status = 'RUNNING'"):
             record = records.get(run.data.tags.get(TRIAL_KEY, ""))
-            if record is not None and record.superseded and run.data.tags.get(SUPERSEDED) != "1":
-                self.client.set_tag(run.info.run_id, SUPERSEDED, "1")  # the report leaves it out
             if run.info.status in TERMINAL:
                 continue
             if record is not None and record.finished:

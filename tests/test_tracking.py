@@ -126,3 +126,26 @@ def test_every_run_is_read_however_many_pages_the_store_returns(tmp_path, monkey
     made = {client.create_run(experiment, tags={"k": "v"}).info.run_id for _ in range(5)}
     monkeypatch.setattr(reports.store, "PAGE", 2)
     assert {r.info.run_id for r in search_all(client, [experiment], "tags.k = 'v'")} == made
+
+
+def test_reconcile_closes_the_open_runs_and_tags_superseded_ones_without_reading_every_run(tmp_path):
+    from orchestrator.journal import Outcome
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    study = tmp_path / "study.yaml"
+    study.write_text("name: s\n")
+    tracker = StudyTracker(uri, "s", tmp_path / "artifacts")
+    tracker.start_parent(study, {}, "0", "uid-1")
+    records = {key: TrialRecord(key, 0, "replicate", seed, {}, {"layer": 1})
+               for seed, key in enumerate(("c0-s0", "c0-s1", "c0-s2"))}
+    runs = {key: tracker.start_trial(record, "layer=1", "ray") for key, record in records.items()}
+    records["c0-s0"].outcome = Outcome.COMPLETED
+    records["c0-s2"].outcome = Outcome.COMPLETED
+    tracker.finish_trial(records["c0-s2"])  # closed already; then replaced by more tuning
+    records["c0-s2"].superseded = True
+    assert tracker.reconcile(records, finished=False) == {"closed": 1, "killed": 1}
+    client = MlflowClient(uri)
+    assert [client.get_run(runs[k]).info.status for k in records] == ["FINISHED", "KILLED", "FINISHED"]
+    assert client.get_run(runs["c0-s0"]).data.tags["outcome"] == "completed"
+    assert client.get_run(runs["c0-s2"]).data.tags["orchestrator.superseded"] == "1"
+    assert tracker.reconcile(records, finished=False) == {"closed": 0, "killed": 0}  # nothing open is left
