@@ -471,6 +471,7 @@ def serve(command: list[str], port: int, path: str, what: str, start_timeout_s: 
                     server.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     server.kill()
+                    server.wait(timeout=10)
 
 
 def runs_path(uri: str, name: str) -> str:

@@ -203,7 +203,8 @@ def run_locked(study_file: Path, study: StudyConfig, plan: StudyPlan, folder: Pa
     finally:
         finished = state.is_complete()
         reconciled = close_tracking(resilient, state, finished)
-    if state.storage_full and not finished:  # one line; `resume` runs what the full disk stopped
+    stopped = [r for r in state.records.values() if r.outcome is not None and storage_full(r.error)]
+    if state.storage_full and (stopped or not finished):  # one line; `resume` runs what the full disk stopped
         raise StorageFullError("storage", str(folder), full_disk_fix(study.name))
     return LaunchResult(folder, state.counts(), finished, reconciled)
 
