@@ -180,7 +180,8 @@ def measure(trials: int, data_dir: str, folder: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--data-dir", default=os.environ.get("ORCHESTRATOR_DATA_DIR", "../shared/data"),
+                        help="the data folder (default: $ORCHESTRATOR_DATA_DIR, else ../shared/data)")
     parser.add_argument("--trials", type=int, default=10_000, help="the large size (the small one is 1,000)")
     parser.add_argument("--small", type=int, default=1_000)
     args = parser.parse_args()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -132,7 +133,8 @@ def summarize(runs: list[tuple[int, int, tuple | None]], grid: dict, tests: dict
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--data-dir", default=os.environ.get("ORCHESTRATOR_DATA_DIR", "../shared/data"),
+                        help="the data folder (default: $ORCHESTRATOR_DATA_DIR, else ../shared/data)")
     parser.add_argument("--layer", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--train-samples", type=int, default=1500)
