@@ -10,18 +10,24 @@ from orchestrator.journal import TrialRecord
 from orchestrator.tracking import StudyTracker
 
 
-def test_an_epoch_reported_again_is_logged_once_per_run_and_step(tmp_path):
+def started(tmp_path) -> tuple[str, StudyTracker]:
+    """A SQLite store with a study's parent run started."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     study = tmp_path / "study.yaml"
     study.write_text("name: s\n")
     tracker = StudyTracker(uri, "s", tmp_path / "artifacts")
     tracker.start_parent(study, {}, "0", "uid-1")
+    return uri, tracker
+
+
+def test_an_epoch_reported_again_is_logged_once_per_run_and_step(tmp_path):
+    uri, tracker = started(tmp_path)
     record = TrialRecord("c0-s0", 0, "replicate", 0, {}, {"layer": 1})
     run_id = tracker.start_trial(record, "layer=1", "ray1")
     for epoch in (1, 2, 2):  # the trial was killed after reporting epoch 2 and retried from epoch 1's checkpoint
         tracker.log_epoch("c0-s0", {"epoch": epoch, "dev_spearman": 50.0 + epoch})
     driver = StudyTracker(uri, "s", tmp_path / "artifacts")  # the driver restarted: a resume
-    driver.start_parent(study, {}, "0", "uid-1")
+    driver.start_parent(tmp_path / "study.yaml", {}, "0", "uid-1")
     driver.start_trial(record, "layer=1", "ray2")
     for epoch in (2, 3):
         driver.log_epoch("c0-s0", {"epoch": epoch, "dev_spearman": 50.0 + epoch})
@@ -31,11 +37,7 @@ def test_an_epoch_reported_again_is_logged_once_per_run_and_step(tmp_path):
 
 def test_a_trial_retried_on_another_node_names_both_and_logs_each_epoch_once(tmp_path):
     """The node travels with the epoch's own request (one request per report, not three)."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    study = tmp_path / "study.yaml"
-    study.write_text("name: s\n")
-    tracker = StudyTracker(uri, "s", tmp_path / "artifacts")
-    tracker.start_parent(study, {}, "0", "uid-1")
+    uri, tracker = started(tmp_path)
     run_id = tracker.start_trial(TrialRecord("c0-s0", 0, "replicate", 0, {}, {"layer": 1}), "layer=1", "ray1")
     for epoch, node in ((1, "10.0.0.2"), (2, "10.0.0.2"), (2, "10.0.0.1"), (3, "10.0.0.1")):
         tracker.log_epoch("c0-s0", {"epoch": epoch, "dev_spearman": 50.0 + epoch}, node)
@@ -131,11 +133,7 @@ def test_every_run_is_read_however_many_pages_the_store_returns(tmp_path, monkey
 def test_reconcile_closes_the_open_runs_and_tags_superseded_ones_without_reading_every_run(tmp_path):
     from orchestrator.journal import Outcome
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    study = tmp_path / "study.yaml"
-    study.write_text("name: s\n")
-    tracker = StudyTracker(uri, "s", tmp_path / "artifacts")
-    tracker.start_parent(study, {}, "0", "uid-1")
+    uri, tracker = started(tmp_path)
     records = {key: TrialRecord(key, 0, "replicate", seed, {}, {"layer": 1})
                for seed, key in enumerate(("c0-s0", "c0-s1", "c0-s2"))}
     runs = {key: tracker.start_trial(record, "layer=1", "ray") for key, record in records.items()}
