@@ -76,8 +76,10 @@ def ablation_grid(runs: StudyRuns, summary: pd.DataFrame, stats: pd.DataFrame, r
         cells = []
         for value in columns:
             match = group[group[column] == value]
-            if not len(match):
-                cells.append(Cell(note="not in the study"))
+            if not len(match):  # two models of different depths (`layer: all`): the shallower one ends earlier
+                numeric = all(_sort_key(v)[0] == 0 for v in [value, *group[column]])
+                deeper = column == "layer" and numeric and _sort_key(value) > max(map(_sort_key, group[column]))
+                cells.append(Cell(note="beyond the model's last layer" if deeper else "not in the study"))
                 continue
             row = match.iloc[0]
             rising = RISING if row.get("rising", math.nan) > 0.5 else ""

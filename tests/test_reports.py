@@ -362,3 +362,20 @@ def test_one_report_across_two_studies_has_the_study_as_an_axis(tmp_path):
         ("study=en", "study=en"), ("study=de", "study=de")}  # significance only within a study
     verified = CliRunner().invoke(app, ["verify", str(tmp_path / "both")])
     assert verified.exit_code == 0, verified.output
+
+
+def test_layers_beyond_a_shallower_models_depth_say_so(tmp_path):
+    """`ablate: {model: [6 layers, 12 layers], layer: all}`: the 6-layer model's row ends at 6, and its
+    empty cells say why instead of "not in the study"."""
+    rows = [{"run_id": f"r{model}{layer}{seed}", "trial_key": "k", "cell": f"model={model} layer={layer}",
+             "phase": "replicate", "seed": seed, "outcome": "completed", "status": "FINISHED", "error": None,
+             "model": model, "layer": layer, "test_spearman": 60 + layer + seed * 0.3,
+             "best_dev_spearman": 61 + layer, "epoch": 1, "best_epoch": 1}
+            for model, depth in (("mini", 6), ("base", 12)) for layer in range(depth + 1) for seed in range(3)]
+    runs = StudyRuns("two", pd.DataFrame(rows), ["model", "layer"], "dev_spearman",
+                     {"baseline": {"layer": "last"}, "rows": ["model"], "columns": "layer"}, planned_seeds=3)
+    build_report(runs, tmp_path, ("markdown",))
+    markdown = (tmp_path / "report.md").read_text()
+    mini = next(line for line in markdown.splitlines() if line.startswith("| mini |"))
+    assert mini.count("— <sup>a</sup>") == 6 and "<sup>a</sup> beyond the model's last layer" in markdown
+    assert "not in the study" not in markdown
