@@ -169,15 +169,13 @@ MAX_CONCURRENT = typer.Option(None, "--max-concurrent", min=1, help="At most thi
 def validate(study_file: str, debug: bool = DEBUG) -> None:
     """Check a study file (keys, types, names, layers against the model, data, tracking URI)."""
     from orchestrator.config import load_study
+    from orchestrator.estimate import check_pilot
     from orchestrator.plan import build_plan
 
     quiet_libraries()
     study = load_study(study_file)
     plan = build_plan(study, Path(study_file).resolve().parent)
-    if study.budget is not None:
-        from orchestrator.estimate import check_pilot
-
-        check_pilot(plan)
+    check_pilot(plan)  # a budget needs a pilot that can time the kind
     typer.echo(f"ok: {study.name}: {len(plan.cells)} cells, {plan.tuning_trials + plan.replicate_trials} trials")
 
 

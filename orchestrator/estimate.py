@@ -55,11 +55,20 @@ def check_pilot(plan: StudyPlan) -> None:
         return
     config = plan.trial_config(plan.cells[0], {k: covering_values(p)[0] for k, p in plan.tuned.items()},
                                plan.seeds[0])
-    full = plan.kind.parse(config)
-    if not (hasattr(full, "eval_every") or (hasattr(full, "epochs") and hasattr(full, "batch_size"))):
+    if pilot_round(plan.kind.parse(config)) is None:
         raise UserInputError("budget", {"hours": plan.study.budget.hours},
                              f"{plan.study.trainable} has no pilot to estimate it with yet; remove budget to launch "
                              "without an estimate")
+
+
+def pilot_round(full) -> str | None:
+    """What one round of a trial is, as the pilot times it: `eval_every` optimizer steps ("steps"), an
+    epoch over the train pairs ("epoch"), or None: a kind the pilot cannot time yet."""
+    if hasattr(full, "eval_every"):
+        return "steps"
+    if hasattr(full, "epochs") and hasattr(full, "batch_size"):
+        return "epoch"
+    return None
 
 
 def pilot(plan: StudyPlan, cell: Cell) -> Pilot:
@@ -71,9 +80,10 @@ def pilot(plan: StudyPlan, cell: Cell) -> Pilot:
     name = plan.study.trainable
     config = plan.trial_config(cell, {k: covering_values(p)[0] for k, p in plan.tuned.items()}, plan.seeds[0])
     full = kind.parse(config)
-    if hasattr(full, "eval_every"):  # a round is `eval_every` optimizer steps
+    round_ = pilot_round(full)
+    if round_ == "steps":
         steps_per_round, pilot_config = full.eval_every, {**config, "steps": PILOT_STEPS, "eval_every": PILOT_STEPS}
-    elif hasattr(full, "epochs") and hasattr(full, "batch_size"):  # a round is an epoch over the train pairs
+    elif round_ == "epoch":
         train = load_task(full.task, getattr(full, "language", None), full.data_dir, full.max_train_samples).train
         steps_per_round = math.ceil(len(train) / full.batch_size)
         pilot_config = {**config, "epochs": 1, "max_train_samples": PILOT_STEPS * full.batch_size}

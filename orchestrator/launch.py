@@ -182,7 +182,7 @@ def run_locked(study_file: Path, study: StudyConfig, plan: StudyPlan, folder: Pa
     launches = len([p for p in (folder / "ray").glob("launch-*")]) if (folder / "ray").exists() else 0
     counts = state.counts()
     banner = [f"{study.name}: {'resuming' if counts['issued'] else 'launching'} {counts['planned']} planned trials "
-              f"({len(plan.cells)} cells; {sum(r.finished for r in state.records.values())} already finished) · "
+              f"({len(plan.cells)} cells; {counts['issued'] - counts['running']} already finished) · "
               f"study folder {folder} · MLflow {uri}"]
     try:
         if state.is_complete():  # nothing left: no Tuner is started (whose state sync would race its own exit)
