@@ -431,13 +431,21 @@ def free_port(asked: int) -> int:
 
 
 def serve(command: list[str], port: int, path: str, what: str, start_timeout_s: float = 120.0) -> None:
-    """Run a web server until Ctrl-C; its URL is printed once it answers, and exit 1 (with its last
-    words) if it ends before that."""
+    """Run a web server until Ctrl-C or SIGTERM; its URL is printed once it answers, and exit 1 (with its
+    last words) if it ends before that."""
+    import signal
     import subprocess
     import tempfile
     import time
     import urllib.request
 
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    # Explicit handlers: a process started from a non-interactive shell's background job inherits SIGINT
+    # *ignored*, and Python then never raises KeyboardInterrupt; SIGTERM (kill, systemd) stops it too.
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
     with tempfile.TemporaryFile(mode="w+") as errors:
         server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
         try:

@@ -120,7 +120,9 @@ def test_optuna_dashboard_serves_at_the_url_it_prints_while_another_ui_holds_the
         taken = busy.getsockname()[1]
         ui = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "ui", "s", "--optuna", "--storage",
                                str(tmp_path / "studies"), "--port", str(taken)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env)
+                              stderr=subprocess.PIPE, text=True, env=env,
+                              # as a background job of a script starts it: SIGINT ignored (it was not stopped)
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
         try:
             line = ui.stdout.readline()
             assert line.startswith("optuna-dashboard for s (one Optuna study per cell): http://127.0.0.1:"), (
