@@ -89,9 +89,62 @@ def verify(folder: str | Path, tracking_uri: str | None = None) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="verify-") as scratch:
         fresh = Path(scratch)
         build_report(runs, fresh, tuple(provenance.get("formats") or ("markdown", "latex", "csv")))
-        problems = []
-        if (folder / "cells.csv").exists() and (fresh / "cells.csv").exists():
-            problems += compare_cells(pd.read_csv(folder / "cells.csv"), pd.read_csv(fresh / "cells.csv"),
-                                      runs.test_metric)
-        problems += compare_text(folder, fresh)
+        return compare_folders(folder, fresh, runs.test_metric)
+
+
+def compare_folders(written: Path, fresh: Path, metric: str) -> list[str]:
+    """Every difference between a written report and one built again: the cells' runs and numbers
+    first (the clearest messages), then every value of every CSV, then the tables' text."""
+    problems = []
+    if (written / "cells.csv").exists() and (fresh / "cells.csv").exists():
+        problems += compare_cells(pd.read_csv(written / "cells.csv"), pd.read_csv(fresh / "cells.csv"), metric)
+    problems += compare_csvs(written, fresh, skip_cells=bool(problems))
+    return problems + compare_text(written, fresh)
+
+
+KEYS = {"cells.csv": ("cell",), "runs.csv": ("run_id",), "stats.csv": ("cell", "baseline")}
+
+
+def compare_csvs(written: Path, fresh: Path, skip_cells: bool = False) -> list[str]:
+    """Each CSV of the report against the fresh one, value by value, rows matched by their key
+    (`run_id` in runs.csv, the cell in cells.csv, cell and baseline in stats.csv); the first
+    difference of each row is named. cells.csv is skipped when its numbers already differ."""
+    problems = []
+    for path in sorted(written.glob("*.csv")):
+        if skip_cells and path.name == "cells.csv":
+            continue
+        other = fresh / path.name
+        if not other.exists():
+            problems.append(f"{path.name}: MLflow's runs no longer give this table")
+            continue
+        try:
+            old, new = pd.read_csv(path), pd.read_csv(other)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
+            problems.append(f"{path.name}: cannot be read ({str(error).splitlines()[0][:120]})")
+            continue
+        if list(old.columns) != list(new.columns):
+            problems.append(f"{path.name}: columns {', '.join(map(str, old.columns))} in the report, "
+                            f"{', '.join(map(str, new.columns))} from MLflow")
+            continue
+        key = [k for k in KEYS.get(path.name, ()) if k in old.columns]
+        if not key or old.duplicated(key).any() or new.duplicated(key).any():
+            old, new = old.assign(_row=range(1, len(old) + 1)), new.assign(_row=range(1, len(new) + 1))
+            key = ["_row"]
+        old, new = old.set_index(key), new.set_index(key)
+        for row in old.index.difference(new.index, sort=False):
+            problems.append(f"{path.name} row {_name(key, row)}: in the report, not from MLflow")
+        for row in new.index.difference(old.index, sort=False):
+            problems.append(f"{path.name} row {_name(key, row)}: from MLflow, not in the report")
+        for row in old.index.intersection(new.index, sort=False):
+            a, b = old.loc[row], new.loc[row]
+            for column in old.columns:
+                if not _same(a[column], b[column]):
+                    problems.append(f"{path.name} row {_name(key, row)}: {column} {a[column]} in the report, "
+                                    f"{b[column]} from MLflow")
+                    break
     return problems
+
+
+def _name(key: list[str], row) -> str:
+    values = row if isinstance(row, tuple) else (row,)
+    return " · ".join(f"{k}={v}" if k != "_row" else str(v) for k, v in zip(key, values, strict=True))

@@ -338,6 +338,45 @@ def test_verify_passes_on_a_fresh_report_and_names_the_cell_after_mlflow_changes
     assert "layer=1" not in result.stderr
 
 
+def test_verify_names_a_hand_edit_of_any_csv_value(tmp_path):
+    """verify used to compare only n, mean, std and dev of cells.csv and the tables' text: an edited
+    runs.csv, stats.csv or any other column of cells.csv passed as `ok`."""
+    from orchestrator.cli import app
+
+    uri = make_store(tmp_path)
+    build_report(collect(uri, "synthetic"), tmp_path / "report")
+    folder = tmp_path / "report"
+    pristine = {name: (folder / name).read_text() for name in ("runs.csv", "stats.csv", "cells.csv")}
+
+    def edited(name, change):
+        for other, text in pristine.items():
+            (folder / other).write_text(text)
+        table = pd.read_csv(folder / name)
+        change(table)
+        table.to_csv(folder / name, index=False)
+        result = CliRunner().invoke(app, ["verify", str(folder)])
+        assert result.exit_code == 1, (name, result.output)
+        return result.stderr
+
+    runs = pd.read_csv(folder / "runs.csv")
+    run = runs.run_id[runs.trial_key == "c2-s1"].item()
+    message = edited("runs.csv", lambda t: t.__setitem__("seed", t.seed.where(t.run_id != run, 7)))
+    assert f"differs: runs.csv row run_id={run}: seed 7 in the report, 1 from MLflow" in message
+    message = edited("runs.csv", lambda t: t.drop(index=t.index[t.run_id == run], inplace=True))
+    assert f"differs: runs.csv row run_id={run}: from MLflow, not in the report" in message
+    stats = pd.read_csv(folder / "stats.csv")
+    cell, baseline, p = stats.cell[0], stats.baseline[0], stats.paired_p_adj[0]
+    message = edited("stats.csv", lambda t: t.__setitem__("paired_p_adj", t.paired_p_adj.where(t.index != 0, 0.001)))
+    assert f"differs: stats.csv row cell={cell} · baseline={baseline}: paired_p_adj 0.001 in the report, {p} " \
+           "from MLflow" in message
+    cells = pd.read_csv(folder / "cells.csv")
+    message = edited("cells.csv", lambda t: t.__setitem__("pearson_mean", t.pearson_mean + 1))
+    assert f"differs: cells.csv row cell=layer=1: pearson_mean {cells.pearson_mean[1] + 1} in the report" in message
+    for other, text in pristine.items():
+        (folder / other).write_text(text)
+    assert CliRunner().invoke(app, ["verify", str(folder)]).exit_code == 0
+
+
 def test_one_report_across_two_studies_has_the_study_as_an_axis(tmp_path):
     import re
 
