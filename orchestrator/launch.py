@@ -284,8 +284,30 @@ def run_tuner(plan: StudyPlan, state: StudyState, tracker, storage: Path, name: 
             + ([ProgressCallback(state, banner)] if progress else []),
         ),
     )
-    with graceful_sigterm():
+    with graceful_sigterm(), no_forwarded_secrets():
         tuner.fit()
+
+
+SECRETS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN")
+
+
+@contextlib.contextmanager
+def no_forwarded_secrets():
+    """Tune copies the driver's AWS credentials into every trial's runtime environment, and Ray's
+    runtime-env agent writes that environment in plain text to a world-readable log in its session
+    folder. The trials read and write only the study folder (a local path) and never talk to S3:
+    the credentials stay with the driver (which may need them for MLflow's artifact store)."""
+    from ray.tune.execution import class_cache
+
+    forwarded = getattr(class_cache, "ENV_VARS_TO_PROPAGATE", None)
+    if not isinstance(forwarded, set | frozenset):  # a Ray that no longer does this
+        yield
+        return
+    class_cache.ENV_VARS_TO_PROPAGATE = type(forwarded)(forwarded - set(SECRETS))
+    try:
+        yield
+    finally:
+        class_cache.ENV_VARS_TO_PROPAGATE = forwarded
 
 
 TERMINATED = {"signal": None}  # the stop signal a launch received, for the CLI's exit code

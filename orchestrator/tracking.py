@@ -16,11 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunStatus, RunTag
-from mlflow.tracking import MlflowClient
 
 from orchestrator.config import flatten
 from orchestrator.journal import Outcome, TrialRecord, remove_checkpoint
-from reports.store import search_all
+from reports.store import open_store, search_all
 from trainables.checkpoints import ARTIFACTS
 
 log = logging.getLogger("orchestrator.tracking")
@@ -60,7 +59,7 @@ class StudyTracker:
         if uri.startswith(("http://", "https://")):  # fail fast when the server is down: the outage is
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # handled by ResilientTracker
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
-        self.client = MlflowClient(tracking_uri=uri)
+        self.client = open_store(uri)
         self.uri, self.study_name = uri, study_name
         experiment = self.client.get_experiment_by_name(study_name)
         if experiment is None:

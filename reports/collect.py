@@ -13,7 +13,7 @@ import pandas as pd
 import yaml
 from mlflow.tracking import MlflowClient
 
-from reports.store import search_all
+from reports.store import open_store, search_all
 from trainables.errors import UserInputError
 
 BASE_COLUMNS = ["run_id", "trial_key", "cell", "phase", "seed", "outcome", "status", "error"]
@@ -75,7 +75,7 @@ def collect(tracking_uri: str, study: str, study_uid: str | None = None) -> Stud
     if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).exists():
         raise UserInputError("--tracking-uri", tracking_uri, "no MLflow store there (a report never creates one); "
                                                             "give the study's store")
-    client = MlflowClient(tracking_uri=tracking_uri)
+    client = open_store(tracking_uri)
     experiment = client.get_experiment_by_name(study)
     if experiment is None:
         raise UserInputError("NAME", study, f"no MLflow experiment of that name at {tracking_uri}; "

@@ -1,11 +1,35 @@
-"""Reading an MLflow store at any size: every run a filter matches, page by page (one `search_runs`
-call returns at most 50,000 runs, and silently no more)."""
+"""Opening an MLflow store safely (a new SQLite store's tables created by one process at a time),
+and reading it at any size: every run a filter matches, page by page (one `search_runs` call
+returns at most 50,000 runs, and silently no more)."""
 
 from __future__ import annotations
+
+import fcntl
+from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
 PAGE = 10_000
+
+
+def open_store(uri: str) -> MlflowClient:
+    """A client of the store at `uri`. MLflow creates a new SQLite store's tables (and runs its
+    migrations) on first use, and two processes doing that at once collide (`table … already exists`,
+    alembic's row-count errors), leaving a half-made store: two studies launched at once into one new
+    `mlflow.db`. The first use is serialised by an exclusive `flock` on `<database>.lock` beside it."""
+    if not uri.startswith("sqlite:///"):
+        return MlflowClient(tracking_uri=uri)
+    database = Path(uri.removeprefix("sqlite:///"))
+    try:
+        database.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(database.with_name(database.name + ".lock"), "a")  # noqa: SIM115 (closed below)
+    except OSError:  # a read-only folder (a store copied for reporting): nothing can be created there anyway
+        return MlflowClient(tracking_uri=uri)
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed (or the process dies)
+        client = MlflowClient(tracking_uri=uri)
+        client.search_experiments(max_results=1)  # the tables are created or migrated by now, under the lock
+    return client
 
 
 def search_all(client: MlflowClient, experiment_ids: list[str], filter_string: str = "",

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -158,6 +159,27 @@ def test_a_locked_tracking_store_fails_validation_before_anything_is_written(tmp
         holder.execute("ROLLBACK")
         holder.close()
     check_tracking_uri(f"sqlite:///{database}", tmp_path)  # released: fine
+
+
+@pytest.mark.slow
+def test_studies_opening_one_new_store_at_once_all_get_it(tmp_path):
+    """Two studies launched at once into one new `mlflow.db`: MLflow created the tables twice at
+    once, and all but one died in `table … already exists` or alembic's row-count errors (3 of 3
+    tries with 3 processes), leaving a half-made store."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    start = time.time() + 20  # every process has imported MLflow by then: they open the store together
+    script = ("import sys, time\nfrom orchestrator.tracking import StudyTracker\n"
+              f"while time.time() < {start}: time.sleep(0.001)\n"
+              f"print(StudyTracker({uri!r}, sys.argv[1]).experiment_id)")
+    openers = [subprocess.Popen([sys.executable, "-c", script, f"study{i}"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for i in range(4)]
+    results = [(opener.wait(timeout=180), *opener.communicate()) for opener in openers]
+    assert [code for code, _, _ in results] == [0] * 4, [err[-600:] for _, _, err in results]
+    assert sorted(int(out) for _, out, _ in results) == [1, 2, 3, 4]
+    from mlflow.tracking import MlflowClient
+
+    names = {e.name for e in MlflowClient(uri).search_experiments()}
+    assert {f"study{i}" for i in range(4)} <= names
 
 
 def test_a_report_from_a_typo_store_creates_no_store(tmp_path, monkeypatch):
@@ -339,3 +361,32 @@ def test_a_worker_killed_for_memory_ends_the_launch_in_one_line_and_the_study_re
     resumed = original(tmp_path / "studies" / "s" / "study.yaml", storage=tmp_path / "studies", resume=True,
                        progress=False, executor=finish)
     assert resumed.finished and resumed.counts["completed"] == 3
+
+
+@pytest.mark.slow
+def test_aws_credentials_are_not_written_to_rays_session_logs(tiny_bert, synthetic_data_dir, tmp_path):
+    """Tune copied AWS_* into every trial's runtime environment, and Ray's runtime-env agent wrote it
+    in plain text to `logs/runtime_env_agent.log` (mode 644) under the temp folder."""
+    import shutil
+    import tempfile
+
+    study = tmp_path / "s.yaml"
+    study.write_text(yaml.safe_dump({"name": "s", "model": tiny_bert, "ablate": {"layer": [1]},
+                                     "replicate": {"seeds": [0]}, "train": {"epochs": 1},
+                                     "data_dir": str(synthetic_data_dir), "resources": {"cpu": 1},
+                                     "tracking": {"mlflow_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}}))
+    ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")  # short: Ray's socket paths live under it
+    try:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_TMPDIR": ray_tmp,
+               "AWS_ACCESS_KEY_ID": "sentinel-id-4711", "AWS_SECRET_ACCESS_KEY": "sentinel-secret-4711"}
+        done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "launch", str(study), "--storage",
+                               str(tmp_path / "studies")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        logs = [p for p in Path(ray_tmp).rglob("*.log") if p.is_file()]
+        assert any(p.name == "runtime_env_agent.log" for p in logs)  # the log that used to hold them
+        leaked = [str(p) for folder in (Path(ray_tmp), tmp_path) for p in folder.rglob("*")
+                  if p.is_file() and not p.is_socket() and b"sentinel-secret-4711" in p.read_bytes()]
+        assert leaked == []
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
