@@ -37,7 +37,10 @@ class TrainingConfig(TrialConfig):
     test_every_round: bool = Field(False, description="diagnostic: also score test after every round "
                                                       "(<round><n>_test_*); never used for selection")
     seed: int = 0
-    precision: str = "auto"
+    precision: str = Field("auto", description="training precision: auto (bf16 autocast where the hardware runs it "
+                                                "fast), fp32 or bf16")
+    eval_precision: str = Field("fp32", description="dev/test scoring precision: fp32 (the saved model reproduces "
+                                                    "the test number in sentence-transformers) or same (as training)")
     device: str = "auto"
     num_threads: int | None = Field(None, ge=1)
     data_dir: str | None = None

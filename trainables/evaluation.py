@@ -79,8 +79,21 @@ class STSEvaluator(PairEvaluator):
         frame = self.splits[split]
         cosines = self.last_scores[split] = pair_cosines(embed, frame)
         gold = frame["score"].to_numpy(dtype=np.float64)
+        if collapsed(cosines):
+            return {f"{split}_spearman": float("nan"), f"{split}_pearson": float("nan")}
         return {f"{split}_spearman": 100 * float(spearmanr(cosines, gold).statistic),
                 f"{split}_pearson": 100 * float(pearsonr(cosines, gold).statistic)}
+
+
+COLLAPSED = 1e-4  # a spread of cosines this small is float32 rounding, not similarity
+
+
+def collapsed(cosines: np.ndarray) -> bool:
+    """Every pair's cosine within COLLAPSED of every other's (a collapsed encoder: all cosines
+    0.99997-1.0000001 seen on a tiny contrastive run). Their ranks are rounding noise: the same
+    weights scored 86.43 here and 86.37 in sentence-transformers. Such a split is degenerate (no
+    correlation), like exactly constant embeddings, rather than a number that looks like a result."""
+    return len(cosines) > 0 and bool(np.ptp(cosines) < COLLAPSED)
 
 
 SELECTS = ("accuracy", "f1")

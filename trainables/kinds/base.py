@@ -98,8 +98,10 @@ class TrainableKind(ABC):
         """Names inside the config that must come from a closed registry (`names`: poolings,
         losses, modes, ...); kinds add checks that need more than one field."""
         from trainables.errors import one_of
+        from trainables.runtime import EVAL_PRECISIONS, PRECISIONS
 
-        for field, valid in self.names.items():
+        common = {"precision": PRECISIONS, "eval_precision": EVAL_PRECISIONS}
+        for field, valid in {**{k: v for k, v in common.items() if hasattr(cfg, k)}, **self.names}.items():
             if getattr(cfg, field) not in valid:
                 raise one_of(key_of(field), getattr(cfg, field), valid)
 

@@ -30,6 +30,7 @@ from trainables.errors import UserInputError, one_of
 from trainables.evaluation import Embedder, make_evaluator
 from trainables.kinds.base import Learner, TrainingKind
 from trainables.models import POOLINGS, build_sentence_encoder, count_parameters, encoder_depth, load_tokenizer
+from trainables.runtime import scoring_dtype
 from trainables.sts_suite import load_suite, score_suite, suite_metrics
 
 MODEL_MAX_LENGTH = 512
@@ -105,7 +106,8 @@ class ContrastiveLearner(Learner):
         self.tokens.add(sentences)
         self.eval_tokens = TokenCache(tokenizer, evaluation_length(cfg, tokenizer))
         self.evaluator = make_evaluator("sts", {"dev": self.data.dev, "test": self.data.test})
-        self.embed = Embedder(self.model.sentence_encoder, self.eval_tokens, device, dtype)  # head: training only
+        self.embed = Embedder(self.model.sentence_encoder, self.eval_tokens, device,  # the head: training only
+                              scoring_dtype(cfg.eval_precision, dtype))
         batch_size = min(cfg.batch_size, len(sentences))
         self.batches = step_batches(len(sentences), batch_size, cfg.seed, cfg.steps)
         self.optimizer = build_optimizer(list(self.model.named_parameters()), cfg.lr, cfg.weight_decay)
@@ -162,7 +164,7 @@ class ContrastiveLearner(Learner):
 
 class ContrastiveKind(TrainingKind):
     example = {"layer": 2, "steps": 6, "eval_every": 2, "batch_size": 16, "corpus": "task",
-               "max_train_samples": 120, "method": "micse"}
+               "max_train_samples": 120, "method": "micse", "pooling": "mean"}  # a random tiny BERT's CLS is collapsed
     Config = ContrastiveConfig
     exports_models = True
     round_name = "round"

@@ -18,6 +18,7 @@ from trainables.errors import one_of
 from trainables.kinds.base import Learner, TrainingKind
 from trainables.models import POOLINGS, count_parameters, load_tokenizer
 from trainables.pretraining import PretrainFields, pretrained_start
+from trainables.runtime import scoring_dtype
 
 
 class CrossEncoderConfig(TrainingConfig, PretrainFields):
@@ -73,7 +74,8 @@ class CrossEncoderLearner(Learner):
         return {"train_loss": loss}
 
     def evaluate(self, split: str):
-        return score_split(self.model, self.tokens, self.data.split(split), split, self.device, self.dtype)
+        return score_split(self.model, self.tokens, self.data.split(split), split, self.device,
+                           scoring_dtype(self.cfg.eval_precision, self.dtype))
 
 
 class CrossEncoderKind(TrainingKind):

@@ -42,7 +42,7 @@ from trainables.evaluation import Embedder, STSEvaluator, pair_cosines
 from trainables.kinds.base import Learner, TrainingKind
 from trainables.models import POOLINGS, SentenceEncoder, build_sentence_encoder, count_parameters, load_tokenizer
 from trainables.pretraining import PretrainFields, pretrained_start, stage_seed_of
-from trainables.runtime import seed_everything
+from trainables.runtime import scoring_dtype, seed_everything
 from trainables.stages import get_or_build
 
 MODES = ("self", "mutual", "teacher")
@@ -249,11 +249,11 @@ class DistillLearner(Learner):
     def evaluate(self, split: str):
         """Both encoders of every side: `dev_spearman` (bi), `cross_dev_spearman`, `partner_...`."""
         metrics, main_scores = {}, None
-        frame = self.data.split(split)
+        frame, dtype = self.data.split(split), scoring_dtype(self.cfg.eval_precision, self.dtype)
         for side in self.sides:
             evaluator = STSEvaluator({split: frame})
-            bi = evaluator.evaluate(Embedder(side.bi, side.bi_tokens, self.device, self.dtype), split)
-            cross, _ = score_split(side.cross, side.cross_tokens, frame, split, self.device, self.dtype)
+            bi = evaluator.evaluate(Embedder(side.bi, side.bi_tokens, self.device, dtype), split)
+            cross, _ = score_split(side.cross, side.cross_tokens, frame, split, self.device, dtype)
             metrics.update({f"{side.prefix}{k}": v for k, v in bi.items()})
             metrics.update({f"{side.prefix}cross_{k}": v for k, v in cross.items()})
             main_scores = evaluator.last_scores[split] if main_scores is None else main_scores

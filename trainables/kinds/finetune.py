@@ -25,6 +25,7 @@ from trainables.kinds.base import Learner, TrainingKind
 from trainables.models import POOLINGS, build_sentence_encoder, count_parameters, load_tokenizer
 from trainables.objectives import LOSSES, build_loss
 from trainables.pretraining import OBJECTIVES, PretrainFields, pretrained_start, stage_seed_of
+from trainables.runtime import scoring_dtype
 
 
 class FinetuneConfig(TrainingConfig, PretrainFields):
@@ -65,7 +66,7 @@ class FinetuneLearner(Learner):
         self.targets = torch.as_tensor(data.train["score" if data.kind == "sts" else "label"].to_numpy().copy())
         self.evaluator = make_evaluator(data.kind, {"dev": data.dev, "test": data.test}, cfg.select)
         self.metric, self.greater_is_better = self.evaluator.primary("dev"), self.evaluator.greater_is_better
-        self.embed = Embedder(self.model, self.tokens, device, dtype)
+        self.embed = Embedder(self.model, self.tokens, device, scoring_dtype(cfg.eval_precision, dtype))
         self.lengths = pair_lengths(self.tokens, self.first, self.second)
         total = math.ceil(len(self.lengths) / cfg.batch_size) * cfg.epochs
         self.optimizer = build_optimizer(list(self.model.named_parameters()) + list(self.loss_fn.named_parameters()),
