@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import (
@@ -20,7 +23,9 @@ from trainables.models import (
     count_parameters,
     encoder_layers,
     last_hidden_state,
+    load_config,
     load_encoder,
+    load_tokenizer,
     pool,
     resolve_model_path,
     truncate_encoder,
@@ -153,3 +158,32 @@ def test_a_model_folder_that_asks_to_run_its_own_code_is_refused_before_loading(
         with pytest.raises(UserInputError, match=r"config.json has an auto_map: the folder asks to run its own"):
             load(str(hostile))
     load_config(tiny_bert)  # an ordinary folder still loads
+
+
+class Hostile:
+    def __reduce__(self):
+        return (print, ("a pickle ran its code",))
+
+
+def test_pickled_weights_load_and_a_pickle_with_code_is_refused_in_one_line(tiny_bert, tmp_path):
+    """A folder with only `pytorch_model.bin` loads as before; one whose pickle names any other Python
+    object used to pass `validate` and fail every trial with a Ray traceback per retry."""
+    import torch
+    from safetensors.torch import load_file
+
+    weights = load_file(Path(tiny_bert) / "model.safetensors")
+    pickled = tmp_path / "pickled"
+    shutil.copytree(tiny_bert, pickled)
+    (pickled / "model.safetensors").unlink()
+    torch.save(weights, pickled / "pytorch_model.bin")
+    loaded = load_encoder(str(pickled))
+    name = next(iter(weights))
+    assert torch.equal(dict(loaded.named_parameters())[name.removeprefix("bert.")], weights[name])
+
+    hostile = tmp_path / "hostile"
+    shutil.copytree(pickled, hostile)
+    torch.save({**weights, "extra": Hostile()}, hostile / "pytorch_model.bin")
+    for load in (load_config, load_tokenizer, load_encoder):
+        with pytest.raises(UserInputError, match=r"^model: '.*hostile' is not valid; pytorch_model.bin holds more "
+                                                 r"than tensors \(it names print\); .* model.safetensors$"):
+            load(str(hostile))
