@@ -8,13 +8,11 @@ import math
 import numpy as np
 import pandas as pd
 import torch
-from transformers import get_linear_schedule_with_warmup
-from transformers.trainer_pt_utils import get_length_grouped_indices
 
 from trainables.batching import TokenCache, encode_tokens
 from trainables.errors import TrainingDivergedError
 from trainables.objectives import CosineMSELoss
-from trainables.runtime import autocast
+from trainables.runtime import autocast, linear_schedule
 
 
 def epoch_batches(lengths: list[int], batch_size: int, seed: int, group_by_length: bool) -> list[list[int]]:
@@ -22,6 +20,8 @@ def epoch_batches(lengths: list[int], batch_size: int, seed: int, group_by_lengt
     (transformers' length-grouped order) and the batches are then shuffled."""
     generator = torch.Generator().manual_seed(seed)
     if group_by_length:
+        from transformers.trainer_pt_utils import get_length_grouped_indices  # heavy: when a trial runs
+
         order = get_length_grouped_indices(lengths, batch_size, generator=generator)
     else:
         order = torch.randperm(len(lengths), generator=generator).tolist()
@@ -82,7 +82,7 @@ def fit_bi_encoder(model, tokens: TokenCache, frame: pd.DataFrame, epochs: int, 
     loss_fn = CosineMSELoss()
     optimizer = build_optimizer(list(model.named_parameters()), lr, 0.01)
     total = math.ceil(len(frame) / batch_size) * epochs
-    scheduler = get_linear_schedule_with_warmup(optimizer, round(warmup_ratio * total), total)
+    scheduler = linear_schedule(optimizer, round(warmup_ratio * total), total)
     model.train()
     losses = []
     for epoch in range(1, epochs + 1):

@@ -12,9 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 import torch
-from scipy.stats import pearsonr, spearmanr
 from torch import nn
-from transformers import get_linear_schedule_with_warmup
 
 from trainables.batching import EVAL_TOKENS_PER_CHUNK, length_chunks, pad
 from trainables.bi_encoder import build_optimizer, check_finite, epoch_batches
@@ -29,7 +27,7 @@ from trainables.models import (
     segment_ids,
     truncate_encoder,
 )
-from trainables.runtime import autocast
+from trainables.runtime import autocast, linear_schedule
 
 CROSS_LOSSES = ("bce", "mse")
 
@@ -93,6 +91,8 @@ def predict(model: CrossEncoder, token_lists: list[list[int]], pad_id: int, devi
 
 
 def sts_metrics(split: str, scores: np.ndarray, gold: np.ndarray) -> dict[str, float]:
+    from scipy.stats import pearsonr, spearmanr  # ~0.6 s: when scores exist
+
     return {f"{split}_spearman": 100 * float(spearmanr(scores, gold).statistic),
             f"{split}_pearson": 100 * float(pearsonr(scores, gold).statistic)}
 
@@ -142,7 +142,7 @@ def fit_cross_encoder(model: CrossEncoder, tokens: PairTokens, frame: pd.DataFra
     targets = torch.as_tensor(frame["score"].to_numpy(dtype=np.float32).copy())
     optimizer = build_optimizer(list(model.named_parameters()), lr, 0.01)
     total = math.ceil(len(frame) / batch_size) * epochs
-    scheduler = get_linear_schedule_with_warmup(optimizer, round(warmup_ratio * total), total)
+    scheduler = linear_schedule(optimizer, round(warmup_ratio * total), total)
     losses = []
     for epoch in range(1, epochs + 1):
         torch.manual_seed(seed * 1_000 + epoch)

@@ -5,10 +5,14 @@ from __future__ import annotations
 import functools
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModel, AutoTokenizer, PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from trainables.errors import UserInputError, one_of
 from trainables.names import POOLINGS  # noqa: E402,F401 (the closed names live apart from torch)
@@ -85,6 +89,8 @@ def load_tokenizer(name: str):
 
 def load_encoder(name: str, random_init: bool = False, seed: int = 0) -> PreTrainedModel:
     """The bare encoder (no task head); `random_init` keeps the architecture with fresh weights."""
+    from transformers import AutoModel  # its modeling code costs ~1.5 s: only when an encoder is built
+
     config = load_config(name)
     if random_init:
         torch.manual_seed(seed)

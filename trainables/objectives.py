@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from sentence_transformers.util import pairwise_angle_sim
 from torch import nn
 
 from trainables.errors import UserInputError, one_of
@@ -49,6 +48,8 @@ class AnglELoss(nn.Module):
         self.scale = scale
 
     def forward(self, u: torch.Tensor, v: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        from sentence_transformers.util import pairwise_angle_sim  # 2.5 s to import: only when AnglE trains
+
         return _ranking_loss(pairwise_angle_sim(u.float(), v.float()), target, self.scale)
 
 

@@ -19,14 +19,13 @@ from pathlib import Path
 
 import torch
 from pydantic import BaseModel, Field
-from transformers import AutoModelForMaskedLM, DataCollatorForLanguageModeling, get_linear_schedule_with_warmup
 
 from trainables.batching import tokenize
 from trainables.contract import collect
 from trainables.data import corpus_sentences
 from trainables.errors import TrainingDivergedError, UserInputError, one_of
 from trainables.models import load_config, load_tokenizer, resolve_model_path
-from trainables.runtime import resolve_device, seed_everything
+from trainables.runtime import linear_schedule, resolve_device, seed_everything
 from trainables.stages import get_or_build
 
 OBJECTIVES = ("mlm", "rtd", "simcse", "micse")
@@ -74,7 +73,7 @@ def stage_seed_of(cfg) -> int:
 def schedule(optimizer: torch.optim.Optimizer, steps: int, warmup_ratio: float):
     """Linear warmup then linear decay, both counted in optimizer steps (the reference code
     counted micro-batches, so most of its training was warmup)."""
-    return get_linear_schedule_with_warmup(optimizer, round(warmup_ratio * steps), steps)
+    return linear_schedule(optimizer, round(warmup_ratio * steps), steps)
 
 
 class MLMObjective(torch.nn.Module):
@@ -82,6 +81,8 @@ class MLMObjective(torch.nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
+        from transformers import AutoModelForMaskedLM
+
         self.model = AutoModelForMaskedLM.from_pretrained(resolve_model_path(cfg.model), trust_remote_code=False)
 
     def forward(self, batch: dict) -> torch.Tensor:
@@ -141,6 +142,8 @@ def pretrain(cfg, seed: int, sentences: list[str], folder: Path) -> dict:
     device = resolve_device(cfg.device)
     tokenizer = load_tokenizer(cfg.model)
     objective = (RTDObjective(cfg) if cfg.pretrain == "rtd" else MLMObjective(cfg)).to(device).train()
+    from transformers import DataCollatorForLanguageModeling
+
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=cfg.pretrain_mlm_probability)
     encoded = tokenize(tokenizer, sentences, cfg.pretrain_max_seq_length)
     optimizer = torch.optim.AdamW(objective.parameters(), lr=cfg.pretrain_lr, weight_decay=0.01)

@@ -70,6 +70,14 @@ def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractCon
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def linear_schedule(optimizer, warmup_steps: int, total_steps: int):
+    """transformers' linear warmup-then-decay schedule, imported when a trial builds its optimizer
+    (transformers' optimization module costs ~1 s that `validate` and `status` need not pay)."""
+    from transformers import get_linear_schedule_with_warmup
+
+    return get_linear_schedule_with_warmup(optimizer, warmup_steps, total_steps)
+
+
 def release_memory() -> None:
     """After a trial in a reused worker: collect its objects and hand freed heap pages back to the
     system (each trial runs in a thread of its own, and glibc keeps what a finished thread's arena

@@ -12,7 +12,6 @@ import math
 import torch
 from pydantic import Field
 from torch import nn
-from transformers import get_linear_schedule_with_warmup
 
 from trainables.batching import TokenCache
 from trainables.bi_encoder import build_optimizer, check_finite
@@ -30,7 +29,7 @@ from trainables.errors import UserInputError, one_of
 from trainables.evaluation import Embedder, make_evaluator
 from trainables.kinds.base import Learner, TrainingKind
 from trainables.models import POOLINGS, build_sentence_encoder, count_parameters, encoder_depth, load_tokenizer
-from trainables.runtime import scoring_dtype
+from trainables.runtime import linear_schedule, scoring_dtype
 from trainables.sts_suite import load_suite, score_suite, suite_metrics
 
 MODEL_MAX_LENGTH = 512
@@ -111,7 +110,7 @@ class ContrastiveLearner(Learner):
         batch_size = min(cfg.batch_size, len(sentences))
         self.batches = step_batches(len(sentences), batch_size, cfg.seed, cfg.steps)
         self.optimizer = build_optimizer(list(self.model.named_parameters()), cfg.lr, cfg.weight_decay)
-        self.scheduler = get_linear_schedule_with_warmup(self.optimizer, round(cfg.warmup_ratio * cfg.steps),
+        self.scheduler = linear_schedule(self.optimizer, round(cfg.warmup_ratio * cfg.steps),
                                                          cfg.steps)
         self.test_frame = self.data.test
         self.info = {"params": count_parameters(self.model.sentence_encoder), "corpus_sentences": len(sentences),

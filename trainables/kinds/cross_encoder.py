@@ -8,7 +8,6 @@ import math
 import numpy as np
 import torch
 from pydantic import Field
-from transformers import get_linear_schedule_with_warmup
 
 from trainables.bi_encoder import build_optimizer, epoch_batches
 from trainables.contract import TrainingConfig
@@ -18,7 +17,7 @@ from trainables.errors import one_of
 from trainables.kinds.base import Learner, TrainingKind
 from trainables.models import POOLINGS, count_parameters, load_tokenizer
 from trainables.pretraining import PretrainFields, pretrained_start
-from trainables.runtime import scoring_dtype
+from trainables.runtime import linear_schedule, scoring_dtype
 
 
 class CrossEncoderConfig(TrainingConfig, PretrainFields):
@@ -54,7 +53,7 @@ class CrossEncoderLearner(Learner):
         self.targets = torch.as_tensor(self.data.train["score"].to_numpy(dtype=np.float32).copy())
         self.optimizer = build_optimizer(list(self.model.named_parameters()), cfg.lr, cfg.weight_decay)
         total = math.ceil(len(self.token_lists) / cfg.batch_size) * cfg.epochs
-        self.scheduler = get_linear_schedule_with_warmup(self.optimizer, round(cfg.warmup_ratio * total), total)
+        self.scheduler = linear_schedule(self.optimizer, round(cfg.warmup_ratio * total), total)
         self.test_frame = self.data.test
         self.info = {"params": count_parameters(self.model), **stage}
 

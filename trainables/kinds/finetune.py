@@ -13,7 +13,6 @@ import time
 
 import torch
 from pydantic import Field
-from transformers import get_linear_schedule_with_warmup
 
 from trainables.batching import TokenCache
 from trainables.bi_encoder import build_optimizer, check_finite, epoch_batches, pair_lengths, train_step
@@ -25,7 +24,7 @@ from trainables.kinds.base import Learner, TrainingKind
 from trainables.models import POOLINGS, build_sentence_encoder, count_parameters, load_tokenizer
 from trainables.objectives import LOSSES, build_loss
 from trainables.pretraining import OBJECTIVES, PretrainFields, pretrained_start, stage_seed_of
-from trainables.runtime import scoring_dtype
+from trainables.runtime import linear_schedule, scoring_dtype
 
 
 class FinetuneConfig(TrainingConfig, PretrainFields):
@@ -71,7 +70,7 @@ class FinetuneLearner(Learner):
         total = math.ceil(len(self.lengths) / cfg.batch_size) * cfg.epochs
         self.optimizer = build_optimizer(list(self.model.named_parameters()) + list(self.loss_fn.named_parameters()),
                                          cfg.lr, cfg.weight_decay)
-        self.scheduler = get_linear_schedule_with_warmup(self.optimizer, round(cfg.warmup_ratio * total), total)
+        self.scheduler = linear_schedule(self.optimizer, round(cfg.warmup_ratio * total), total)
         self.test_frame = data.test
         self.info = {"params": count_parameters(self.model), **stage}
 
