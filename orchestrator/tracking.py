@@ -19,7 +19,7 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 
 from orchestrator.config import flatten
 from orchestrator.journal import Outcome, TrialRecord, remove_checkpoint
-from reports.store import open_store, search_all
+from reports.store import CONSTANT_PARAMS, ROUND_TAGS, open_store, search_all
 from trainables.checkpoints import ARTIFACTS
 
 log = logging.getLogger("orchestrator.tracking")
@@ -52,6 +52,11 @@ def git_commit(folder: Path) -> str:
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def _text(value: float) -> str:
+    """A tag's or param's text: `3`, not `3.0`, for whole numbers."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 class StudyTracker:
@@ -148,16 +153,30 @@ class StudyTracker:
             tags = [RunTag("ray.node_ip", node_ip), RunTag("ray.nodes", ",".join(self.nodes[key]))]
         step = int(metrics.get("epoch", 0))
         if run_id not in self.logged:  # a run of an earlier driver: ask MLflow what it already holds
-            self.logged[run_id] = {m.step for m in self.client.get_metric_history(run_id, "epoch")}
+            self.logged[run_id] = self._epochs_logged(run_id)
         now = int(time.time() * 1000)
-        numeric = [Metric(k, float(v), now, step) for k, v in metrics.items()
-                   if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))]
+        numbers = {k: v for k, v in metrics.items()
+                   if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))}
+        numeric = [Metric(k, float(v), now, step) for k, v in numbers.items()
+                   if k not in ROUND_TAGS and k not in CONSTANT_PARAMS]
+        params = []
         if "epoch" in metrics and step in self.logged[run_id]:
             numeric = []  # a retried trial reports an epoch again: MLflow keeps the first, identical report
+        elif numeric:
+            tags += [RunTag(k, _text(numbers[k])) for k in ROUND_TAGS if k in numbers]
+            params = [Param(k, _text(numbers[k])) for k in CONSTANT_PARAMS if k in numbers]  # same value each time
         if numeric or tags:
-            self.client.log_batch(run_id, metrics=numeric, tags=tags)
+            self.client.log_batch(run_id, metrics=numeric, params=params, tags=tags)
             if numeric and "epoch" in metrics:
                 self.logged[run_id].add(step)
+
+    def _epochs_logged(self, run_id: str) -> set[int]:
+        """The epochs a run already holds: up to its `epoch` tag (or, for a run logged before the
+        round counters became tags, the steps of its `epoch` metric)."""
+        last = self.client.get_run(run_id).data.tags.get("epoch")
+        if last is not None:
+            return set(range(int(float(last)) + 1))
+        return {m.step for m in self.client.get_metric_history(run_id, "epoch")}
 
     def set_tag(self, key: str, name: str, value: str) -> None:
         if key in self.children:

@@ -13,7 +13,7 @@ import pandas as pd
 import yaml
 from mlflow.tracking import MlflowClient
 
-from reports.store import open_store, search_all
+from reports.store import CONSTANT_PARAMS, ROUND_TAGS, open_store, search_all
 from trainables.errors import UserInputError
 
 BASE_COLUMNS = ["run_id", "trial_key", "cell", "phase", "seed", "outcome", "status", "error"]
@@ -107,6 +107,9 @@ def collect(tracking_uri: str, study: str, study_uid: str | None = None) -> Stud
         row.update({axis: _number(tags.get(f"ablate.{axis}", run.data.params.get(axis))) for axis in axes})
         row.update({name: _number(run.data.params.get(name)) for name in tuned})
         row.update(run.data.metrics)
+        # bookkeeping logged as tags and params (older runs have them as metrics, read above)
+        row.update({k: _number(tags[k]) for k in ROUND_TAGS if k in tags})
+        row.update({k: _number(run.data.params[k]) for k in CONSTANT_PARAMS if k in run.data.params})
         rows.append(row)
     frame = pd.DataFrame(rows, columns=BASE_COLUMNS + axes + tuned if not rows else None)
     if not frame.empty:

@@ -11,6 +11,12 @@ from mlflow.tracking import MlflowClient
 
 PAGE = 10_000
 
+# Bookkeeping a trial reports with its metrics, kept out of MLflow's charts: the round counters
+# and flags as tags (their latest value; the step of every metric is already the epoch), values
+# that never change in a trial as params (logged once).
+ROUND_TAGS = ("epoch", "round", "cycle", "best_epoch", "degenerate", "test_epoch", "test_degenerate")
+CONSTANT_PARAMS = ("params", "corpus_sentences", "pairs", "transductive")
+
 
 def open_store(uri: str) -> MlflowClient:
     """A client of the store at `uri`. MLflow creates a new SQLite store's tables (and runs its

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from mlflow.tracking import MlflowClient
 
-from orchestrator.journal import TrialRecord
+from orchestrator.journal import Outcome, TrialRecord
 from orchestrator.tracking import StudyTracker
 
 
@@ -33,6 +33,30 @@ def test_an_epoch_reported_again_is_logged_once_per_run_and_step(tmp_path):
         driver.log_epoch("c0-s0", {"epoch": epoch, "dev_spearman": 50.0 + epoch})
     history = MlflowClient(uri).get_metric_history(run_id, "dev_spearman")
     assert sorted(m.step for m in history) == [1, 2, 3]
+
+
+def test_bookkeeping_is_tagged_or_a_param_and_only_scores_are_charted(tmp_path):
+    """`epoch`, `best_epoch`, `degenerate` and the parameter count (as a metric named `params`) were
+    charted ahead of dev_spearman in MLflow's UI; the report still reads every one of them."""
+    from reports.collect import collect
+
+    uri, tracker = started(tmp_path)
+    record = TrialRecord("c0-s0", 0, "replicate", 0, {}, {"layer": 1})
+    run_id = tracker.start_trial(record, "layer=1", "ray1")
+    for epoch in (1, 2):
+        tracker.log_epoch("c0-s0", {"epoch": epoch, "dev_spearman": 50.0 + epoch, "train_loss": 1.0 / epoch,
+                                    "best_epoch": epoch, "degenerate": 0, "params": 989472,
+                                    **({"test_spearman": 49.5, "test_epoch": 2} if epoch == 2 else {})})
+    run = MlflowClient(uri).get_run(run_id)
+    assert set(run.data.metrics) == {"dev_spearman", "train_loss", "test_spearman"}
+    assert {k: run.data.tags[k] for k in ("epoch", "best_epoch", "degenerate", "test_epoch")} == {
+        "epoch": "2", "best_epoch": "2", "degenerate": "0", "test_epoch": "2"}
+    assert run.data.params["params"] == "989472"
+    record.outcome = Outcome.COMPLETED
+    tracker.finish_trial(record)
+    tracker.reconcile({}, finished=True)
+    row = collect(uri, "s").runs.iloc[0]
+    assert (row.epoch, row.best_epoch, row.degenerate, row.params, row.dev_spearman) == (2, 2, 0, 989472, 52.0)
 
 
 def test_a_trial_retried_on_another_node_names_both_and_logs_each_epoch_once(tmp_path):
