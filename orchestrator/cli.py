@@ -485,9 +485,13 @@ def runs_path(uri: str, name: str) -> str:
     browser (GenAI by default); `workflowType` in the URL opens the model-training runs table."""
     from mlflow.tracking import MlflowClient
 
+    from orchestrator.tracking import SHARED_VIEW, SHARED_VIEW_TAG
+
     experiment = MlflowClient(tracking_uri=uri).get_experiment_by_name(name)
-    return (f"#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning"
-            if experiment is not None else "")
+    if experiment is None:
+        return ""
+    view = f"&viewStateShareKey={SHARED_VIEW}" if SHARED_VIEW_TAG in experiment.tags else ""
+    return f"#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning{view}"
 
 
 @app.command()

@@ -54,6 +54,28 @@ def git_commit(folder: Path) -> str:
         return "unknown"
 
 
+SHARED_VIEW = "ablation"  # the runs page at ?viewStateShareKey=ablation opens the view below
+SHARED_VIEW_TAG = f"mlflow.sharedViewState.{SHARED_VIEW}"
+
+
+def shared_view(summary: dict) -> dict:
+    """The runs table a study's `ui` link opens (MLflow's shared view state, stored as an experiment
+    tag): the replicate runs grouped by the ablation axes (each group shows its runs' average), the
+    axes, seed, outcome, best dev and test score as columns."""
+    axes = list(summary["cells"][0])
+    metric = summary.get("metric", "dev_spearman")
+    test = "test_" + metric.removeprefix("dev_")
+    replicates = summary.get("replicate_trials", 1) != 0
+    return {"searchFilter": "tags.phase = 'replicate'" if replicates else "tags.`orchestrator.role` != 'study'",
+            "orderByKey": "attributes.start_time", "orderByAsc": False, "lifecycleFilter": "Active",
+            "selectedColumns": [*(f"tags.`ablate.{a}`" for a in axes), "tags.`seed`", "tags.`outcome`",
+                                f"metrics.`best_{metric}`", f"metrics.`{test}`"],
+            "groupBy": {"aggregateFunction": "average",
+                        "groupByKeys": [{"mode": "tag", "groupByData": f"ablate.{a}"} for a in axes]}
+            if axes else None,
+            "groupsExpanded": {}, "runListHidden": False, "viewMaximized": False}
+
+
 def _text(value: float) -> str:
     """A tag's or param's text: `3`, not `3.0`, for whole numbers."""
     return str(int(value)) if float(value).is_integer() else repr(float(value))
@@ -92,6 +114,8 @@ class StudyTracker:
     def start_parent(self, study_file: Path, plan_summary: dict, version: str, study_uid: str | None = None) -> str:
         """The study folder's parent run: created on its first launch, set RUNNING again on resume.
         Another folder's launch of the same name gets a parent of its own."""
+        if plan_summary.get("cells"):
+            self.client.set_experiment_tag(self.experiment_id, SHARED_VIEW_TAG, json.dumps(shared_view(plan_summary)))
         existing = self._parents(study_uid)
         if existing:
             self.parent_id = existing[0].info.run_id

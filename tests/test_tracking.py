@@ -171,3 +171,69 @@ def test_reconcile_closes_the_open_runs_and_tags_superseded_ones_without_reading
     assert client.get_run(runs["c0-s0"]).data.tags["outcome"] == "completed"
     assert client.get_run(runs["c0-s2"]).data.tags["orchestrator.superseded"] == "1"
     assert tracker.reconcile(records, finished=False) == {"closed": 0, "killed": 0}  # nothing open is left
+
+
+@pytest.mark.slow
+def test_the_ui_link_opens_the_ablation_grouped_and_a_child_run_in_the_model_training_view(tmp_path):
+    """In Debian's chromium, headless: the URL `ui` prints lands on the replicate runs grouped by the
+    ablation axis with the scores as columns (it landed on one collapsed parent row with no metric
+    column), and a child run's page opens in MLflow's model-training view, not the GenAI one
+    (upstream mlflow/mlflow#24498) when its URL carries `workflowType`."""
+    import shutil
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from orchestrator.cli import runs_path
+
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
+    uri, tracker = started(tmp_path)
+    tracker.start_parent(tmp_path / "study.yaml", {"cells": [{"layer": 1}, {"layer": 2}], "metric": "dev_spearman",
+                                                   "replicate_trials": 4}, "0", "uid-1")
+    for layer in (1, 2):
+        for seed in (0, 1):
+            record = TrialRecord(f"c{layer}-s{seed}", layer - 1, "replicate", seed, {}, {"layer": layer})
+            tracker.start_trial(record, f"layer={layer}", f"ray{layer}{seed}")
+            tracker.log_epoch(record.key, {"epoch": 1, "dev_spearman": 70.0 + layer, "best_dev_spearman": 70.0 + layer,
+                                           "test_spearman": 60.0 + 10 * layer + seed})
+            record.outcome = Outcome.COMPLETED
+            tracker.finish_trial(record)
+    tracker.reconcile({}, finished=True)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
+                               "--port", str(port), "--workers", "1"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+
+    def page(path: str) -> str:
+        done = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1600,1000",
+                               "--virtual-time-budget=30000", "--dump-dom", f"http://127.0.0.1:{port}/{path}"],
+                              capture_output=True, text=True, timeout=180)
+        return done.stdout
+
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None, "mlflow ui did not start"
+                time.sleep(0.5)
+        landing = page(runs_path(uri, "s"))
+        assert "viewStateShareKey=ablation" in runs_path(uri, "s")
+        for text in ("Group by: ablate.layer", "Group: 1", "Group: 2", "layer=1 · seed 0", "layer=2 · seed 1",
+                     "best_dev_spearman", "test_spearman"):
+            assert text in landing, text
+        child = tracker.children["c2-s1"]
+        run_page = page(f"#/experiments/{tracker.experiment_id}/runs/{child}?workflowType=machine_learning")
+        assert "layer=2 · seed 1" in run_page and "Evaluation runs" not in run_page
+        assert "Evaluation runs" in page(f"#/experiments/{tracker.experiment_id}/runs/{child}")  # the flip, upstream
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
