@@ -1,0 +1,232 @@
+"""The first GPU's numbers, ready before it arrives: our `finetune` against sentence-transformers on
+one device, then several trials packed on it through the orchestrator.
+
+1. Side by side, per model and batch size: one epoch over the first `--pairs` STS-B train pairs,
+   ours at precision `auto` and `fp32` against sentence-transformers' trainer at fp32 and (where
+   bf16 is fast) `bf16=True`, each timed from the same start (data in memory, no model loaded,
+   nothing tokenized) to the same end (the epoch done, the device synchronized); then encoding the
+   test sentences (ours: the evaluator's embedder; theirs: `encode`, fp32 and a bf16 model).
+2. Packing: `orchestrator launch` of a study of K replicate trials (K = 1, 2, 4, 8), each asking for
+   1/K of the device (`resources.gpu`, or 1/K of the CPUs on a CPU) with K trials at a time: the
+   aggregate train samples/s from the study's start to its end, and the device's mean utilization
+   while it ran (NVML through torch; "n/a" on a CPU or without NVML).
+
+It runs end to end on a CPU (`--device cpu`, the slow tests use a tiny model) so that it works the
+day a GPU appears:
+
+    python benchmarks/gpu.py --data-dir ../shared/data                      # CUDA, MiniLM and MPNet
+    python benchmarks/gpu.py --data-dir ../shared/data --device cpu --models minilm --pairs 256 --packing 1,2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from orchestrator.cli import quiet_libraries
+from trainables.batching import TokenCache, forget_shared_tokens
+from trainables.data import load_task
+from trainables.evaluation import Embedder
+from trainables.kinds import get_kind
+from trainables.models import build_sentence_encoder, encoder_depth, load_config, load_tokenizer, resolve_model_path
+from trainables.runtime import bf16_is_fast, resolve_precision
+
+MODELS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "mpnet": "sentence-transformers/all-mpnet-base-v2"}
+LR, WARMUP, MAX_LENGTH = 2e-5, 0.1, 128
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def peer_epoch(model_name: str, train, batch: int, device: str, bf16: bool) -> float:
+    """Train pairs/s of SentenceTransformerTrainer (CosineSimilarityLoss, as our cosine_mse)."""
+    from datasets import Dataset
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
+    from sentence_transformers.losses import CosineSimilarityLoss
+
+    with tempfile.TemporaryDirectory() as out:
+        started = time.perf_counter()
+        model = SentenceTransformer(resolve_model_path(model_name), device=device)
+        model.max_seq_length = MAX_LENGTH
+        args = SentenceTransformerTrainingArguments(
+            output_dir=out, num_train_epochs=1, per_device_train_batch_size=batch, learning_rate=LR,
+            warmup_ratio=WARMUP, save_strategy="no", report_to="none", disable_tqdm=True, seed=0,
+            use_cpu=device == "cpu", logging_strategy="no", bf16=bf16)
+        trainer = SentenceTransformerTrainer(model=model, args=args, loss=CosineSimilarityLoss(model),
+                                             train_dataset=Dataset.from_pandas(train[["sentence1", "sentence2",
+                                                                                      "score"]]))
+        trainer.train()
+        synchronize(device)
+        return len(train) / (time.perf_counter() - started)
+
+
+def our_epoch(model_name: str, data_dir: str | None, pairs: int, batch: int, device: str, precision: str) -> float:
+    """Train pairs/s of the `finetune` kind at the model's full depth."""
+    from trainables.loop import seed_round
+    from trainables.runtime import prepare
+
+    kind = get_kind("finetune")
+    cfg = kind.parse({"model": model_name, "task": "stsb", "layer": encoder_depth(load_config(model_name)),
+                      "epochs": 1, "lr": LR, "batch_size": batch, "warmup_ratio": WARMUP, "loss": "cosine_mse",
+                      "precision": precision, "data_dir": data_dir, "device": device,
+                      "max_train_samples": pairs, "max_seq_length": MAX_LENGTH})
+    resolved, dtype = prepare(cfg.device, cfg.precision, cfg.num_threads)
+    seed_round(0, 0)
+    forget_shared_tokens()
+    started = time.perf_counter()
+    learner = kind.build(cfg, resolved, dtype)
+    seed_round(0, 1)
+    learner.train_round(1)
+    synchronize(device)
+    return len(learner.lengths) / (time.perf_counter() - started)
+
+
+def peer_encode(model_name: str, sentences: list[str], batch: int, device: str, bf16: bool) -> float:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(resolve_model_path(model_name), device=device)
+    if bf16:
+        model = model.to(torch.bfloat16)
+    model.max_seq_length = MAX_LENGTH
+    model.encode(sentences[:64], batch_size=batch)
+    synchronize(device)
+    started = time.perf_counter()
+    model.encode(sentences, batch_size=batch)
+    synchronize(device)
+    return len(sentences) / (time.perf_counter() - started)
+
+
+def our_encode(model_name: str, sentences: list[str], device: str, precision: str) -> float:
+    resolved = torch.device(device)
+    embed = Embedder(build_sentence_encoder(model_name).to(resolved).eval(),
+                     TokenCache(load_tokenizer(model_name), MAX_LENGTH), resolved,
+                     resolve_precision(precision, resolved))
+    embed(sentences[:64])
+    forget_shared_tokens()
+    embed.tokens = TokenCache(load_tokenizer(model_name), MAX_LENGTH)  # tokenization is part of the time
+    synchronize(device)
+    started = time.perf_counter()
+    embed(sentences)
+    synchronize(device)
+    return len(sentences) / (time.perf_counter() - started)
+
+
+class Utilization:
+    """Mean GPU utilization (%) sampled every 0.5 s while the block runs; None without NVML."""
+
+    def __init__(self, device: str):
+        self.samples: list[float] = []
+        self.enabled = device.startswith("cuda")
+        if self.enabled:
+            try:
+                torch.cuda.utilization()
+            except Exception:  # noqa: BLE001 (no pynvml / NVML: said as n/a)
+                self.enabled = False
+        self.stop = threading.Event()
+
+    def _sample(self) -> None:
+        while not self.stop.wait(0.5):
+            self.samples.append(float(torch.cuda.utilization()))
+
+    def __enter__(self):
+        if self.enabled:
+            self.thread = threading.Thread(target=self._sample, daemon=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        if self.enabled:
+            self.thread.join()
+
+    @property
+    def mean(self) -> float | None:
+        return sum(self.samples) / len(self.samples) if self.samples else None
+
+
+def packed(model_name: str, data_dir: str, pairs: int, batch: int, device: str, k: int, folder: Path) -> tuple:
+    """(aggregate train pairs/s, mean utilization) of K one-epoch trials launched as one study, K at
+    a time, each asking for 1/K of the device."""
+    from orchestrator.launch import launch
+
+    cpus = os.cpu_count() or 1
+    on_gpu = device.startswith("cuda")
+    name = f"pack{k}"
+    study = folder / f"{name}.yaml"
+    study.write_text(yaml.safe_dump({
+        "name": name, "trainable": "finetune", "task": "stsb", "model": model_name,
+        "ablate": {"layer": [encoder_depth(load_config(model_name))]}, "replicate": {"seeds": list(range(k))},
+        "train": {"epochs": 1, "batch_size": batch, "max_seq_length": MAX_LENGTH},  # device: from resources
+        "data": {"max_train_samples": pairs, "max_eval_samples": 64}, "data_dir": data_dir,
+        "resources": {"cpu": max(1.0, cpus // k) if on_gpu else cpus / k, "gpu": 1 / k if on_gpu else 0},
+        "max_concurrent": k, "tracking": {"mlflow_uri": f"sqlite:///{folder / 'mlflow.db'}"}}))
+    with Utilization(device) as use:
+        started = time.perf_counter()
+        result = launch(study, storage=folder / "studies", progress=False)
+        seconds = time.perf_counter() - started
+    if result.counts.get("completed", 0) != k:
+        raise RuntimeError(f"packing {k}: {result.counts}")
+    return k * pairs / seconds, use.mean
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--models", default="minilm,mpnet", help="minilm, mpnet, or model folders, comma-separated")
+    parser.add_argument("--batches", default="32,128")
+    parser.add_argument("--pairs", type=int, default=5749, help="train pairs per epoch (STS-B train has 5,749)")
+    parser.add_argument("--packing", default="1,2,4,8")
+    args = parser.parse_args(argv)
+    quiet_libraries()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here; use --device cpu to check the benchmark runs")
+    device = torch.device(args.device)
+    fast_bf16 = bf16_is_fast(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(f"device {name}; torch {torch.__version__}; bf16 fast: {fast_bf16}; {args.pairs} train pairs per epoch")
+    data = load_task("stsb", data_folder=args.data_dir)
+    train = data.train.head(args.pairs)
+    sentences = list(data.test.sentence1) + list(data.test.sentence2)
+    batches = [int(b) for b in args.batches.split(",")]
+    for key in args.models.split(","):
+        model = MODELS.get(key, key)
+        for batch in batches:
+            ours = {p: our_epoch(model, args.data_dir, args.pairs, batch, args.device, p) for p in ("auto", "fp32")}
+            theirs = {"ST fp32": peer_epoch(model, train, batch, args.device, False)}
+            enc_ours = {p: our_encode(model, sentences, args.device, p) for p in ("auto", "fp32")}
+            enc_theirs = {"ST fp32": peer_encode(model, sentences, batch, args.device, False)}
+            if fast_bf16:
+                theirs["ST bf16"] = peer_epoch(model, train, batch, args.device, True)
+                enc_theirs["ST bf16"] = peer_encode(model, sentences, batch, args.device, True)
+            best, best_enc = max(theirs.values()), max(enc_theirs.values())
+            label = f"{Path(model).name} batch {batch}"
+            print(f"{label}: train pairs/s " + " · ".join(f"{n} {v:.1f}" for n, v in theirs.items())
+                  + " · " + " · ".join(f"ours {p} {v:.1f}" for p, v in ours.items())
+                  + f" · ours/best peer {max(ours.values()) / best:.2f}x")
+            print(f"{label}: encode sentences/s " + " · ".join(f"{n} {v:.1f}" for n, v in enc_theirs.items())
+                  + " · " + " · ".join(f"ours {p} {v:.1f}" for p, v in enc_ours.items())
+                  + f" · ours/best peer {max(enc_ours.values()) / best_enc:.2f}x")
+        with tempfile.TemporaryDirectory(prefix="gpu-pack-") as scratch:
+            for k in (int(v) for v in args.packing.split(",")):
+                rate, use = packed(model, args.data_dir, args.pairs, batches[0], args.device, k, Path(scratch))
+                shown = f"{use:.0f} %" if use is not None else "n/a"
+                print(f"{Path(model).name} packing {k} trial{'s' if k > 1 else ''} on one device "
+                      f"(batch {batches[0]}): aggregate {rate:.1f} train pairs/s, device utilization {shown}")
+
+
+if __name__ == "__main__":
+    main()

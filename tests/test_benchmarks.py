@@ -1,0 +1,48 @@
+"""The benchmarks that must work before their hardware exists."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+GPU = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py"
+
+
+def run_gpu_benchmark(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(GPU), *args], cwd=cwd, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def test_the_gpu_benchmark_without_cuda_says_how_to_run_it_on_the_cpu(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here")
+    done = run_gpu_benchmark("--device", "cuda", cwd=tmp_path)
+    assert done.returncode == 2 and "no CUDA device here; use --device cpu" in done.stderr
+
+
+@pytest.mark.slow
+def test_the_gpu_benchmark_runs_end_to_end_on_the_cpu(tiny_bert, synthetic_data_dir, tmp_path):
+    """benchmarks/gpu.py with --device cpu: both sides of the training and encoding comparison, then
+    1 and 2 trials packed on the device through `orchestrator launch`, every figure a number."""
+    done = run_gpu_benchmark("--data-dir", str(synthetic_data_dir), "--device", "cpu", "--models", tiny_bert,
+                             "--batches", "16", "--pairs", "48", "--packing", "1,2", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    name = Path(tiny_bert).name
+    train = next(line for line in lines if line.startswith(f"{name} batch 16: train pairs/s"))
+    encode = next(line for line in lines if line.startswith(f"{name} batch 16: encode sentences/s"))
+    for line in (train, encode):
+        figures = dict(re.findall(r"(ST fp32|ST bf16|ours auto|ours fp32) ([0-9.]+)", line))
+        assert {"ST fp32", "ours auto", "ours fp32"} <= set(figures) and all(float(v) > 0 for v in figures.values())
+        assert re.search(r"ours/best peer [0-9.]+x$", line)
+    for k in (1, 2):
+        packed = next(line for line in lines if line.startswith(f"{name} packing {k} trial"))
+        assert float(re.search(r"aggregate ([0-9.]+) train pairs/s", packed).group(1)) > 0
+        assert packed.endswith("device utilization n/a")
