@@ -194,10 +194,10 @@ class StudyTracker:
             if numeric and "epoch" in metrics:
                 self.logged[run_id].add(step)
 
-    def _epochs_logged(self, run_id: str) -> set[int]:
+    def _epochs_logged(self, run_id: str, run=None) -> set[int]:
         """The epochs a run already holds: up to its `epoch` tag (or, for a run logged before the
         round counters became tags, the steps of its `epoch` metric)."""
-        last = self.client.get_run(run_id).data.tags.get("epoch")
+        last = (run or self.client.get_run(run_id)).data.tags.get("epoch")
         if last is not None:
             return set(range(int(float(last)) + 1))
         return {m.step for m in self.client.get_metric_history(run_id, "epoch")}
@@ -281,7 +281,7 @@ class StudyTracker:
                 counts["filled"] += self.fill_identity(run.info.run_id, record,
                                                        cell_keys.get(record.cell, str(record.cell)),
                                                        run.data.params, run.data.tags)
-                logged = {m.step for m in self.client.get_metric_history(run.info.run_id, "epoch")}
+                logged = self._epochs_logged(run.info.run_id, run)
             for result in record.results:
                 if "epoch" in result and int(result["epoch"]) not in logged:
                     self.log_epoch(key, result)
