@@ -19,7 +19,7 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 
 from orchestrator.config import flatten
 from orchestrator.journal import Outcome, TrialRecord, remove_checkpoint
-from reports.store import CONSTANT_PARAMS, ROUND_TAGS, open_store, search_all
+from reports.store import BOOKKEEPING_TAGS, CONSTANT_PARAMS, open_store, search_all
 from trainables.checkpoints import ARTIFACTS
 
 log = logging.getLogger("orchestrator.tracking")
@@ -182,12 +182,12 @@ class StudyTracker:
         numbers = {k: v for k, v in metrics.items()
                    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))}
         numeric = [Metric(k, float(v), now, step) for k, v in numbers.items()
-                   if k not in ROUND_TAGS and k not in CONSTANT_PARAMS]
+                   if k not in BOOKKEEPING_TAGS and k not in CONSTANT_PARAMS]
         params = []
         if "epoch" in metrics and step in self.logged[run_id]:
             numeric = []  # a retried trial reports an epoch again: MLflow keeps the first, identical report
         elif numeric:
-            tags += [RunTag(k, _text(numbers[k])) for k in ROUND_TAGS if k in numbers]
+            tags += [RunTag(k, _text(numbers[k])) for k in BOOKKEEPING_TAGS if k in numbers]
             params = [Param(k, _text(numbers[k])) for k in CONSTANT_PARAMS if k in numbers]  # same value each time
         if numeric or tags:
             self.client.log_batch(run_id, metrics=numeric, params=params, tags=tags)

@@ -13,7 +13,7 @@ import pandas as pd
 import yaml
 from mlflow.tracking import MlflowClient
 
-from reports.store import CONSTANT_PARAMS, ROUND_TAGS, open_store, search_all
+from reports.store import BOOKKEEPING_TAGS, CONSTANT_PARAMS, open_store, search_all
 from trainables.errors import UserInputError
 
 BASE_COLUMNS = ["run_id", "trial_key", "cell", "phase", "seed", "outcome", "status", "error"]
@@ -108,7 +108,7 @@ def collect(tracking_uri: str, study: str, study_uid: str | None = None) -> Stud
         row.update({name: _number(run.data.params.get(name)) for name in tuned})
         row.update(run.data.metrics)
         # bookkeeping logged as tags and params (older runs have them as metrics, read above)
-        row.update({k: _number(tags[k]) for k in ROUND_TAGS if k in tags})
+        row.update({k: _number(tags[k]) for k in BOOKKEEPING_TAGS if k in tags})
         row.update({k: _number(run.data.params[k]) for k in CONSTANT_PARAMS if k in run.data.params})
         rows.append(row)
     frame = pd.DataFrame(rows, columns=BASE_COLUMNS + axes + tuned if not rows else None)

@@ -11,11 +11,13 @@ from mlflow.tracking import MlflowClient
 
 PAGE = 10_000
 
-# Bookkeeping a trial reports with its metrics, kept out of MLflow's charts: the round counters
-# and flags as tags (their latest value; the step of every metric is already the epoch), values
-# that never change in a trial as params (logged once).
-ROUND_TAGS = ("epoch", "round", "cycle", "best_epoch", "degenerate", "test_epoch", "test_degenerate")
-CONSTANT_PARAMS = ("params", "corpus_sentences", "pairs", "transductive")
+# Bookkeeping a trial reports with its metrics, kept out of MLflow's charts: the round counters,
+# flags and counts as tags (their latest value; the step of every metric is already the epoch; a
+# tag, not a param, where a config field has the same name: distill's `pairs` is "task" as a param),
+# the parameter count as the param `params` (the same value at every report).
+BOOKKEEPING_TAGS = ("epoch", "round", "cycle", "best_epoch", "degenerate", "test_epoch", "test_degenerate",
+                    "corpus_sentences", "pairs", "transductive")
+CONSTANT_PARAMS = ("params",)
 
 
 def open_store(uri: str) -> MlflowClient:

@@ -403,7 +403,9 @@ def test_studies_that_used_to_crash_the_report_launch_report_and_verify(case, ti
                                    "cross_batch_size": 16, "bi_max_seq_length": 16, "cross_max_seq_length": 32},
                             data={"max_train_samples": 48, "max_eval_samples": 40}, report={"columns": "mode"})
     else:
-        study = write_study(tmp_path, tiny_bert, data_dir, ablate={"layer": [0, 1], "pooling": ["cls"]},
+        # layer 0 CLS: one vector for every sentence; layer 0 mean pooling scores (a random tiny BERT's CLS is
+        # collapsed at every layer, so mean pooling is the cell that is not degenerate)
+        study = write_study(tmp_path, tiny_bert, data_dir, ablate={"layer": [0], "pooling": ["cls", "mean"]},
                             tune={"params": {"lr": {"loguniform": [1e-5, 1e-4]}}, "trials": 2, "startup_trials": 1},
                             replicate={"seeds": [0]}, train={"epochs": 1, "batch_size": 16, "max_seq_length": 16},
                             data={"max_train_samples": 48, "max_eval_samples": 40})

@@ -13,9 +13,8 @@ import numpy as np
 import torch
 
 from trainables.errors import one_of
+from trainables.names import EVAL_PRECISIONS, PRECISIONS
 
-PRECISIONS = ("auto", "fp32", "bf16")
-EVAL_PRECISIONS = ("fp32", "same")
 DEVICES = ("auto", "cpu", "cuda")
 
 

@@ -98,7 +98,7 @@ class TrainableKind(ABC):
         """Names inside the config that must come from a closed registry (`names`: poolings,
         losses, modes, ...); kinds add checks that need more than one field."""
         from trainables.errors import one_of
-        from trainables.runtime import EVAL_PRECISIONS, PRECISIONS
+        from trainables.names import EVAL_PRECISIONS, PRECISIONS
 
         common = {"precision": PRECISIONS, "eval_precision": EVAL_PRECISIONS}
         for field, valid in {**{k: v for k, v in common.items() if hasattr(cfg, k)}, **self.names}.items():
