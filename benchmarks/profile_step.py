@@ -3,14 +3,16 @@ measured matmul peak.
 
 1. The peak: square matmuls (1024^2, 2048^2 and 4096^2 by default) in bf16 and fp32 on this machine's
    threads, the best of several runs, in GFLOP/s.
-2. One `finetune` epoch's steps at k=6 (all-MiniLM-L6-v2, STS-B train batches of 32 pairs in our
-   length-grouped order, bf16 autocast where fast): the FLOPs of a step counted by torch's
-   FlopCounterMode (forward and backward), the measured step time, so the achieved GFLOP/s and the
-   fraction of the peak; and torch.profiler's split of the step (batching, forward, backward,
-   optimizer) with the top operators.
+2. One `finetune` epoch's steps at the model's full depth (`--model minilm`: all-MiniLM-L6-v2, k=6;
+   `--model mpnet`: all-mpnet-base-v2, k=12; STS-B train batches of 32 pairs in our length-grouped
+   order, bf16 autocast where fast): the FLOPs of a step counted by torch's FlopCounterMode
+   (forward and backward, on the eager model), the measured step time, so the achieved GFLOP/s and
+   the fraction of the peak; and torch.profiler's split of the step (batching, forward, backward,
+   optimizer) with the top operators. `--compile` times the step with the encoder under
+   `torch.compile(dynamic=True)` (inductor), the compile time printed apart.
 3. The same for the evaluator's encoding of STS-B test (no gradients).
 
-    python benchmarks/profile_step.py --data-dir ../shared/data
+    python benchmarks/profile_step.py --data-dir ../shared/data [--model mpnet] [--compile]
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ from transformers import get_linear_schedule_with_warmup
 from trainables.batching import EVAL_TOKENS_PER_CHUNK, TokenCache, encode_tokens
 from trainables.bi_encoder import build_optimizer, epoch_batches, pair_lengths, train_step
 from trainables.data import load_task
-from trainables.models import build_sentence_encoder, load_tokenizer
+from trainables.models import build_sentence_encoder, encoder_depth, load_config, load_tokenizer
 from trainables.objectives import CosineMSELoss
 from trainables.runtime import autocast, resolve_precision
 
-MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+MODELS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "mpnet": "sentence-transformers/all-mpnet-base-v2"}
 
 
 def matmul_peak(dtype: torch.dtype, m: int, k: int | None = None, n: int | None = None, repeats: int = 5) -> float:
@@ -52,7 +54,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--matmul", type=int, nargs="+", default=[1024, 2048, 4096])
+    parser.add_argument("--model", default="minilm", help="minilm, mpnet or a model folder")
+    parser.add_argument("--compile", action="store_true", help="time the step with torch.compile'd encoder")
     args = parser.parse_args()
+    name = MODELS.get(args.model, args.model)
+    config = load_config(name)
+    depth, hidden, inner = encoder_depth(config), config.hidden_size, config.intermediate_size
     torch.set_num_threads(args.threads)
     device = torch.device("cpu")
     dtype = resolve_precision("auto", device)
@@ -60,16 +67,16 @@ def main() -> None:
     peaks = {name: max(matmul_peak(d, n) for n in args.matmul) for name, d in (("bf16", torch.bfloat16),
                                                                                ("fp32", torch.float32))}
     peak = peaks["bf16" if dtype == torch.bfloat16 else "fp32"]
-    # what a matmul of the model's own shape reaches: ~1,000 tokens through MiniLM's feed-forward (384 -> 1536)
-    shaped = max(matmul_peak(dtype, 1024, 384, 1536), matmul_peak(dtype, 1024, 1536, 384))
+    # what a matmul of the model's own shape reaches: ~1,000 tokens through its feed-forward (e.g. 384 -> 1536)
+    shaped = max(matmul_peak(dtype, 1024, hidden, inner), matmul_peak(dtype, 1024, inner, hidden))
     print(f"torch {torch.__version__}, {args.threads} threads, precision auto -> {str(dtype).split('.')[-1]}; "
           f"matmul peak (best of {', '.join(f'{n}^2' for n in args.matmul)}): bf16 {peaks['bf16']:.0f} "
-          f"GFLOP/s, fp32 {peaks['fp32']:.0f} GFLOP/s; at the model's feed-forward shape (1024 tokens, 384 <-> 1536) "
-          f"{shaped:.0f} GFLOP/s")
+          f"GFLOP/s, fp32 {peaks['fp32']:.0f} GFLOP/s; at the model's feed-forward shape (1024 tokens, {hidden} <-> "
+          f"{inner}) {shaped:.0f} GFLOP/s")
 
     data = load_task("stsb", None, args.data_dir)
-    model = build_sentence_encoder(MODEL, 6, "mean", seed=0).to(device)
-    tokens = TokenCache(load_tokenizer(MODEL), 128)
+    model = build_sentence_encoder(name, depth, "mean", seed=0).to(device)
+    tokens = TokenCache(load_tokenizer(name), 128)
     first, second = list(data.train.sentence1), list(data.train.sentence2)
     tokens.add(first + second)
     targets = torch.as_tensor(data.train.score.to_numpy().copy(), dtype=torch.float32)
@@ -81,9 +88,11 @@ def main() -> None:
     def batch(rows):
         return [tokens[first[i]] for i in rows] + [tokens[second[i]] for i in rows], targets[rows]
 
+    runner = {"model": model}  # the eager encoder counts the FLOPs; the timed one may be compiled
+
     def step(rows):
         ids, y = batch(rows)
-        return train_step(model, loss_fn, optimizer, scheduler, ids, y, tokens.pad_id, device, dtype, 1.0)
+        return train_step(runner["model"], loss_fn, optimizer, scheduler, ids, y, tokens.pad_id, device, dtype, 1.0)
 
     model.train()
     for rows in batches[:2]:  # warm-up: allocator, oneDNN kernels
@@ -95,13 +104,22 @@ def main() -> None:
         with counter:
             step(rows)
         flops += counter.get_total_flops()
+    if args.compile:
+        runner["model"] = torch.compile(model, dynamic=True)
+        started = time.perf_counter()
+        for rows in steps:  # one pass of the epoch's shapes: what a trial pays once per worker
+            step(rows)
+        print(f"torch.compile (inductor, dynamic shapes): {time.perf_counter() - started:.1f} s for the first "
+              f"{len(steps)} steps (compilation included)")
     started = time.perf_counter()
     for rows in steps:
         step(rows)
     seconds = time.perf_counter() - started
     n_tokens = sum(len(tokens[first[i]]) + len(tokens[second[i]]) for rows in steps for i in rows)
     achieved = flops / seconds / 1e9
-    print(f"\ntraining step (k=6, 32 pairs, {n_tokens / len(steps):.0f} real tokens per step): "
+    mode = "compiled" if args.compile else "eager"
+    print(f"\ntraining step ({name.split('/')[-1]}, k={depth}, {mode}, 32 pairs, "
+          f"{n_tokens / len(steps):.0f} real tokens per step): "
           f"{1000 * seconds / len(steps):.1f} ms, {flops / len(steps) / 1e9:.2f} GFLOP counted (fwd + bwd) -> "
           f"{achieved:.0f} GFLOP/s = {100 * achieved / peak:.0f} % of the matmul peak, "
           f"{100 * achieved / shaped:.0f} % of the model-shaped matmul")
@@ -112,7 +130,7 @@ def main() -> None:
                 ids, y = batch(rows)
                 half = len(ids) // 2
             with record_function("2 forward (padding per chunk included)"), autocast(device, dtype):
-                vectors = encode_tokens(model, ids, tokens.pad_id, device).float()
+                vectors = encode_tokens(runner["model"], ids, tokens.pad_id, device).float()
                 loss = loss_fn(vectors[:half], vectors[half:], y)
             with record_function("3 backward"):
                 loss.backward()
@@ -135,8 +153,9 @@ def main() -> None:
         counter = FlopCounterMode(display=False)
         with counter:
             encode_tokens(model, ids, tokens.pad_id, device, EVAL_TOKENS_PER_CHUNK)
+        encode_tokens(runner["model"], ids, tokens.pad_id, device, EVAL_TOKENS_PER_CHUNK)  # compiles, if compiled
         started = time.perf_counter()
-        encode_tokens(model, ids, tokens.pad_id, device, EVAL_TOKENS_PER_CHUNK)
+        encode_tokens(runner["model"], ids, tokens.pad_id, device, EVAL_TOKENS_PER_CHUNK)
         seconds = time.perf_counter() - started
     achieved = counter.get_total_flops() / seconds / 1e9
     print(f"\nevaluation (STS-B test, {len(test)} distinct sentences): {len(test) / seconds:.0f} sentences/s, "
