@@ -110,8 +110,7 @@ class ContrastiveLearner(Learner):
         batch_size = min(cfg.batch_size, len(sentences))
         self.batches = step_batches(len(sentences), batch_size, cfg.seed, cfg.steps)
         self.optimizer = build_optimizer(list(self.model.named_parameters()), cfg.lr, cfg.weight_decay)
-        self.scheduler = linear_schedule(self.optimizer, round(cfg.warmup_ratio * cfg.steps),
-                                                         cfg.steps)
+        self.scheduler = linear_schedule(self.optimizer, round(cfg.warmup_ratio * cfg.steps), cfg.steps)
         self.test_frame = self.data.test
         self.info = {"params": count_parameters(self.model.sentence_encoder), "corpus_sentences": len(sentences),
                      "transductive": int(cfg.transductive)}
