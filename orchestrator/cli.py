@@ -401,9 +401,16 @@ def ui(name: str, storage: str | None = STORAGE, port: int = typer.Option(5000, 
     if not uri.startswith("sqlite"):
         typer.echo(f"the study is tracked on {uri}: open {uri.rstrip('/')}/{experiment}")
         return
+    from orchestrator.ui_proxy import start_proxy
+
     chosen = free_port(port)
-    serve([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port",
-           str(chosen), "--workers", "1"], chosen, experiment, f"MLflow UI for {name}")
+    upstream = system_port()  # MLflow itself, behind the proxy that opens runs in the model-training view
+    proxy = start_proxy(chosen, upstream)
+    try:
+        serve([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port",
+               str(upstream), "--workers", "1"], chosen, experiment, f"MLflow UI for {name}")
+    finally:
+        proxy.shutdown()
 
 
 def own_command(command: str) -> str | None:
@@ -423,11 +430,18 @@ def free_port(asked: int) -> int:
             return asked
         except OSError:
             pass
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        chosen = probe.getsockname()[1]
+    chosen = system_port()
     typer.echo(f"port {asked} is busy: using {chosen}", err=True)
     return chosen
+
+
+def system_port() -> int:
+    """A port nothing listens on now, picked by the system."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def serve(command: list[str], port: int, path: str, what: str, start_timeout_s: float = 120.0) -> None:

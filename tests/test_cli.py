@@ -139,3 +139,73 @@ def test_optuna_dashboard_serves_at_the_url_it_prints_while_another_ui_holds_the
             ui.send_signal(signal.SIGINT)
             ui.wait(timeout=90)  # it stops its server (10 s at most, then a kill); a loaded CI machine is slow
         assert f"port {taken} is busy" in ui.stderr.read()
+
+
+def test_the_ui_proxy_passes_everything_through_and_sets_the_model_training_mode_in_pages():
+    """`orchestrator ui` serves MLflow through a proxy: pages get one script that sets MLflow's mode
+    to model training unless the browser chose one; requests, bodies and statuses pass unchanged."""
+    import http.server
+    import json
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from orchestrator.cli import system_port
+    from orchestrator.ui_proxy import MODE_KEY, start_proxy
+
+    seen = []
+
+    class Upstream(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/missing":
+                self.send_error(404)
+                return
+            page = b'<!doctype html><html lang="en"><head><meta charset="utf-8"/></head><body>app</body></html>'
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append((self.path, body, self.headers.get("Origin")))
+            answer = json.dumps({"runs": [], "echo": json.loads(body)}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args):
+            pass
+
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", system_port()), Upstream)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    port = system_port()
+    proxy = start_proxy(port, upstream.server_address[1])
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/") as page:
+            html = page.read().decode()
+        assert html.startswith(f'<!doctype html><html lang="en"><head><script>try{{if(!localStorage.getItem('
+                               f'"{MODE_KEY}"))')
+        assert html.endswith('</script><meta charset="utf-8"/></head><body>app</body></html>')
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/runs/search",
+                                         data=b'{"max_results": 3}', method="POST",
+                                         headers={"Content-Type": "application/json", "Origin": f"http://127.0.0.1:{port}"})
+        with urllib.request.urlopen(request) as answer:
+            assert json.loads(answer.read()) == {"runs": [], "echo": {"max_results": 3}}
+        assert seen == [("/ajax-api/2.0/mlflow/runs/search", b'{"max_results": 3}', None)]  # no foreign origin
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/missing")
+        assert missing.value.code == 404
+    finally:
+        proxy.shutdown()
+        upstream.shutdown()
+    down = start_proxy(system_port(), system_port())  # nothing upstream: 502, not a hang
+    try:
+        with pytest.raises(urllib.error.HTTPError) as bad:
+            urllib.request.urlopen(f"http://127.0.0.1:{down.server_address[1]}/", timeout=10)
+        assert bad.value.code == 502
+    finally:
+        down.shutdown()

@@ -178,7 +178,8 @@ def test_the_ui_link_opens_the_ablation_grouped_and_a_child_run_in_the_model_tra
     """In Debian's chromium, headless: the URL `ui` prints lands on the replicate runs grouped by the
     ablation axis with the scores as columns (it landed on one collapsed parent row with no metric
     column), and a child run's page opens in MLflow's model-training view, not the GenAI one
-    (upstream mlflow/mlflow#24498) when its URL carries `workflowType`."""
+    (upstream mlflow/mlflow#24498): with `workflowType` in its URL, and through `ui`'s proxy with the
+    plain URL a click in the runs table opens."""
     import shutil
     import socket
     import subprocess
@@ -186,7 +187,8 @@ def test_the_ui_link_opens_the_ablation_grouped_and_a_child_run_in_the_model_tra
     import time
     import urllib.request
 
-    from orchestrator.cli import runs_path
+    from orchestrator.cli import runs_path, system_port
+    from orchestrator.ui_proxy import start_proxy
 
     chromium = shutil.which("chromium")
     if chromium is None:
@@ -210,9 +212,9 @@ def test_the_ui_link_opens_the_ablation_grouped_and_a_child_run_in_the_model_tra
                                "--port", str(port), "--workers", "1"], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
 
-    def page(path: str) -> str:
+    def page(path: str, at: int = port) -> str:
         done = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1600,1000",
-                               "--virtual-time-budget=30000", "--dump-dom", f"http://127.0.0.1:{port}/{path}"],
+                               "--virtual-time-budget=30000", "--dump-dom", f"http://127.0.0.1:{at}/{path}"],
                               capture_output=True, text=True, timeout=180)
         return done.stdout
 
@@ -233,7 +235,14 @@ def test_the_ui_link_opens_the_ablation_grouped_and_a_child_run_in_the_model_tra
         child = tracker.children["c2-s1"]
         run_page = page(f"#/experiments/{tracker.experiment_id}/runs/{child}?workflowType=machine_learning")
         assert "layer=2 · seed 1" in run_page and "Evaluation runs" not in run_page
-        assert "Evaluation runs" in page(f"#/experiments/{tracker.experiment_id}/runs/{child}")  # the flip, upstream
+        plain = f"#/experiments/{tracker.experiment_id}/runs/{child}"  # what a click in the runs table opens
+        assert "Evaluation runs" in page(plain)  # the flip, upstream: the mode lives in the browser's localStorage
+        proxy = start_proxy(system_port(), port)  # what `orchestrator ui` serves: the mode set in the page's head
+        try:
+            through = page(plain, proxy.server_address[1])
+            assert "layer=2 · seed 1" in through and "Evaluation runs" not in through
+        finally:
+            proxy.shutdown()
     finally:
         server.terminate()
         server.wait(timeout=30)
