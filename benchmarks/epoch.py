@@ -25,16 +25,23 @@ from trainables.batching import TokenCache, forget_shared_tokens
 from trainables.data import load_task
 from trainables.evaluation import Embedder
 from trainables.kinds import get_kind
-from trainables.models import build_sentence_encoder, load_tokenizer, resolve_model_path
+from trainables.models import build_sentence_encoder, encoder_depth, load_config, load_tokenizer, resolve_model_path
 from trainables.runtime import bf16_is_fast, resolve_precision
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 LR, BATCH, WARMUP = 2e-5, 32, 0.1
 
 
-def sentence_transformers_epoch(train, test, bf16: bool = False) -> tuple[float, float, float]:
-    """(samples/s from model load to the epoch's end, test Spearman before, after) of
-    SentenceTransformerTrainer."""
+def synchronize(device: str) -> None:
+    """The device's queued work done, so that a clock stopped now measures it (a no-op on the CPU)."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def sentence_transformers_epoch(train, test, bf16: bool = False, model_name: str = MODEL, device: str = "cpu",
+                                batch: int = BATCH, score: bool = True) -> tuple[float, float | None, float | None]:
+    """(samples/s from model load to the epoch's end, test Spearman before, after; None without
+    `score`) of SentenceTransformerTrainer."""
     from datasets import Dataset
     from sentence_transformers import (
         SentenceTransformer,
@@ -45,68 +52,84 @@ def sentence_transformers_epoch(train, test, bf16: bool = False) -> tuple[float,
     from sentence_transformers.losses import CosineSimilarityLoss
 
     evaluator = EmbeddingSimilarityEvaluator(list(test.sentence1), list(test.sentence2), list(test.score))
-    before = 100 * evaluator(SentenceTransformer(resolve_model_path(MODEL), device="cpu"))["spearman_cosine"]
+    before = (100 * evaluator(SentenceTransformer(resolve_model_path(model_name), device=device))["spearman_cosine"]
+              if score else None)
     with tempfile.TemporaryDirectory() as out:
         started = time.perf_counter()  # the data in memory, no model loaded, nothing tokenized
-        model = SentenceTransformer(resolve_model_path(MODEL), device="cpu")
+        model = SentenceTransformer(resolve_model_path(model_name), device=device)
         model.max_seq_length = 128
         args = SentenceTransformerTrainingArguments(
-            output_dir=out, num_train_epochs=1, per_device_train_batch_size=BATCH, learning_rate=LR,
+            output_dir=out, num_train_epochs=1, per_device_train_batch_size=batch, learning_rate=LR,
             warmup_ratio=WARMUP, save_strategy="no", report_to="none", disable_tqdm=True, seed=0,
-            use_cpu=True, logging_strategy="no", bf16=bf16)
+            use_cpu=device == "cpu", logging_strategy="no", bf16=bf16)
         pairs = Dataset.from_pandas(train[["sentence1", "sentence2", "score"]])
         trainer = SentenceTransformerTrainer(model=model, args=args, loss=CosineSimilarityLoss(model),
                                              train_dataset=pairs)
         trainer.train()
+        synchronize(device)
         seconds = time.perf_counter() - started
-    return len(train) / seconds, before, 100 * evaluator(model)["spearman_cosine"]
+    return len(train) / seconds, before, 100 * evaluator(model)["spearman_cosine"] if score else None
 
 
-def our_epoch(data_dir: str | None, precision: str) -> tuple[float, float]:
-    """(samples/s from model load to the epoch's end, test Spearman) of the `finetune` kind."""
+def our_epoch(data_dir: str | None, precision: str, model_name: str = MODEL, device: str = "cpu",
+              batch: int = BATCH, pairs: int | None = None, score: bool = True) -> tuple[float, float | None]:
+    """(samples/s from model load to the epoch's end, test Spearman; None without `score`) of the
+    `finetune` kind at the model's full depth, on the first `pairs` train pairs (all by default)."""
     from trainables.loop import seed_round
     from trainables.runtime import prepare
 
     kind = get_kind("finetune")
-    cfg = kind.parse({"model": MODEL, "task": "stsb", "layer": 6, "epochs": 1, "lr": LR, "batch_size": BATCH,
-                      "warmup_ratio": WARMUP, "loss": "cosine_mse", "precision": precision, "data_dir": data_dir,
-                      "device": "cpu"})
-    device, dtype = prepare(cfg.device, cfg.precision, cfg.num_threads)
+    cfg = kind.parse({"model": model_name, "task": "stsb", "layer": encoder_depth(load_config(model_name)),
+                      "epochs": 1, "lr": LR, "batch_size": batch, "warmup_ratio": WARMUP, "loss": "cosine_mse",
+                      "precision": precision, "data_dir": data_dir, "device": device, "max_train_samples": pairs})
+    resolved, dtype = prepare(cfg.device, cfg.precision, cfg.num_threads)
     seed_round(0, 0)
     forget_shared_tokens()  # a worker's token ids from earlier trials would skip the tokenization timed here
     started = time.perf_counter()  # the same start: no model loaded, nothing tokenized
-    learner = kind.build(cfg, device, dtype)  # loads the model and tokenizes the train sentences
+    learner = kind.build(cfg, resolved, dtype)  # loads the model and tokenizes the train sentences
     seed_round(0, 1)
     learner.train_round(1)
+    synchronize(device)
     seconds = time.perf_counter() - started
-    return len(learner.lengths) / seconds, learner.evaluate("test")[0]["test_spearman"]
+    return len(learner.lengths) / seconds, learner.evaluate("test")[0]["test_spearman"] if score else None
 
 
-def encode_throughput(test, precision: str, bf16: bool = False) -> tuple[float, float]:
-    """Sentences/s of sentence-transformers' encode (a bf16 model with `bf16`) and of our embedder
-    on the test sentences, tokenization included on both sides."""
+def peer_encode(sentences: list[str], bf16: bool = False, model_name: str = MODEL, device: str = "cpu",
+                batch: int = 32) -> float:
+    """Sentences/s of sentence-transformers' encode (a bf16 model with `bf16`), tokenization included."""
     from sentence_transformers import SentenceTransformer
 
-    sentences = list(test.sentence1) + list(test.sentence2)
-    model = SentenceTransformer(resolve_model_path(MODEL), device="cpu")
+    model = SentenceTransformer(resolve_model_path(model_name), device=device)
     if bf16:
         model = model.to(torch.bfloat16)
     model.max_seq_length = 128
-    model.encode(sentences[:64], batch_size=32)
+    model.encode(sentences[:64], batch_size=batch)
+    synchronize(device)
     started = time.perf_counter()
-    model.encode(sentences, batch_size=32)
-    theirs = len(sentences) / (time.perf_counter() - started)
+    model.encode(sentences, batch_size=batch)
+    synchronize(device)
+    return len(sentences) / (time.perf_counter() - started)
 
-    device = torch.device("cpu")
-    embed = Embedder(build_sentence_encoder(MODEL).eval(), TokenCache(load_tokenizer(MODEL), 128), device,
-                     resolve_precision(precision, device))
+
+def our_encode(sentences: list[str], precision: str, model_name: str = MODEL, device: str = "cpu") -> float:
+    """Sentences/s of our evaluator's embedder, tokenization included."""
+    resolved = torch.device(device)
+    embed = Embedder(build_sentence_encoder(model_name).to(resolved).eval(),
+                     TokenCache(load_tokenizer(model_name), 128), resolved, resolve_precision(precision, resolved))
     embed(sentences[:64])
     forget_shared_tokens()
-    embed.tokens = TokenCache(load_tokenizer(MODEL), 128)  # tokenization is part of the measured time
+    embed.tokens = TokenCache(load_tokenizer(model_name), 128)  # tokenization is part of the measured time
+    synchronize(device)
     started = time.perf_counter()
     embed(sentences)
-    ours = len(sentences) / (time.perf_counter() - started)
-    return theirs, ours
+    synchronize(device)
+    return len(sentences) / (time.perf_counter() - started)
+
+
+def encode_throughput(test, precision: str, bf16: bool = False) -> tuple[float, float]:
+    """Sentences/s of sentence-transformers' encode and of our embedder on the test sentences."""
+    sentences = list(test.sentence1) + list(test.sentence2)
+    return peer_encode(sentences, bf16), our_encode(sentences, precision)
 
 
 def main() -> None:

@@ -29,99 +29,15 @@ from pathlib import Path
 
 import torch
 import yaml
+from epoch import our_encode, our_epoch, peer_encode, sentence_transformers_epoch  # the sides, as epoch.py times them
 
 from orchestrator.cli import quiet_libraries
-from trainables.batching import TokenCache, forget_shared_tokens
 from trainables.data import load_task
-from trainables.evaluation import Embedder
-from trainables.kinds import get_kind
-from trainables.models import build_sentence_encoder, encoder_depth, load_config, load_tokenizer, resolve_model_path
-from trainables.runtime import bf16_is_fast, resolve_precision
+from trainables.models import encoder_depth, load_config
+from trainables.runtime import bf16_is_fast
 
 MODELS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "mpnet": "sentence-transformers/all-mpnet-base-v2"}
-LR, WARMUP, MAX_LENGTH = 2e-5, 0.1, 128
-
-
-def synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def peer_epoch(model_name: str, train, batch: int, device: str, bf16: bool) -> float:
-    """Train pairs/s of SentenceTransformerTrainer (CosineSimilarityLoss, as our cosine_mse)."""
-    from datasets import Dataset
-    from sentence_transformers import (
-        SentenceTransformer,
-        SentenceTransformerTrainer,
-        SentenceTransformerTrainingArguments,
-    )
-    from sentence_transformers.losses import CosineSimilarityLoss
-
-    with tempfile.TemporaryDirectory() as out:
-        started = time.perf_counter()
-        model = SentenceTransformer(resolve_model_path(model_name), device=device)
-        model.max_seq_length = MAX_LENGTH
-        args = SentenceTransformerTrainingArguments(
-            output_dir=out, num_train_epochs=1, per_device_train_batch_size=batch, learning_rate=LR,
-            warmup_ratio=WARMUP, save_strategy="no", report_to="none", disable_tqdm=True, seed=0,
-            use_cpu=device == "cpu", logging_strategy="no", bf16=bf16)
-        trainer = SentenceTransformerTrainer(model=model, args=args, loss=CosineSimilarityLoss(model),
-                                             train_dataset=Dataset.from_pandas(train[["sentence1", "sentence2",
-                                                                                      "score"]]))
-        trainer.train()
-        synchronize(device)
-        return len(train) / (time.perf_counter() - started)
-
-
-def our_epoch(model_name: str, data_dir: str | None, pairs: int, batch: int, device: str, precision: str) -> float:
-    """Train pairs/s of the `finetune` kind at the model's full depth."""
-    from trainables.loop import seed_round
-    from trainables.runtime import prepare
-
-    kind = get_kind("finetune")
-    cfg = kind.parse({"model": model_name, "task": "stsb", "layer": encoder_depth(load_config(model_name)),
-                      "epochs": 1, "lr": LR, "batch_size": batch, "warmup_ratio": WARMUP, "loss": "cosine_mse",
-                      "precision": precision, "data_dir": data_dir, "device": device,
-                      "max_train_samples": pairs, "max_seq_length": MAX_LENGTH})
-    resolved, dtype = prepare(cfg.device, cfg.precision, cfg.num_threads)
-    seed_round(0, 0)
-    forget_shared_tokens()
-    started = time.perf_counter()
-    learner = kind.build(cfg, resolved, dtype)
-    seed_round(0, 1)
-    learner.train_round(1)
-    synchronize(device)
-    return len(learner.lengths) / (time.perf_counter() - started)
-
-
-def peer_encode(model_name: str, sentences: list[str], batch: int, device: str, bf16: bool) -> float:
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(resolve_model_path(model_name), device=device)
-    if bf16:
-        model = model.to(torch.bfloat16)
-    model.max_seq_length = MAX_LENGTH
-    model.encode(sentences[:64], batch_size=batch)
-    synchronize(device)
-    started = time.perf_counter()
-    model.encode(sentences, batch_size=batch)
-    synchronize(device)
-    return len(sentences) / (time.perf_counter() - started)
-
-
-def our_encode(model_name: str, sentences: list[str], device: str, precision: str) -> float:
-    resolved = torch.device(device)
-    embed = Embedder(build_sentence_encoder(model_name).to(resolved).eval(),
-                     TokenCache(load_tokenizer(model_name), MAX_LENGTH), resolved,
-                     resolve_precision(precision, resolved))
-    embed(sentences[:64])
-    forget_shared_tokens()
-    embed.tokens = TokenCache(load_tokenizer(model_name), MAX_LENGTH)  # tokenization is part of the time
-    synchronize(device)
-    started = time.perf_counter()
-    embed(sentences)
-    synchronize(device)
-    return len(sentences) / (time.perf_counter() - started)
+MAX_LENGTH = 128
 
 
 class Utilization:
@@ -205,13 +121,14 @@ def main(argv: list[str] | None = None) -> None:
     for key in args.models.split(","):
         model = MODELS.get(key, key)
         for batch in batches:
-            ours = {p: our_epoch(model, args.data_dir, args.pairs, batch, args.device, p) for p in ("auto", "fp32")}
-            theirs = {"ST fp32": peer_epoch(model, train, batch, args.device, False)}
-            enc_ours = {p: our_encode(model, sentences, args.device, p) for p in ("auto", "fp32")}
-            enc_theirs = {"ST fp32": peer_encode(model, sentences, batch, args.device, False)}
-            if fast_bf16:
-                theirs["ST bf16"] = peer_epoch(model, train, batch, args.device, True)
-                enc_theirs["ST bf16"] = peer_encode(model, sentences, batch, args.device, True)
+            ours = {p: our_epoch(args.data_dir, p, model, args.device, batch, args.pairs, score=False)[0]
+                    for p in ("auto", "fp32")}
+            enc_ours = {p: our_encode(sentences, p, model, args.device) for p in ("auto", "fp32")}
+            theirs, enc_theirs = {}, {}
+            for name, bf16 in (("ST fp32", False), ("ST bf16", True))[:2 if fast_bf16 else 1]:
+                theirs[name] = sentence_transformers_epoch(train, data.test, bf16, model, args.device, batch,
+                                                           score=False)[0]
+                enc_theirs[name] = peer_encode(sentences, bf16, model, args.device, batch)
             best, best_enc = max(theirs.values()), max(enc_theirs.values())
             label = f"{Path(model).name} batch {batch}"
             print(f"{label}: train pairs/s " + " · ".join(f"{n} {v:.1f}" for n, v in theirs.items())
