@@ -181,7 +181,6 @@ def test_the_ui_link_opens_the_ablation_grouped_and_a_child_run_in_the_model_tra
     (upstream mlflow/mlflow#24498): with `workflowType` in its URL, and through `ui`'s proxy with the
     plain URL a click in the runs table opens."""
     import shutil
-    import socket
     import subprocess
     import sys
     import time
@@ -205,9 +204,7 @@ def test_the_ui_link_opens_the_ablation_grouped_and_a_child_run_in_the_model_tra
             record.outcome = Outcome.COMPLETED
             tracker.finish_trial(record)
     tracker.reconcile({}, finished=True)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = system_port()
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
                                "--port", str(port), "--workers", "1"], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
