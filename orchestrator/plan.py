@@ -226,10 +226,10 @@ def _cells(study: StudyConfig, axes: dict[str, Fixed | Grid]) -> list[dict[str, 
 
 
 def _depth(model: str, key: str) -> int:
-    from trainables.models import encoder_depth, load_config
+    from trainables.model_files import model_depth
 
     try:
-        return encoder_depth(load_config(model))
+        return model_depth(model)
     except UserInputError as exc:
         raise UserInputError(key, model, exc.fix) from None
 

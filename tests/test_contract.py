@@ -27,10 +27,16 @@ def test_every_registered_kind_declares_an_example_that_parses_and_runs(name, ti
     kind = get_kind(name)
     assert kind.example, f"{name} declares no example config: add `example = {{...}}` to its class"
     config = example_config(kind, tiny_bert, synthetic_data_dir, tmp_path / "stages")
-    kind.parse(config)
+    cfg = kind.parse(config)
     reports = []
     kind.run(config, collect(reports))
     assert reports and all(isinstance(r, dict) for r in reports)
+    # the metric the kind declares (read without torch by validate, plan and reports) is the one its runs report
+    # and, for a training kind, the one its learner's evaluator selects on
+    metric, mode = kind.metric(cfg)
+    assert metric in reports[-1] and mode in ("max", "min")
+    if isinstance(kind, TrainingKind):
+        assert kind.build(cfg, torch.device("cpu"), torch.float32).metric == metric
 
 
 def example_config(kind, tiny_bert: str, data_dir, stages) -> dict:

@@ -15,12 +15,11 @@ from trainables.contrastive_objectives import (
     attention_correlation,
     attention_mutual_information,
     info_nce,
-    resolve_attention_layers,
     step_batches,
 )
 from trainables.errors import UserInputError
 from trainables.kinds import get_kind
-from trainables.kinds.contrastive import ContrastiveConfig
+from trainables.kinds.contrastive import ContrastiveConfig, resolve_attention_layers
 from trainables.models import build_sentence_encoder, load_tokenizer
 
 contrastive = get_kind("contrastive")
@@ -188,7 +187,7 @@ def test_attention_layers_resolve_to_zero_based_kept_layers():
 
 
 def test_evaluation_reads_whole_sentences_while_training_truncates(config, synthetic_data_dir):
-    from trainables.kinds.contrastive import ContrastiveLearner
+    from trainables.learners.contrastive import ContrastiveLearner
 
     cfg = ContrastiveConfig(**{**config, "max_seq_length": 8})
     learner = ContrastiveLearner(cfg, torch.device("cpu"), torch.float32)

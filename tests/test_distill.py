@@ -12,8 +12,9 @@ import torch
 from trainables.contract import collect
 from trainables.cross import CrossEncoder, PairTokens, cross_loss, predict
 from trainables.errors import UserInputError
-from trainables.kinds import distill as distill_module
 from trainables.kinds import get_kind
+from trainables.kinds.distill import DistillConfig
+from trainables.learners import distill as distill_module
 from trainables.models import load_tokenizer
 
 cross_encoder, distill = get_kind("cross_encoder"), get_kind("distill")
@@ -194,7 +195,7 @@ def test_restart_each_cycle_labels_with_the_previous_cycles_models_then_starts_f
 
 
 def test_a_restart_brings_back_the_initial_weights_of_both_encoders(config):
-    cfg = distill_module.DistillConfig(**config)
+    cfg = DistillConfig(**config)
     side = distill_module.build_side(cfg, "", config["model"], 2, config["model"], torch.device("cpu"))
     initial = {**side.bi.state_dict(), **{f"cross.{k}": v.clone() for k, v in side.cross.state_dict().items()}}
     initial = {k: v.clone() for k, v in initial.items()}
@@ -254,9 +255,9 @@ def test_bad_settings_are_one_clear_error(config, changes, message):
 def test_pairs_from_a_file_and_test_pairs_only_when_transductive(config, tmp_path):
     path = tmp_path / "pairs.tsv"
     path.write_text('a "quoted" man\ta woman\nx\ty\na "quoted" man\ta woman\n\t\n')
-    frame = distill_module.unlabeled_pairs(distill_module.DistillConfig(**{**config, "pairs": str(path)}), None)
+    frame = distill_module.unlabeled_pairs(DistillConfig(**{**config, "pairs": str(path)}), None)
     assert frame.values.tolist() == [['a "quoted" man', "a woman"], ["x", "y"]]
-    with_test = distill_module.unlabeled_pairs(distill_module.DistillConfig(**{
+    with_test = distill_module.unlabeled_pairs(DistillConfig(**{
         **config, "pairs": "task+test", "transductive": True, "max_train_samples": None}), None)
     assert len(with_test) == 240 + 80 + 80  # train, dev and test pairs (Trans-Encoder's transductive set)
     assert list(with_test.columns) == ["sentence1", "sentence2"]
@@ -287,7 +288,7 @@ def test_distillation_starts_both_encoders_from_a_cached_simcse_stage(config, tm
     assert first[0]["dapt_cache_hit"] == 0 and second[0]["dapt_cache_hit"] == 1
     stages = list((tmp_path / "stages").glob("dapt-*/model.safetensors"))
     assert len(stages) == 1 and first[0]["dapt_stage_dir"] == str(stages[0].parent)
-    learner = distill_module.DistillLearner(distill_module.DistillConfig(**common), torch.device("cpu"), torch.float32)
+    learner = distill_module.DistillLearner(DistillConfig(**common), torch.device("cpu"), torch.float32)
     adapted = load_file(stages[0])
     name = "embeddings.word_embeddings.weight"
     assert torch.equal(learner.sides[0].cross.encoder.state_dict()[name], adapted[name])  # the cross-encoder too

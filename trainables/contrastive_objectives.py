@@ -24,12 +24,10 @@ import torch
 from torch import nn
 
 from trainables.batching import pad
-from trainables.errors import UserInputError, one_of
 from trainables.models import SentenceEncoder, pool
+from trainables.names import ATTENTION_LOSSES, METHODS  # noqa: F401 (re-exported)
 from trainables.runtime import autocast
 
-METHODS = ("simcse", "micse")
-ATTENTION_LOSSES = ("mi", "correlation")
 MI_SAMPLES = 150  # entries drawn per row, as the reference does
 
 
@@ -123,27 +121,6 @@ def contrastive_step(model: ContrastiveModel, token_lists: list[list[int]], pad_
         loss = loss + attention_weight * term
         parts["attention_loss"] = term.detach()
     return loss, parts
-
-
-def default_attention_layers(kept: int) -> list[int]:
-    """The reference's layers scaled to a truncated encoder: 1-based k-4..k-1 (8..11 of 12)."""
-    return list(range(max(1, kept - 4), max(1, kept - 1) + 1))
-
-
-def resolve_attention_layers(method: str, requested: list[int] | None, kept: int,
-                             key: str = "attention_layers") -> list[int] | None:
-    """0-based indices of the layers whose attention miCSE aligns; None for SimCSE."""
-    if method not in METHODS:
-        raise one_of("method", method, METHODS)
-    if method == "simcse":
-        return None
-    if kept == 0:
-        raise UserInputError("layer", 0, "micse aligns attention, and layer 0 has none: use layer >= 1 or simcse")
-    layers = requested or default_attention_layers(kept)
-    bad = [k for k in layers if not 1 <= k <= kept]
-    if bad:
-        raise UserInputError(key, layers, f"the encoder keeps {kept} layers: use numbers in 1..{kept}")
-    return [k - 1 for k in sorted(set(layers))]
 
 
 def step_batches(count: int, batch_size: int, seed: int, steps: int, done: int = 0) -> list[list[int]]:

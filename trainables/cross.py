@@ -27,9 +27,8 @@ from trainables.models import (
     segment_ids,
     truncate_encoder,
 )
+from trainables.names import CROSS_LOSSES  # noqa: F401 (re-exported)
 from trainables.runtime import autocast, linear_schedule
-
-CROSS_LOSSES = ("bce", "mse")
 
 
 class CrossEncoder(nn.Module):

@@ -15,6 +15,7 @@ import torch
 
 from trainables.batching import EVAL_TOKENS_PER_CHUNK, TokenCache, encode_tokens
 from trainables.errors import one_of
+from trainables.names import SELECTS
 from trainables.runtime import autocast
 
 Embed = Callable[[Sequence[str]], torch.Tensor]
@@ -97,7 +98,6 @@ def collapsed(cosines: np.ndarray) -> bool:
     return len(cosines) > 0 and bool(np.ptp(cosines) < COLLAPSED)
 
 
-SELECTS = ("accuracy", "f1")
 
 
 def _cut_counts(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

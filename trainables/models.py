@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,59 +13,13 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 from trainables.errors import UserInputError, one_of
+from trainables.model_files import (  # noqa: F401 (re-exported)
+    refuse_custom_code,
+    refuse_unsafe_weights,
+    resolve_model_path,
+)
 from trainables.names import POOLINGS  # noqa: E402,F401 (the closed names live apart from torch)
-from trainables.packaged import install_hint, packaged_model_path
-
-
-def resolve_model_path(name: str) -> str:
-    """A local folder as given; a hub id with a packaged copy resolves to that copy (same weights,
-    no network); any other hub id is returned for transformers to fetch or read from its cache."""
-    if Path(name).expanduser().is_dir():
-        refuse_custom_code(Path(name).expanduser(), name)
-        refuse_unsafe_weights(Path(name).expanduser(), name)
-        return str(Path(name).expanduser())
-    packaged = packaged_model_path(name)
-    return str(packaged) if packaged is not None else name
-
-
-def refuse_custom_code(folder: Path, name: str) -> None:
-    """A model folder that names its own Python classes (`auto_map`) would run that code when loaded:
-    refused before transformers sees it (every load also passes trust_remote_code=False)."""
-    for file in ("config.json", "tokenizer_config.json"):
-        try:
-            text = (folder / file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        if '"auto_map"' in text:
-            raise UserInputError("model", name, f"{file} has an auto_map: the folder asks to run its own Python code, "
-                                                "which orchestrator never does; use a model of a transformers "
-                                                "architecture")
-
-
-def refuse_unsafe_weights(folder: Path, name: str) -> None:
-    """A folder whose weights are only pickles (`pytorch_model*.bin`, no safetensors) is loaded by
-    transformers with torch's weights-only unpickler, which refuses any other Python object: checked
-    here (once per file) so that such a folder is one line at `validate`, not a failed trial with a
-    Ray traceback per retry. Nothing in the file is ever executed."""
-    if any(folder.glob("*.safetensors")):
-        return
-    for file in sorted(folder.glob("pytorch_model*.bin")):
-        problem = _unsafe_pickle(str(file), file.stat().st_mtime_ns)
-        if problem:
-            raise UserInputError("model", name, f"{file.name} holds more than tensors ({problem}); torch loads weights "
-                                                "only, and orchestrator never runs a pickle's code: give the "
-                                                "folder's weights as model.safetensors")
-
-
-@functools.lru_cache(maxsize=64)
-def _unsafe_pickle(path: str, mtime_ns: int) -> str | None:
-    try:
-        torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 (any refusal or damage is the answer)
-        text = str(exc)
-        found = re.search(r"Unsupported global: GLOBAL (\S+)", text)
-        return f"it names {found.group(1)}" if found else text.strip().splitlines()[0][:160]
-    return None
+from trainables.packaged import install_hint
 
 
 def load_config(name: str) -> PretrainedConfig:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainables.errors import UserInputError, one_of
+from trainables.names import LOSS_TASKS
 
 
 class CosineMSELoss(nn.Module):
@@ -88,24 +89,25 @@ class AffineCosineBCELoss(nn.Module):
         return F.binary_cross_entropy_with_logits(logits, target.float())
 
 
-# name -> (task kind it trains on, factory from the embedding size)
+# name -> factory from the embedding size; the task kind each trains is `names.LOSS_TASKS`
 LOSSES = {
-    "cosine_mse": ("sts", lambda dim: CosineMSELoss()),
-    "cosent": ("sts", lambda dim: CoSENTLoss()),
-    "angle": ("sts", lambda dim: AnglELoss()),
-    "softmax": ("classification", lambda dim: SoftmaxClassifierLoss(dim)),
-    "cosine_bce": ("classification", lambda dim: CosineBCELoss()),
-    "cosine_bce_affine": ("classification", lambda dim: AffineCosineBCELoss()),
+    "cosine_mse": lambda dim: CosineMSELoss(),
+    "cosent": lambda dim: CoSENTLoss(),
+    "angle": lambda dim: AnglELoss(),
+    "softmax": lambda dim: SoftmaxClassifierLoss(dim),
+    "cosine_bce": lambda dim: CosineBCELoss(),
+    "cosine_bce_affine": lambda dim: AffineCosineBCELoss(),
 }
+assert set(LOSSES) == set(LOSS_TASKS), "every objective declares the task kind it trains in names.LOSS_TASKS"
 
 
 def build_loss(name: str, task_kind: str, dim: int) -> nn.Module:
     """The objective `name` for vectors of size `dim`; it must suit the task's kind."""
     if name not in LOSSES:
         raise one_of("train.loss", name, LOSSES)
-    kind, factory = LOSSES[name]
+    kind = LOSS_TASKS[name]
     if kind != task_kind:
-        fitting = ", ".join(n for n, (k, _) in LOSSES.items() if k == task_kind)
+        fitting = ", ".join(n for n, k in LOSS_TASKS.items() if k == task_kind)
         raise UserInputError("train.loss", name,
                              f"it trains {kind} tasks; for a {task_kind} task use one of: {fitting}")
-    return factory(dim)
+    return LOSSES[name](dim)

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, Field
 
 from trainables.batching import tokenize
 from trainables.contract import collect
@@ -27,47 +26,14 @@ from trainables.errors import TrainingDivergedError, UserInputError, one_of
 from trainables.models import load_config, load_tokenizer, resolve_model_path
 from trainables.runtime import linear_schedule, resolve_device, seed_everything
 from trainables.stages import get_or_build
-
-OBJECTIVES = ("mlm", "rtd", "simcse", "micse")
-STAGE_SEEDS = ("per_seed", "shared")
-STAGE_FIELDS = ("pretrain", "pretrain_corpus", "pretrain_steps", "pretrain_lr", "pretrain_batch_size",
-                "pretrain_grad_accum", "pretrain_warmup_ratio", "pretrain_max_seq_length", "pretrain_mlm_probability",
-                "pretrain_generator", "pretrain_rtd_weight")
-
-
-class PretrainFields(BaseModel):
-    """The `pretrain:` stage's settings, shared by every kind that may start from it."""
-
-    pretrain: str | None = Field(None, description="mlm, rtd (ELECTRA), simcse or micse: first adapt `model` on "
-                                                    "`pretrain_corpus` (a cached stage); null fine-tunes directly")
-    pretrain_corpus: str = Field("unlabeled_en", description="unlabeled_en, task (the task's train sentences), "
-                                                             "task+dev, task+test (transductive) or a text file")
-    pretrain_steps: int = Field(200, ge=0, description="optimizer steps; 0 skips the stage, so `ablate: "
-                                                       "{pretrain_steps: [0, 300]}` compares with and without")
-    pretrain_lr: float = Field(5e-5, gt=0)
-    pretrain_batch_size: int = Field(32, ge=1)
-    pretrain_grad_accum: int = Field(1, ge=1)
-    pretrain_warmup_ratio: float = Field(0.1, ge=0, le=1)
-    pretrain_max_seq_length: int = Field(128, ge=8)
-    pretrain_mlm_probability: float = Field(0.15, gt=0, lt=1)
-    pretrain_generator: str | None = Field(None, description="rtd: a generator hub id or folder; default a fresh "
-                                                             "generator a quarter of the discriminator's width")
-    pretrain_rtd_weight: float = Field(50.0, gt=0, description="rtd: weight of the detection loss (ELECTRA: 50)")
-    stage_seed: str = Field("per_seed", description="per_seed: one stage per trial seed (the spread over seeds "
-                                                    "covers the stage); shared: one stage, seed pretrain_seed")
-    pretrain_seed: int = Field(0, description="the stage's seed with stage_seed: shared")
-    transductive: bool = Field(False, description="allow test sentences in the corpus (recorded on the run)")
-    cache_dir: str | None = None
-
-
-def uses_stage(cfg) -> bool:
-    return cfg.pretrain is not None and cfg.pretrain_steps > 0
-
-
-def stage_seed_of(cfg) -> int:
-    if cfg.stage_seed not in STAGE_SEEDS:
-        raise one_of("stage_seed", cfg.stage_seed, STAGE_SEEDS)
-    return cfg.seed if cfg.stage_seed == "per_seed" else cfg.pretrain_seed
+from trainables.stages.fields import (  # noqa: F401 (re-exported)
+    OBJECTIVES,
+    STAGE_FIELDS,
+    STAGE_SEEDS,
+    PretrainFields,
+    stage_seed_of,
+    uses_stage,
+)
 
 
 def schedule(optimizer: torch.optim.Optimizer, steps: int, warmup_ratio: float):

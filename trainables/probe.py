@@ -10,14 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from pydantic import Field
 from torch import nn
 
 from trainables.batching import TokenCache
-from trainables.contract import TrialConfig
 from trainables.data import load_task
 from trainables.errors import UserInputError, one_of
 from trainables.evaluation import Embedder, make_evaluator
+from trainables.kinds.probe import ProbeConfig
 from trainables.models import (
     POOLINGS,
     encoder_depth,
@@ -29,21 +28,6 @@ from trainables.models import (
 )
 from trainables.runtime import resolve_device, resolve_precision
 from trainables.sts_suite import load_suite, score_suite, suite_sentences
-
-
-class ProbeConfig(TrialConfig):
-    model: str
-    task: str = "stsb"
-    language: str | None = None
-    layers: list[int] | None = Field(None, description="layers to score; null scores 0..L")
-    pooling: str = "mean"
-    splits: list[str] = ["dev", "test"]
-    max_seq_length: int = Field(128, ge=2)
-    precision: str = "auto"
-    device: str = "auto"
-    num_threads: int | None = Field(None, ge=1)
-    data_dir: str | None = None
-    max_eval_samples: int | None = Field(None, ge=1)
 
 
 class AllLayers(nn.Module):

@@ -9,13 +9,17 @@ every kind.
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainables.contract import Report, TrialConfig, parse_config
-from trainables.errors import UserInputError
+from trainables.errors import UserInputError, one_of
+from trainables.model_files import model_depth
+from trainables.names import EVAL_PRECISIONS, PRECISIONS, primary_metric
+from trainables.stages.fields import uses_stage
 
 if TYPE_CHECKING:  # the base class imports almost nothing: reading the registry loads no torch
     import numpy as np
@@ -43,10 +47,9 @@ class TrainableKind(ABC):
     def metric(self, cfg) -> tuple[str, str]:
         """The dev metric and mode that select rounds, trials and layers: the evaluator's own."""
         from trainables.data import task_spec
-        from trainables.evaluation import make_evaluator
 
-        evaluator = make_evaluator(task_spec(cfg.task).kind, {}, getattr(cfg, "select", None))
-        return evaluator.primary("dev"), "max" if evaluator.greater_is_better else "min"
+        name, greater_is_better = primary_metric(task_spec(cfg.task).kind, getattr(cfg, "select", None))
+        return f"dev_{name}", "max" if greater_is_better else "min"
 
     def num_reports(self, cfg) -> int:
         """How many reports a full trial makes (the pruner's resource)."""
@@ -55,12 +58,10 @@ class TrainableKind(ABC):
     def relative_cost(self, cfg) -> float:
         """A trial's cost relative to other cells of its study, to start the costliest first: its
         reports times the encoder layers it runs (the whole model when `layer` is unset)."""
-        from trainables.models import encoder_depth, load_config
-
         layer = getattr(cfg, "layer", None)
         if layer is None and isinstance(getattr(cfg, "model", None), str):
             try:
-                layer = encoder_depth(load_config(cfg.model))
+                layer = model_depth(cfg.model)
             except (UserInputError, OSError, ValueError):
                 layer = 0
         return float(self.num_reports(cfg) * ((layer or 0) + 1))
@@ -68,8 +69,6 @@ class TrainableKind(ABC):
     def stages(self, cfg) -> tuple[str, ...]:
         """The shared stages a trial of this config uses (`dapt`, `teacher`): by default the
         pretraining stage of a config with `pretrain:` set and steps to run."""
-        from trainables.pretraining import uses_stage
-
         return ("dapt",) if hasattr(cfg, "pretrain") and uses_stage(cfg) else ()
 
     def layer_bounds(self, cfg) -> list[tuple[str, Any, str]]:
@@ -80,14 +79,12 @@ class TrainableKind(ABC):
     def check(self, cfg, key_of: KeyOf = lambda key: key) -> None:
         """Deep checks of a resolved config before launch: layer-like keys against the depth of the
         model they cut, then the kind's own closed names."""
-        from trainables.models import encoder_depth, load_config
-
         for key, value, model in self.layer_bounds(cfg):
             if value is None:
                 continue
             values = value if isinstance(value, list | tuple) else [value]
             try:
-                depth = encoder_depth(load_config(model))
+                depth = model_depth(model)
             except UserInputError as exc:
                 raise UserInputError(key_of("model"), model, exc.fix) from None
             if any(not 0 <= int(v) <= depth for v in values):
@@ -97,9 +94,6 @@ class TrainableKind(ABC):
     def check_names(self, cfg, key_of: KeyOf) -> None:
         """Names inside the config that must come from a closed registry (`names`: poolings,
         losses, modes, ...); kinds add checks that need more than one field."""
-        from trainables.errors import one_of
-        from trainables.names import EVAL_PRECISIONS, PRECISIONS
-
         common = {"precision": PRECISIONS, "eval_precision": EVAL_PRECISIONS}
         for field, valid in {**{k: v for k, v in common.items() if hasattr(cfg, k)}, **self.names}.items():
             if getattr(cfg, field) not in valid:
@@ -154,11 +148,19 @@ class Learner(ABC):
 
 
 class TrainingKind(TrainableKind):
-    """A kind that trains: it builds a learner and the one loop runs it."""
+    """A kind that trains: it builds a learner and the one loop runs it. `learner` names the
+    learner's class (`module:Class`), imported only when a trial is built, so that reading the
+    kind (validate, plan, status, report) never imports torch."""
 
-    @abstractmethod
+    learner: ClassVar[str | None] = None
+
     def build(self, cfg, device: torch.device, dtype: torch.dtype) -> Learner:
         """Data, models, optimizers and evaluators of one trial (seeded by the loop)."""
+        if not self.learner:
+            raise TypeError(f"{type(self).__name__} declares no learner: set learner = 'module:Class' "
+                            "or override build()")
+        module, name = self.learner.split(":")
+        return getattr(importlib.import_module(module), name)(cfg, device, dtype)
 
     def run(self, config: dict, report: Report, checkpoint_dir: str | None = None) -> dict:
         from trainables.loop import train

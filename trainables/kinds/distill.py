@@ -15,38 +15,14 @@ and logged as the MLflow artifact `pseudo_labels.csv`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
-import numpy as np
-import pandas as pd
 from pydantic import Field
-from safetensors.torch import load_file, save_file
 
-from trainables.batching import TokenCache
-from trainables.bi_encoder import fit_bi_encoder
-from trainables.checkpoints import PSEUDO_LABELS
 from trainables.contract import TrainingConfig
-from trainables.cross import (
-    CROSS_LOSSES,
-    CrossEncoder,
-    PairTokens,
-    both_orders,
-    fit_cross_encoder,
-    predict,
-    score_split,
-)
-from trainables.data import TaskData, load_sts_task, load_task
-from trainables.errors import UserInputError, one_of
-from trainables.evaluation import Embedder, STSEvaluator, pair_cosines
-from trainables.kinds.base import Learner, TrainingKind
-from trainables.models import POOLINGS, SentenceEncoder, build_sentence_encoder, count_parameters, load_tokenizer
-from trainables.pretraining import PretrainFields, pretrained_start, stage_seed_of
-from trainables.runtime import scoring_dtype, seed_everything
-from trainables.stages import get_or_build
+from trainables.kinds.base import TrainingKind
+from trainables.names import CROSS_LOSSES, POOLINGS
+from trainables.stages.fields import PretrainFields, stage_seed_of
 
 MODES = ("self", "mutual", "teacher")
-TEACHER_WEIGHTS = "models.safetensors"
 
 
 class DistillConfig(TrainingConfig, PretrainFields):
@@ -86,199 +62,14 @@ class DistillConfig(TrainingConfig, PretrainFields):
         return 1 if self.mode == "teacher" else self.cycles
 
 
-@dataclass
-class Side:
-    """One bi-encoder and its cross-encoder; `prefix` names its metrics ('' or 'partner_')."""
-
-    prefix: str
-    bi_name: str
-    bi_layer: int | None
-    cross_name: str
-    bi: SentenceEncoder
-    cross: CrossEncoder
-    bi_tokens: TokenCache
-    cross_tokens: PairTokens
-
-
-def unlabeled_pairs(cfg: DistillConfig, data: TaskData | None) -> pd.DataFrame:
-    """Distinct (sentence1, sentence2) pairs without labels; test pairs only when transductive."""
-    source = cfg.pairs
-    if source in ("task", "task+dev", "task+test"):
-        if source == "task+test" and not cfg.transductive:
-            raise UserInputError("pairs", source, "test pairs train only with transductive: true")
-        full = load_task(cfg.task, cfg.language, cfg.data_dir)
-        frames = [full.train] + ([full.dev] if source != "task" else []) + ([full.test] if source == "task+test"
-                                                                            else [])
-        frame = pd.concat([f[["sentence1", "sentence2"]] for f in frames], ignore_index=True)
-    elif Path(source).expanduser().is_file():
-        frame = pd.read_csv(Path(source).expanduser(), sep="\t", header=None, quoting=3, usecols=[0, 1],
-                            names=["sentence1", "sentence2"], dtype=str, keep_default_na=False)
-    else:
-        raise UserInputError("pairs", source, "use task, task+dev, task+test (transductive) or the path of a TSV "
-                                              "file with two sentence columns")
-    frame = frame[(frame.sentence1.str.strip() != "") & (frame.sentence2.str.strip() != "")]
-    frame = frame.drop_duplicates().reset_index(drop=True)
-    if cfg.max_train_samples is not None and cfg.max_train_samples < len(frame):
-        frame = frame.sample(n=cfg.max_train_samples, random_state=0).sort_index().reset_index(drop=True)
-    if len(frame) < 2:
-        raise UserInputError("pairs", source, "fewer than 2 pairs")
-    return frame
-
-
-def build_side(cfg: DistillConfig, prefix: str, bi_name: str, bi_layer: int | None, cross_name: str, device) -> Side:
-    bi = build_sentence_encoder(bi_name, bi_layer, cfg.pooling, seed=cfg.seed).to(device)
-    cross = CrossEncoder(cross_name, cfg.cross_layer, cfg.cross_pooling).to(device)
-    return Side(prefix, bi_name, bi_layer, cross_name, bi, cross, TokenCache(load_tokenizer(bi_name),
-                cfg.bi_max_seq_length), PairTokens(load_tokenizer(cross_name), cfg.cross_max_seq_length))
-
-
-def restart_bi(side: Side, cfg: DistillConfig) -> None:
-    fresh = build_sentence_encoder(side.bi_name, side.bi_layer, cfg.pooling, seed=cfg.seed)
-    side.bi.load_state_dict(fresh.state_dict())
-
-
-def restart_cross(side: Side, cfg: DistillConfig) -> None:
-    side.cross.load_state_dict(CrossEncoder(side.cross_name, cfg.cross_layer, cfg.cross_pooling).state_dict())
-
-
-def bi_scores(side: Side, frame: pd.DataFrame, device, dtype) -> np.ndarray:
-    return pair_cosines(Embedder(side.bi, side.bi_tokens, device, dtype), frame)
-
-
-def cross_scores(side: Side, frame: pd.DataFrame, device, dtype) -> np.ndarray:
-    """The cross-encoder's score of each pair, averaged over both orders (it learned both)."""
-    n = len(frame)
-    ordered = both_orders(frame[["sentence1", "sentence2"]])
-    tokens = side.cross_tokens.lookup(list(ordered["sentence1"]), list(ordered["sentence2"]))
-    scores = predict(side.cross, tokens, side.cross_tokens.pad_id, device, dtype)
-    return (scores[:n] + scores[n:]) / 2
-
-
-def teacher_labels(cfg: DistillConfig, side: Side, data: TaskData, pairs: pd.DataFrame, device,
-                   dtype) -> tuple[np.ndarray, dict]:
-    """A cross-encoder trained on the task's gold train labels (a cached stage, keyed with its own
-    seed: per trial seed, or one shared) and its scores of the unlabeled pairs; its weights go into
-    `side.cross`."""
-    seed = stage_seed_of(cfg)
-    fields = ("task", "language", "pairs", "max_train_samples", "max_eval_samples", "transductive", "cross_layer",
-              "cross_pooling", "cross_epochs", "cross_lr", "cross_batch_size", "cross_max_seq_length", "cross_loss")
-    params = {"cross_model": side.cross_name, "seed": seed, **{k: getattr(cfg, k) for k in fields}}
-
-    def build(folder: Path) -> dict:
-        seed_everything(seed)
-        restart_cross(side, cfg)
-        losses = fit_cross_encoder(side.cross, side.cross_tokens, both_orders(data.train), cfg.cross_epochs,
-                                   cfg.cross_lr, cfg.cross_batch_size, seed, cfg.cross_loss, device, dtype,
-                                   where="teacher")
-        save_file({k: v.contiguous().cpu() for k, v in side.cross.state_dict().items()}, folder / TEACHER_WEIGHTS)
-        pairs.assign(score=cross_scores(side, pairs, device, dtype)).to_csv(folder / "labels.csv", index=False)
-        return {"loss_curve": losses, "first_loss": losses[0], "last_loss": losses[-1], "pairs": len(pairs)}
-
-    folder, record, built = get_or_build(cfg.cache_dir, "teacher", params, build)
-    if not built:
-        side.cross.load_state_dict(load_file(folder / TEACHER_WEIGHTS))
-    labels = pd.read_csv(folder / "labels.csv", keep_default_na=False)["score"].to_numpy(dtype=np.float64)
-    return labels, {"teacher_cache_key": record["key"], "teacher_cache_hit": int(not built),
-                    "teacher_train_loss": record["last_loss"], "stage_seed": seed}
-
-
-class DistillLearner(Learner):
-    metric = "dev_spearman"
-
-    def __init__(self, cfg: DistillConfig, device, dtype):
-        if cfg.mode not in MODES:
-            raise one_of("mode", cfg.mode, MODES)
-        if cfg.cross_loss not in CROSS_LOSSES:
-            raise one_of("cross_loss", cfg.cross_loss, CROSS_LOSSES)
-        self.cfg, self.device, self.dtype = cfg, device, dtype
-        self.data = load_sts_task(cfg.task, cfg.language, cfg.data_dir, "distillation",
-                                  max_eval_samples=cfg.max_eval_samples)
-        self.pairs = unlabeled_pairs(cfg, self.data)
-        start, stage = pretrained_start(cfg, cfg.pooling)
-        seed_everything(cfg.seed)
-        self.sides = [build_side(cfg, "", start, cfg.layer, cfg.cross_model or start, device)]
-        if cfg.mode == "mutual":
-            partner = cfg.partner_model or cfg.model
-            self.sides.append(build_side(cfg, "partner_", partner, cfg.partner_layer,
-                                         cfg.partner_cross_model or partner, device))
-        self.history = pd.DataFrame(columns=["cycle", "step", "pair", "label"])
-        self.test_frame = self.data.test
-        self.info = {**stage, "pairs": len(self.pairs), "transductive": int(cfg.transductive),
-                     "params": count_parameters(self.sides[0].bi),
-                     "cross_params": count_parameters(self.sides[0].cross)}
-
-    def modules(self):
-        return {f"{s.prefix}{part}": module for s in self.sides for part, module in (("bi", s.bi), ("cross", s.cross))}
-
-    def _record(self, cycle: int, step: str, labels: np.ndarray) -> None:
-        rows = pd.DataFrame({"cycle": cycle, "step": step, "pair": np.arange(len(labels)), "label": labels})
-        self.history = rows if self.history.empty else pd.concat([self.history, rows], ignore_index=True)
-
-    def train_round(self, cycle: int) -> dict[str, float]:
-        cfg, sides, device, dtype = self.cfg, self.sides, self.device, self.dtype
-        restart = cfg.restart_each_cycle and cycle > 1
-        if cfg.mode == "teacher":
-            cross_labels, teacher = teacher_labels(cfg, sides[0], self.data, self.pairs, device, dtype)
-            self.info.update(teacher)
-            cross_loss = teacher["teacher_train_loss"]
-        else:
-            # labels from the bi-encoders the previous cycle trained, before any restart
-            bi_labels = np.mean([np.clip(bi_scores(s, self.pairs, device, dtype), 0.0, 1.0) for s in sides], axis=0)
-            self._record(cycle, "bi_to_cross", bi_labels)
-            labeled = both_orders(self.pairs.assign(score=bi_labels))
-            losses = []
-            for side in sides:
-                if restart:
-                    restart_cross(side, cfg)
-                losses.append(fit_cross_encoder(side.cross, side.cross_tokens, labeled, cfg.cross_epochs, cfg.cross_lr,
-                                                cfg.cross_batch_size, cfg.seed * 100 + cycle, cfg.cross_loss, device,
-                                                dtype, where=f"cycle {cycle}")[-1])
-            cross_loss = float(np.mean(losses))
-            cross_labels = np.mean([cross_scores(s, self.pairs, device, dtype) for s in sides], axis=0)
-        self._record(cycle, "cross_to_bi", cross_labels)
-        labeled = self.pairs.assign(score=cross_labels)
-        losses = []
-        for side in sides:
-            if restart:
-                restart_bi(side, cfg)
-            losses.append(fit_bi_encoder(side.bi, side.bi_tokens, labeled, cfg.bi_epochs, cfg.bi_lr, cfg.bi_batch_size,
-                                         cfg.seed * 100 + cycle, device, dtype, f"cycle {cycle}")[-1])
-        bi_loss = float(np.mean(losses))
-        return {"train_loss": bi_loss, "bi_train_loss": bi_loss, "cross_train_loss": cross_loss}
-
-    def evaluate(self, split: str):
-        """Both encoders of every side: `dev_spearman` (bi), `cross_dev_spearman`, `partner_...`."""
-        metrics, main_scores = {}, None
-        frame, dtype = self.data.split(split), scoring_dtype(self.cfg.eval_precision, self.dtype)
-        for side in self.sides:
-            evaluator = STSEvaluator({split: frame})
-            bi = evaluator.evaluate(Embedder(side.bi, side.bi_tokens, self.device, dtype), split)
-            cross, _ = score_split(side.cross, side.cross_tokens, frame, split, self.device, dtype)
-            metrics.update({f"{side.prefix}{k}": v for k, v in bi.items()})
-            metrics.update({f"{side.prefix}cross_{k}": v for k, v in cross.items()})
-            main_scores = evaluator.last_scores[split] if main_scores is None else main_scores
-        return metrics, main_scores
-
-    def save_extra(self, folder: Path) -> None:
-        self.history.to_csv(folder / PSEUDO_LABELS, index=False)
-
-    def load_extra(self, folder: Path) -> None:
-        self.history = pd.read_csv(folder / PSEUDO_LABELS)
-
-    def sentence_model(self):
-        return self.sides[0].bi, self.sides[0].bi_tokens.tokenizer, self.cfg.bi_max_seq_length
-
-
 class DistillKind(TrainingKind):
     example = {"layer": 2, "cycles": 2, "bi_epochs": 1, "cross_epochs": 1, "max_train_samples": 64}
     Config = DistillConfig
+    learner = "trainables.learners.distill:DistillLearner"
     exports_models = True
     round_name = "cycle"
     round_table = True
     names = {"mode": MODES, "cross_loss": CROSS_LOSSES, "pooling": POOLINGS, "cross_pooling": POOLINGS}
-
-    def build(self, cfg, device, dtype) -> Learner:
-        return DistillLearner(cfg, device, dtype)
 
     def stages(self, cfg) -> tuple[str, ...]:
         return super().stages(cfg) + (("teacher",) if cfg.mode == "teacher" else ())

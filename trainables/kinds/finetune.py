@@ -8,23 +8,13 @@ classification (softmax over (u, v, |u-v|) as SBERT, cosine_bce); `select: f1` s
 
 from __future__ import annotations
 
-import math
-import time
-
-import torch
 from pydantic import Field
 
-from trainables.batching import TokenCache
-from trainables.bi_encoder import build_optimizer, check_finite, epoch_batches, pair_lengths, train_step
 from trainables.contract import TrainingConfig
-from trainables.data import load_task, task_spec
 from trainables.errors import UserInputError, one_of
-from trainables.evaluation import SELECTS, Embedder, make_evaluator
-from trainables.kinds.base import Learner, TrainingKind
-from trainables.models import POOLINGS, build_sentence_encoder, count_parameters, load_tokenizer
-from trainables.objectives import LOSSES, build_loss
-from trainables.pretraining import OBJECTIVES, PretrainFields, pretrained_start, stage_seed_of
-from trainables.runtime import linear_schedule, scoring_dtype
+from trainables.kinds.base import TrainingKind
+from trainables.names import LOSS_TASKS, POOLINGS, SELECTS
+from trainables.stages.fields import OBJECTIVES, PretrainFields, stage_seed_of
 
 
 class FinetuneConfig(TrainingConfig, PretrainFields):
@@ -48,79 +38,24 @@ class FinetuneConfig(TrainingConfig, PretrainFields):
     group_by_length: bool = True
 
 
-class FinetuneLearner(Learner):
-    def __init__(self, cfg: FinetuneConfig, device, dtype):
-        self.cfg, self.device, self.dtype = cfg, device, dtype
-        data = load_task(cfg.task, cfg.language, cfg.data_dir, cfg.max_train_samples, cfg.max_eval_samples)
-        if data.kind == "unlabeled":
-            raise UserInputError("task", cfg.task, "finetune needs a labeled pair task (stsb, sick, mrpc, ...)")
-        start, stage = pretrained_start(cfg, cfg.pooling)
-        self.model = build_sentence_encoder(start, cfg.layer, cfg.pooling, cfg.projection_dim, cfg.random_init,
-                                            cfg.seed).to(device)
-        dim = self.model.projection[0].out_features if self.model.projection else self.model.encoder.config.hidden_size
-        self.loss_fn = build_loss(cfg.loss, data.kind, dim).to(device)
-        self.tokens = TokenCache(load_tokenizer(start), cfg.max_seq_length)
-        self.first, self.second = list(data.train["sentence1"]), list(data.train["sentence2"])
-        self.tokens.add(self.first + self.second)
-        self.targets = torch.as_tensor(data.train["score" if data.kind == "sts" else "label"].to_numpy().copy())
-        self.evaluator = make_evaluator(data.kind, {"dev": data.dev, "test": data.test}, cfg.select)
-        self.metric, self.greater_is_better = self.evaluator.primary("dev"), self.evaluator.greater_is_better
-        self.embed = Embedder(self.model, self.tokens, device, scoring_dtype(cfg.eval_precision, dtype))
-        self.lengths = pair_lengths(self.tokens, self.first, self.second)
-        total = math.ceil(len(self.lengths) / cfg.batch_size) * cfg.epochs
-        self.optimizer = build_optimizer(list(self.model.named_parameters()) + list(self.loss_fn.named_parameters()),
-                                         cfg.lr, cfg.weight_decay)
-        self.scheduler = linear_schedule(self.optimizer, round(cfg.warmup_ratio * total), total)
-        self.test_frame = data.test
-        self.info = {"params": count_parameters(self.model), **stage}
-
-    def modules(self) -> dict[str, torch.nn.Module]:
-        return {"model": self.model, "loss": self.loss_fn}
-
-    def optimizers(self):
-        return [(self.optimizer, self.scheduler)]
-
-    def train_round(self, round_: int) -> dict[str, float]:
-        cfg = self.cfg
-        started = time.perf_counter()
-        self.model.train()
-        total = 0.0
-        batches = epoch_batches(self.lengths, cfg.batch_size, cfg.seed * 1_000 + round_, cfg.group_by_length)
-        for step, batch in enumerate(batches, start=1):
-            token_lists = [self.tokens[self.first[i]] for i in batch] + [self.tokens[self.second[i]] for i in batch]
-            loss = train_step(self.model, self.loss_fn, self.optimizer, self.scheduler, token_lists,
-                              self.targets[batch], self.tokens.pad_id, self.device, self.dtype, cfg.max_grad_norm)
-            total += check_finite(loss.item(), f"epoch {round_}, step {step} (lr={cfg.lr})",
-                                  "lower the learning rate or use precision fp32")
-        seconds = time.perf_counter() - started
-        return {"train_loss": total / max(1, len(batches)), "train_samples_per_second": len(self.lengths) / seconds}
-
-    def evaluate(self, split: str):
-        metrics = self.evaluator.evaluate(self.embed, split)
-        return metrics, self.evaluator.last_scores[split]
-
-    def sentence_model(self):
-        return self.model, self.tokens.tokenizer, self.cfg.max_seq_length
-
-
 class FinetuneKind(TrainingKind):
     example = {"layer": 2, "epochs": 3, "lr": 1e-3, "batch_size": 16}
     Config = FinetuneConfig
+    learner = "trainables.learners.finetune:FinetuneLearner"
     exports_models = True
     names = {"pooling": POOLINGS}
 
-    def build(self, cfg, device, dtype) -> Learner:
-        return FinetuneLearner(cfg, device, dtype)
-
     def check_names(self, cfg, key_of) -> None:
+        from trainables.data import task_spec
+
         super().check_names(cfg, key_of)
         kind = task_spec(cfg.task).kind
-        if cfg.loss not in LOSSES:
-            raise one_of(key_of("loss"), cfg.loss, LOSSES)
-        if LOSSES[cfg.loss][0] != kind:
-            fitting = ", ".join(n for n, (k, _) in LOSSES.items() if k == kind)
+        if cfg.loss not in LOSS_TASKS:
+            raise one_of(key_of("loss"), cfg.loss, LOSS_TASKS)
+        if LOSS_TASKS[cfg.loss] != kind:
+            fitting = ", ".join(n for n, k in LOSS_TASKS.items() if k == kind)
             raise UserInputError(key_of("loss"), cfg.loss,
-                                 f"it trains {LOSSES[cfg.loss][0]} tasks; task {cfg.task} needs one of: {fitting}")
+                                 f"it trains {LOSS_TASKS[cfg.loss]} tasks; task {cfg.task} needs one of: {fitting}")
         if cfg.select is not None and (kind != "classification" or cfg.select not in SELECTS):
             raise UserInputError(key_of("select"), cfg.select, f"pair classification selects on one of: "
                                                                f"{', '.join(SELECTS)}; STS tasks select on Spearman")

@@ -3,10 +3,26 @@ dev-selected layer's metrics as `dev_*`/`test_*` and every layer's as `layer{k}_
 
 from __future__ import annotations
 
-from trainables.contract import Report
+from pydantic import Field
+
+from trainables.contract import Report, TrialConfig
 from trainables.kinds.base import TrainableKind
-from trainables.models import POOLINGS
-from trainables.probe import ProbeConfig, probe_layers
+from trainables.names import POOLINGS
+
+
+class ProbeConfig(TrialConfig):
+    model: str
+    task: str = "stsb"
+    language: str | None = None
+    layers: list[int] | None = Field(None, description="layers to score; null scores 0..L")
+    pooling: str = "mean"
+    splits: list[str] = ["dev", "test"]
+    max_seq_length: int = Field(128, ge=2)
+    precision: str = "auto"
+    device: str = "auto"
+    num_threads: int | None = Field(None, ge=1)
+    data_dir: str | None = None
+    max_eval_samples: int | None = Field(None, ge=1)
 
 
 class ProbeKind(TrainableKind):
@@ -22,6 +38,8 @@ class ProbeKind(TrainableKind):
         return [("layers", cfg.layers, cfg.model)]
 
     def run(self, config: dict, report: Report, checkpoint_dir: str | None = None) -> dict:
+        from trainables.probe import probe_layers
+
         cfg = self.parse({**config, "splits": ["dev", "test"]})
         rows = probe_layers(cfg)
         primary, _ = self.metric(cfg)

@@ -1,0 +1,75 @@
+"""The `finetune` kind's learner: one epoch of length-grouped pair batches per round."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from trainables.batching import TokenCache
+from trainables.bi_encoder import build_optimizer, check_finite, epoch_batches, pair_lengths, train_step
+from trainables.data import load_task
+from trainables.errors import UserInputError
+from trainables.evaluation import Embedder, make_evaluator
+from trainables.kinds.base import Learner
+from trainables.kinds.finetune import FinetuneConfig
+from trainables.models import build_sentence_encoder, count_parameters, load_tokenizer
+from trainables.objectives import build_loss
+from trainables.pretraining import pretrained_start
+from trainables.runtime import linear_schedule, scoring_dtype
+
+
+class FinetuneLearner(Learner):
+    def __init__(self, cfg: FinetuneConfig, device, dtype):
+        self.cfg, self.device, self.dtype = cfg, device, dtype
+        data = load_task(cfg.task, cfg.language, cfg.data_dir, cfg.max_train_samples, cfg.max_eval_samples)
+        if data.kind == "unlabeled":
+            raise UserInputError("task", cfg.task, "finetune needs a labeled pair task (stsb, sick, mrpc, ...)")
+        start, stage = pretrained_start(cfg, cfg.pooling)
+        self.model = build_sentence_encoder(start, cfg.layer, cfg.pooling, cfg.projection_dim, cfg.random_init,
+                                            cfg.seed).to(device)
+        dim = self.model.projection[0].out_features if self.model.projection else self.model.encoder.config.hidden_size
+        self.loss_fn = build_loss(cfg.loss, data.kind, dim).to(device)
+        self.tokens = TokenCache(load_tokenizer(start), cfg.max_seq_length)
+        self.first, self.second = list(data.train["sentence1"]), list(data.train["sentence2"])
+        self.tokens.add(self.first + self.second)
+        self.targets = torch.as_tensor(data.train["score" if data.kind == "sts" else "label"].to_numpy().copy())
+        self.evaluator = make_evaluator(data.kind, {"dev": data.dev, "test": data.test}, cfg.select)
+        self.metric, self.greater_is_better = self.evaluator.primary("dev"), self.evaluator.greater_is_better
+        self.embed = Embedder(self.model, self.tokens, device, scoring_dtype(cfg.eval_precision, dtype))
+        self.lengths = pair_lengths(self.tokens, self.first, self.second)
+        total = math.ceil(len(self.lengths) / cfg.batch_size) * cfg.epochs
+        self.optimizer = build_optimizer(list(self.model.named_parameters()) + list(self.loss_fn.named_parameters()),
+                                         cfg.lr, cfg.weight_decay)
+        self.scheduler = linear_schedule(self.optimizer, round(cfg.warmup_ratio * total), total)
+        self.test_frame = data.test
+        self.info = {"params": count_parameters(self.model), **stage}
+
+    def modules(self) -> dict[str, torch.nn.Module]:
+        return {"model": self.model, "loss": self.loss_fn}
+
+    def optimizers(self):
+        return [(self.optimizer, self.scheduler)]
+
+    def train_round(self, round_: int) -> dict[str, float]:
+        cfg = self.cfg
+        started = time.perf_counter()
+        self.model.train()
+        total = 0.0
+        batches = epoch_batches(self.lengths, cfg.batch_size, cfg.seed * 1_000 + round_, cfg.group_by_length)
+        for step, batch in enumerate(batches, start=1):
+            token_lists = [self.tokens[self.first[i]] for i in batch] + [self.tokens[self.second[i]] for i in batch]
+            loss = train_step(self.model, self.loss_fn, self.optimizer, self.scheduler, token_lists,
+                              self.targets[batch], self.tokens.pad_id, self.device, self.dtype, cfg.max_grad_norm)
+            total += check_finite(loss.item(), f"epoch {round_}, step {step} (lr={cfg.lr})",
+                                  "lower the learning rate or use precision fp32")
+        seconds = time.perf_counter() - started
+        return {"train_loss": total / max(1, len(batches)), "train_samples_per_second": len(self.lengths) / seconds}
+
+    def evaluate(self, split: str):
+        metrics = self.evaluator.evaluate(self.embed, split)
+        return metrics, self.evaluator.last_scores[split]
+
+    def sentence_model(self):
+        return self.model, self.tokens.tokenizer, self.cfg.max_seq_length

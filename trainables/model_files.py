@@ -1,0 +1,116 @@
+"""A model's files without torch or transformers: where a hub id or folder resolves, checks of a
+folder before anything in it is loaded, and what its `config.json` says (depth, architecture), so
+that `validate` and the plan read a model's depth in milliseconds."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from pathlib import Path
+
+from trainables.errors import UserInputError
+from trainables.packaged import install_hint, packaged_model_path
+
+DEPTH_KEYS = ("num_hidden_layers", "n_layers", "n_layer", "num_layers")  # BERT & co., DistilBERT, GPT-2, T5
+
+
+def resolve_model_path(name: str) -> str:
+    """A local folder as given; a hub id with a packaged copy resolves to that copy (same weights,
+    no network); any other hub id is returned for transformers to fetch or read from its cache."""
+    if Path(name).expanduser().is_dir():
+        refuse_custom_code(Path(name).expanduser(), name)
+        refuse_unsafe_weights(Path(name).expanduser(), name)
+        return str(Path(name).expanduser())
+    packaged = packaged_model_path(name)
+    return str(packaged) if packaged is not None else name
+
+
+def refuse_custom_code(folder: Path, name: str) -> None:
+    """A model folder that names its own Python classes (`auto_map`) would run that code when loaded:
+    refused before transformers sees it (every load also passes trust_remote_code=False)."""
+    for file in ("config.json", "tokenizer_config.json"):
+        try:
+            text = (folder / file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        if '"auto_map"' in text:
+            raise UserInputError("model", name, f"{file} has an auto_map: the folder asks to run its own Python code, "
+                                                "which orchestrator never does; use a model of a transformers "
+                                                "architecture")
+
+
+def refuse_unsafe_weights(folder: Path, name: str) -> None:
+    """A folder whose weights are only pickles (`pytorch_model*.bin`, no safetensors) is loaded by
+    transformers with torch's weights-only unpickler, which refuses any other Python object: checked
+    here (once per file) so that such a folder is one line at `validate`, not a failed trial with a
+    Ray traceback per retry. Nothing in the file is ever executed."""
+    if any(folder.glob("*.safetensors")):
+        return
+    for file in sorted(folder.glob("pytorch_model*.bin")):
+        problem = _unsafe_pickle(str(file), file.stat().st_mtime_ns)
+        if problem:
+            raise UserInputError("model", name, f"{file.name} holds more than tensors ({problem}); torch loads weights "
+                                                "only, and orchestrator never runs a pickle's code: give the "
+                                                "folder's weights as model.safetensors")
+
+
+@functools.lru_cache(maxsize=64)
+def _unsafe_pickle(path: str, mtime_ns: int) -> str | None:
+    import torch  # only for a folder whose weights are pickles
+
+    try:
+        torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 (any refusal or damage is the answer)
+        text = str(exc)
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+        return f"it names {found.group(1)}" if found else text.strip().splitlines()[0][:160]
+    return None
+
+
+def config_file(name: str) -> Path:
+    """The `config.json` of a model folder, of a packaged copy, or of a hub id from the Hugging Face
+    cache (fetched once when online, as transformers would)."""
+    path = resolve_model_path(name)
+    if Path(path).is_dir():
+        found = Path(path) / "config.json"
+        if not found.is_file():
+            raise UserInputError("model", name, "the folder has no config.json: give a transformers model folder")
+        return found
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    try:
+        return Path(hf_hub_download(name, "config.json"))
+    except (OSError, ValueError, EntryNotFoundError) as exc:
+        raise UserInputError("model", name, install_hint(name)) from exc
+
+
+@functools.lru_cache(maxsize=64)
+def _read_config(path: str, mtime_ns: int) -> dict:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def model_config(name: str) -> dict:
+    """The model's `config.json` as a dict."""
+    path = config_file(name)
+    try:
+        return _read_config(str(path), path.stat().st_mtime_ns)
+    except (OSError, ValueError) as exc:
+        raise UserInputError("model", name, f"its config.json cannot be read ({exc}): re-download the model") from None
+
+
+def model_depth(name: str) -> int:
+    """Number of transformer layers, from `config.json`; an architecture that names it otherwise
+    is asked of transformers' own config class."""
+    config = model_config(name)
+    for key in DEPTH_KEYS:
+        if isinstance(config.get(key), int):
+            return config[key]
+    from trainables.models import encoder_depth, load_config
+
+    return encoder_depth(load_config(name))
+
+
+def model_type(name: str) -> str | None:
+    return model_config(name).get("model_type")
