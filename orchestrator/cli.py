@@ -184,7 +184,7 @@ def validate(study_file: str, debug: bool = DEBUG) -> None:
 def plan(study_file: str, estimate: bool = typer.Option(False, "--estimate", help="Run a short pilot and estimate "
                                                                                   "trial-hours and wall time."),
          debug: bool = DEBUG) -> None:
-    """List every ablation cell, the trials per phase and the total trial-epochs."""
+    """List every ablation cell, the trials per phase and the total trial-rounds (epochs, cycles, ...)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -208,16 +208,16 @@ def plan(study_file: str, estimate: bool = typer.Option(False, "--estimate", hel
     console.print(f"seeds: {', '.join(map(str, resolved.seeds))} · metric: {resolved.metric} ({resolved.mode})")
     console.print(f"trials: {resolved.tuning_trials} tuning + {resolved.replicate_trials} replicate = "
                   f"{resolved.tuning_trials + resolved.replicate_trials}; at most {resolved.max_trial_epochs} "
-                  f"trial-epochs ({resolved.epochs} per trial)")
+                  f"trial-{resolved.kind.round_name}s ({resolved.epochs} per trial)")
     if estimate:
         from orchestrator.estimate import estimate as estimate_plan
         from orchestrator.estimate import pilots_per_cell
 
         pilots = pilots_per_cell(resolved)
         found = estimate_plan(resolved, pilots)
-        deepest = max(pilots.values(), key=lambda p: p.step_s)
+        deepest = max(pilots.values(), key=lambda p: p.unit_s * p.units_per_round)
         console.print(f"pilot (this machine, {study.resources.cpu:g} CPU per trial): build {deepest.build_s:.1f} s, "
-                      f"step {deepest.step_s:.3f} s x {deepest.steps_per_round} per round, dev evaluation "
+                      f"{deepest.unit} {deepest.unit_s:.3f} s x {deepest.units_per_round:g} per round, dev evaluation "
                       f"{deepest.eval_s:.1f} s (deepest cell)")
         stages = (f", {found.stages} pretraining stage(s) {found.stage_hours:.2f} h" if found.stages else "")
         console.print(f"estimate: tuning {found.tuning_hours:.2f} trial-h ({found.tuning_rounds:.1f} rounds with "

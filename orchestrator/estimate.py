@@ -1,8 +1,10 @@
 """A budget before launch: a short pilot, then the plan's trial-hours and wall time.
 
-The pilot builds the trial of the shallowest and of the deepest cell (data, model, tokenization),
-times a few optimizer steps and one dev evaluation on the resources the study asks for, and scales
-them: a round is `steps × step time + evaluation`, a trial is `build + rounds`, replicates add one
+The pilot builds the trial of the shallowest and of the deepest cell (data, model, tokenization) as
+the kind's `pilot` declares it (a short trial whose work costs the same per unit: a few optimizer
+steps, a few batches' worth of pairs, or the whole first round), times its one round and one dev
+evaluation on the resources the study asks for, and scales them: a round is `units × unit time +
+evaluation`, a trial is `build + rounds`, replicates add one
 test evaluation. Cells between are interpolated linearly in their layer (truncation makes a step's
 cost linear in the layers kept). Tuning trials count the rounds ASHA is expected to leave them:
 successive halving lets 1/η of a rung's trials on to the next rung. Wall time divides trial-hours
@@ -11,25 +13,26 @@ by the slots the study can use and adds the launch's fixed cost.
 
 from __future__ import annotations
 
-import math
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 
 from orchestrator.plan import Cell, StudyPlan, covering_values
 from trainables.errors import UserInputError
+from trainables.kinds.base import TrainingKind
 
-PILOT_STEPS = 3
 LAUNCH_OVERHEAD_S = 25.0  # Ray's start, validation, MLflow setup, the first worker's imports (measured ~22 s)
 
 
 @dataclass(frozen=True)
 class Pilot:
     build_s: float  # data, model and tokenization of one trial
-    step_s: float  # one optimizer step
+    unit_s: float  # one unit of a round's work (an optimizer step, a pair, a whole round: the kind says)
     eval_s: float  # one dev evaluation
-    steps_per_round: int
+    units_per_round: float
     test_s: float  # one test evaluation (replicates)
+    unit: str = "step"
 
 
 @dataclass(frozen=True)
@@ -50,61 +53,44 @@ class Estimate:
 
 def check_pilot(plan: StudyPlan) -> None:
     """A `budget:` needs a pilot: refused at `validate` (no data or model is loaded here) for a kind
-    whose rounds the pilot cannot time."""
+    that declares none."""
     if plan.study.budget is None or not plan.cells:
         return
-    config = plan.trial_config(plan.cells[0], {k: covering_values(p)[0] for k, p in plan.tuned.items()},
-                               plan.seeds[0])
-    if pilot_round(plan.kind.parse(config)) is None:
+    if not isinstance(plan.kind, TrainingKind):
         raise UserInputError("budget", {"hours": plan.study.budget.hours},
-                             f"{plan.study.trainable} has no pilot to estimate it with yet; remove budget to launch "
-                             "without an estimate")
-
-
-def pilot_round(full) -> str | None:
-    """What one round of a trial is, as the pilot times it: `eval_every` optimizer steps ("steps"), an
-    epoch over the train pairs ("epoch"), or None: a kind the pilot cannot time yet."""
-    if hasattr(full, "eval_every"):
-        return "steps"
-    if hasattr(full, "epochs") and hasattr(full, "batch_size"):
-        return "epoch"
-    return None
+                             f"{plan.study.trainable} has no pilot to estimate it with (it trains nothing); remove "
+                             "budget to launch without an estimate")
 
 
 def pilot(plan: StudyPlan, cell: Cell) -> Pilot:
-    """Time one trial's pieces for `cell` on this machine."""
-    from trainables.data import load_task
+    """Time one trial's pieces for `cell` on this machine, as its kind's `pilot` declares; shared
+    stages and caches go to a scratch folder (priced by `stage_cost`, never left behind)."""
     from trainables.runtime import prepare, seed_everything
 
     kind = plan.kind
-    name = plan.study.trainable
     config = plan.trial_config(cell, {k: covering_values(p)[0] for k, p in plan.tuned.items()}, plan.seeds[0])
-    full = kind.parse(config)
-    round_ = pilot_round(full)
-    if round_ == "steps":
-        steps_per_round, pilot_config = full.eval_every, {**config, "steps": PILOT_STEPS, "eval_every": PILOT_STEPS}
-    elif round_ == "epoch":
-        train = load_task(full.task, getattr(full, "language", None), full.data_dir, full.max_train_samples).train
-        steps_per_round = math.ceil(len(train) / full.batch_size)
-        pilot_config = {**config, "epochs": 1, "max_train_samples": PILOT_STEPS * full.batch_size}
-    else:
-        raise UserInputError("--estimate", name, "no pilot for this trainable yet; estimate from a small study's "
-                                                 "measured time instead")
-    cfg = kind.parse({**pilot_config, "score_test": False})
-    device, dtype = prepare(cfg.device, cfg.precision, cfg.num_threads)
-    seed_everything(cfg.seed)
-    started = time.perf_counter()
-    learner = kind.build(cfg, device, dtype)
-    build_s = time.perf_counter() - started
-    started = time.perf_counter()
-    learner.train_round(1)
-    step_s = (time.perf_counter() - started) / PILOT_STEPS
-    started = time.perf_counter()
-    learner.evaluate("dev")
-    eval_s = time.perf_counter() - started
-    started = time.perf_counter()
-    learner.evaluate("test")
-    return Pilot(build_s, step_s, eval_s, steps_per_round, time.perf_counter() - started)
+    spec = kind.pilot(kind.parse(config))
+    if spec is None:
+        raise UserInputError("--estimate", plan.study.trainable, "no pilot for this trainable; estimate from a small "
+                                                                 "study's measured time instead")
+    with tempfile.TemporaryDirectory(prefix="orchestrator-pilot-") as scratch:
+        scratch_dirs = {"cache_dir": scratch} if "cache_dir" in type(kind).Config.model_fields else {}
+        cfg = kind.parse({**config, **spec.overrides, **scratch_dirs, "score_test": False})
+        device, dtype = prepare(cfg.device, cfg.precision, cfg.num_threads)
+        seed_everything(cfg.seed)
+        started = time.perf_counter()
+        learner = kind.build(cfg, device, dtype)
+        build_s = time.perf_counter() - started
+        started = time.perf_counter()
+        learner.train_round(1)
+        unit_s = (time.perf_counter() - started) / spec.units
+        started = time.perf_counter()
+        learner.evaluate("dev")
+        eval_s = time.perf_counter() - started
+        started = time.perf_counter()
+        learner.evaluate("test")
+        test_s = time.perf_counter() - started
+    return Pilot(build_s, unit_s, eval_s, spec.per_round, test_s, spec.unit)
 
 
 def _layer(cell: Cell) -> float | None:
@@ -123,9 +109,9 @@ def pilots_per_cell(plan: StudyPlan) -> dict[int, Pilot]:
     out = {}
     for cell in plan.cells:
         share = 1.0 if _layer(cell) is None else (_layer(cell) - _layer(low)) / (_layer(high) - _layer(low))
-        out[cell.index] = Pilot(*(x + share * (y - x) for x, y in ((a.build_s, b.build_s), (a.step_s, b.step_s),
+        out[cell.index] = Pilot(*(x + share * (y - x) for x, y in ((a.build_s, b.build_s), (a.unit_s, b.unit_s),
                                                                      (a.eval_s, b.eval_s))),
-                                b.steps_per_round, a.test_s + share * (b.test_s - a.test_s))
+                                b.units_per_round, a.test_s + share * (b.test_s - a.test_s), b.unit)
     return out
 
 
@@ -180,7 +166,7 @@ def estimate(plan: StudyPlan, pilots: dict[int, Pilot] | None = None, cpus: int 
     replicate_rounds = 0
     for cell in plan.cells:
         p = pilots[cell.index]
-        round_s = p.steps_per_round * p.step_s + p.eval_s
+        round_s = p.units_per_round * p.unit_s + p.eval_s
         if plan.study.tune:
             rounds = expected_tuning_rounds(plan, cell)
             tuning_s += plan.trials_per_cell * (p.build_s + rounds * round_s)

@@ -398,7 +398,7 @@ def test_the_estimate_counts_asha_rungs_and_slots_from_the_pilot(plan, tmp_path)
 
     # 3 epochs, grace 1, eta 3: every trial runs epoch 1, a third of them epochs 2..3
     assert expected_tuning_rounds(plan, plan.cells[0]) == pytest.approx(1 + 2 / 3)
-    pilot = Pilot(build_s=10.0, step_s=0.5, eval_s=4.0, steps_per_round=20, test_s=6.0)
+    pilot = Pilot(build_s=10.0, unit_s=0.5, eval_s=4.0, units_per_round=20, test_s=6.0)
     found = estimate(plan, {0: pilot, 1: pilot}, cpus=2, stages=(0.0, 0))
     round_s = 20 * 0.5 + 4.0
     tuning = 2 * 2 * (10.0 + (1 + 2 / 3) * round_s)  # 2 cells x 2 trials
@@ -518,20 +518,61 @@ def test_what_the_state_keeps_as_it_goes_equals_a_recount_of_its_trials(plan, tm
             assert best is None or state._value(best) == max(state._value(r) for r in scored)
 
 
-def test_a_budget_on_a_kind_without_a_pilot_is_refused_at_validate(tiny_bert, synthetic_data_dir, tmp_path):
+def test_every_training_kind_has_a_pilot_and_a_budget_without_one_is_refused(tiny_bert, synthetic_data_dir,
+                                                                            tmp_path):
     import yaml
     from typer.testing import CliRunner
 
     from orchestrator.cli import app
     from trainables.kinds import get_kind
 
+    def study(kind: str, **extra) -> str:
+        example = get_kind(kind).example
+        raw = {"name": kind, "trainable": kind, "model": tiny_bert, "data_dir": str(synthetic_data_dir),
+               "train": {k: v for k, v in example.items() if k not in ("max_train_samples", "max_eval_samples")},
+               "tracking": {"mlflow_uri": "sqlite:///x.db"}, **extra}
+        (tmp_path / f"{kind}.yaml").write_text(yaml.safe_dump(raw))
+        return str(tmp_path / f"{kind}.yaml")
+
+    assert CliRunner().invoke(app, ["validate", study("distill", budget={"hours": 1.0})]).exit_code == 0
+    refused = CliRunner().invoke(app, ["validate", study("probe", budget={"hours": 1.0})])
+    assert refused.exit_code == 2 and refused.stderr == ("error: budget: {'hours': 1.0} is not valid; probe has no "
+                                                         "pilot to estimate it with (it trains nothing); remove budget "
+                                                         "to launch without an estimate\n")
+
+
+def test_a_distill_study_is_estimated_from_a_cycle_on_a_few_pairs(tiny_bert, synthetic_data_dir, tmp_path):
+    """distill declares its pilot: one cycle on 2 x 16 of its 240 pairs, scaled by pairs; a teacher round
+    is timed whole, its stage in a scratch folder that the pilot leaves nowhere."""
+    from orchestrator.estimate import estimate, pilot
+
     raw = {"name": "d", "trainable": "distill", "model": tiny_bert, "data_dir": str(synthetic_data_dir),
-           "train": {k: v for k, v in get_kind("distill").example.items() if k != "max_train_samples"},
+           "ablate": {"layer": [1, 2]}, "replicate": {"seeds": [0, 1]},
+           "train": {"cycles": 3, "bi_epochs": 1, "bi_batch_size": 16, "cross_batch_size": 8},
            "tracking": {"mlflow_uri": "sqlite:///x.db"}}
-    (tmp_path / "d.yaml").write_text(yaml.safe_dump(raw))
-    assert CliRunner().invoke(app, ["validate", str(tmp_path / "d.yaml")]).exit_code == 0
-    (tmp_path / "d.yaml").write_text(yaml.safe_dump({**raw, "budget": {"hours": 1.0}}))
-    refused = CliRunner().invoke(app, ["validate", str(tmp_path / "d.yaml")])
-    assert refused.exit_code == 2 and refused.stderr == ("error: budget: {'hours': 1.0} is not valid; distill has no "
-                                                         "pilot to estimate it with yet; remove budget to launch "
-                                                         "without an estimate\n")
+    plan = build_plan(parse_study(raw), tmp_path)
+    found = pilot(plan, plan.cells[0])
+    assert found.unit == "pair" and found.units_per_round == 240 and found.unit_s > 0 and found.eval_s > 0
+    total = estimate(plan, {0: found, 1: found}, cpus=1, stages=(0.0, 0))
+    per_trial = found.build_s + 3 * (240 * found.unit_s + found.eval_s) + found.test_s
+    assert total.replicate_hours * 3600 == pytest.approx(4 * per_trial) and total.replicate_rounds == 12
+    teacher = build_plan(parse_study({**raw, "train": {**raw["train"], "mode": "teacher"}}), tmp_path)
+    whole = pilot(teacher, teacher.cells[0])
+    assert whole.unit == "round" and whole.units_per_round == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no stage cache, no model: the pilot is scratch
+
+
+def test_a_kind_declares_nothing_more_to_be_estimated(monkeypatch, tiny_bert, synthetic_data_dir, tmp_path):
+    """The toy kind (tests only) gets an estimate from the default pilot: its own first round."""
+    from orchestrator.estimate import estimate, pilots_per_cell
+    from trainables.kinds import KINDS
+
+    monkeypatch.setitem(KINDS, "toy", "tests.toy_kind:ToyKind")
+    raw = {"name": "toy", "trainable": "toy", "model": tiny_bert, "data_dir": str(synthetic_data_dir),
+           "ablate": {"lr": [0.1, 1.0]}, "replicate": {"seeds": [0, 1, 2]}, "train": {"epochs": 4},
+           "tracking": {"mlflow_uri": "sqlite:///x.db"}}
+    plan = build_plan(parse_study(raw), tmp_path)
+    pilots = pilots_per_cell(plan)
+    assert {p.unit for p in pilots.values()} == {"round"}
+    found = estimate(plan, pilots, cpus=2, stages=(0.0, 0))
+    assert found.replicate_rounds == 2 * 3 * 4 and found.replicate_hours > 0

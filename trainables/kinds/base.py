@@ -10,8 +10,11 @@ every kind.
 from __future__ import annotations
 
 import importlib
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -27,6 +30,20 @@ if TYPE_CHECKING:  # the base class imports almost nothing: reading the registry
     import torch
 
 KeyOf = Callable[[str], str]  # a config field -> the YAML key path it came from
+PILOT_STEPS = 3  # optimizer steps a step-timed pilot runs
+
+
+@dataclass(frozen=True)
+class PilotSpec:
+    """How the estimate times a trial of this config: it builds the trial with `overrides` (a short
+    trial whose work costs the same per unit), times one round of it — `units` units of work — and
+    one dev and one test evaluation; a round of the real trial does `per_round` units. Shared stages
+    are priced apart (the pilot skips them)."""
+
+    overrides: dict[str, Any] = dataclass_field(default_factory=dict)
+    units: float = 1.0
+    per_round: float = 1.0
+    unit: str = "round"  # what a unit is, for the printout: an optimizer step, a pair, a whole round
 
 
 class TrainableKind(ABC):
@@ -99,6 +116,10 @@ class TrainableKind(ABC):
             if getattr(cfg, field) not in valid:
                 raise one_of(key_of(field), getattr(cfg, field), valid)
 
+    def pilot(self, cfg) -> PilotSpec | None:
+        """How `plan --estimate` and `budget:` time a trial of this config; None: they cannot."""
+        return None
+
     @abstractmethod
     def run(self, config: dict, report: Report, checkpoint_dir: str | None = None) -> dict:
         """Run one trial; report once per round; return the last metrics."""
@@ -153,6 +174,20 @@ class TrainingKind(TrainableKind):
     kind (validate, plan, status, report) never imports torch."""
 
     learner: ClassVar[str | None] = None
+
+    def pilot(self, cfg) -> PilotSpec:
+        """By default the pilot is the trial's own first round (exact, and as long as a round);
+        kinds shorten it. A `pretrain:` stage is skipped (the same encoder shape, priced apart)."""
+        return PilotSpec({"pretrain_steps": 0} if "pretrain_steps" in type(cfg).model_fields else {})
+
+    def epoch_pilot(self, cfg, train_pairs: int) -> PilotSpec:
+        """A round is an epoch of `batch_size` batches over `train_pairs`: time a few steps."""
+        kept = min(train_pairs, PILOT_STEPS * cfg.batch_size)
+        return PilotSpec({**self.pilot_base(cfg), "epochs": 1, "max_train_samples": kept},
+                         math.ceil(kept / cfg.batch_size), math.ceil(train_pairs / cfg.batch_size), "step")
+
+    def pilot_base(self, cfg) -> dict[str, Any]:
+        return TrainingKind.pilot(self, cfg).overrides
 
     def build(self, cfg, device: torch.device, dtype: torch.dtype) -> Learner:
         """Data, models, optimizers and evaluators of one trial (seeded by the loop)."""

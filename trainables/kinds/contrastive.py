@@ -13,7 +13,7 @@ from pydantic import Field
 
 from trainables.contract import TrainingConfig
 from trainables.errors import UserInputError, one_of
-from trainables.kinds.base import TrainingKind
+from trainables.kinds.base import PILOT_STEPS, PilotSpec, TrainingKind
 from trainables.model_files import model_depth
 from trainables.names import ATTENTION_LOSSES, METHODS, POOLINGS
 
@@ -88,6 +88,10 @@ class ContrastiveKind(TrainingKind):
     round_name = "round"
 
     names = {"pooling": POOLINGS, "attention_loss": ATTENTION_LOSSES, "method": METHODS}
+
+    def pilot(self, cfg):
+        """A round is `eval_every` optimizer steps: time a few."""
+        return PilotSpec({"steps": PILOT_STEPS, "eval_every": PILOT_STEPS}, PILOT_STEPS, cfg.eval_every, "step")
 
     def check_names(self, cfg, key_of) -> None:
         super().check_names(cfg, key_of)

@@ -34,3 +34,8 @@ class CrossEncoderKind(TrainingKind):
     Config = CrossEncoderConfig
     learner = "trainables.learners.cross_encoder:CrossEncoderLearner"
     names = {"pooling": POOLINGS, "loss": CROSS_LOSSES}
+
+    def pilot(self, cfg):
+        from trainables.data import load_task
+
+        return self.epoch_pilot(cfg, len(load_task(cfg.task, cfg.language, cfg.data_dir, cfg.max_train_samples).train))

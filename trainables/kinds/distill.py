@@ -18,7 +18,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from trainables.contract import TrainingConfig
-from trainables.kinds.base import TrainingKind
+from trainables.kinds.base import PilotSpec, TrainingKind
 from trainables.names import CROSS_LOSSES, POOLINGS
 from trainables.stages.fields import PretrainFields, stage_seed_of
 
@@ -70,6 +70,18 @@ class DistillKind(TrainingKind):
     round_name = "cycle"
     round_table = True
     names = {"mode": MODES, "cross_loss": CROSS_LOSSES, "pooling": POOLINGS, "cross_pooling": POOLINGS}
+
+    def pilot(self, cfg):
+        """A cycle's work (labelling, the cross- and the bi-encoder's epochs) grows with the pairs:
+        time one cycle on a few batches' worth of pairs. With `mode: teacher` the one round holds
+        the teacher stage, trained on every train pair: the pilot is that round."""
+        if cfg.mode == "teacher":
+            return super().pilot(cfg)
+        from trainables.learners.distill import unlabeled_pairs  # counts the pairs a trial would see
+
+        pairs = len(unlabeled_pairs(cfg, None))
+        kept = min(pairs, 2 * max(cfg.bi_batch_size, cfg.cross_batch_size))
+        return PilotSpec({**self.pilot_base(cfg), "cycles": 1, "max_train_samples": kept}, kept, pairs, "pair")
 
     def stages(self, cfg) -> tuple[str, ...]:
         return super().stages(cfg) + (("teacher",) if cfg.mode == "teacher" else ())

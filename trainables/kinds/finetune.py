@@ -45,6 +45,11 @@ class FinetuneKind(TrainingKind):
     exports_models = True
     names = {"pooling": POOLINGS}
 
+    def pilot(self, cfg):
+        from trainables.data import load_task
+
+        return self.epoch_pilot(cfg, len(load_task(cfg.task, cfg.language, cfg.data_dir, cfg.max_train_samples).train))
+
     def check_names(self, cfg, key_of) -> None:
         from trainables.data import task_spec
 
