@@ -135,7 +135,7 @@ def expected_tuning_rounds(plan: StudyPlan, cell: Cell) -> float:
 def stage_cost(plan: StudyPlan) -> tuple[float, int]:
     """(seconds, count) of the distinct pretraining stages the plan's trials need, each built once:
     one pilot of a few steps per distinct stage configuration, scaled to its steps."""
-    from trainables.pretraining import pilot_stage_step, stage_params
+    from trainables.stages.pretrain import pilot_stage_step, stage_params
 
     configs = [plan.trial_config(cell, {}, seed, phase) for cell in plan.cells
                for seed, phase in ([(plan.study.tune.seed, "tune")] if plan.study.tune else []) +

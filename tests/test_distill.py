@@ -11,6 +11,7 @@ import torch
 
 from trainables.contract import collect
 from trainables.cross import CrossEncoder, PairTokens, cross_loss, predict
+from trainables.data import unlabeled_pairs
 from trainables.errors import UserInputError
 from trainables.kinds import get_kind
 from trainables.kinds.distill import DistillConfig
@@ -255,10 +256,9 @@ def test_bad_settings_are_one_clear_error(config, changes, message):
 def test_pairs_from_a_file_and_test_pairs_only_when_transductive(config, tmp_path):
     path = tmp_path / "pairs.tsv"
     path.write_text('a "quoted" man\ta woman\nx\ty\na "quoted" man\ta woman\n\t\n')
-    frame = distill_module.unlabeled_pairs(DistillConfig(**{**config, "pairs": str(path)}), None)
+    frame = unlabeled_pairs(str(path), "stsb", None, config["data_dir"], False)
     assert frame.values.tolist() == [['a "quoted" man', "a woman"], ["x", "y"]]
-    with_test = distill_module.unlabeled_pairs(DistillConfig(**{
-        **config, "pairs": "task+test", "transductive": True, "max_train_samples": None}), None)
+    with_test = unlabeled_pairs("task+test", "stsb", None, config["data_dir"], transductive=True)
     assert len(with_test) == 240 + 80 + 80  # train, dev and test pairs (Trans-Encoder's transductive set)
     assert list(with_test.columns) == ["sentence1", "sentence2"]
 

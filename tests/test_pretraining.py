@@ -10,13 +10,13 @@ import threading
 import pytest
 import torch
 
-from trainables import pretraining
 from trainables.contract import collect
 from trainables.data import corpus_sentences
 from trainables.errors import UserInputError
 from trainables.kinds import get_kind
 from trainables.kinds.finetune import FinetuneConfig
-from trainables.pretraining import RTDObjective, adapt, schedule
+from trainables.stages import pretrain as pretraining
+from trainables.stages.pretrain import RTDObjective, adapt, schedule
 
 finetune = get_kind("finetune")
 

@@ -8,8 +8,9 @@ from trainables.contract import collect
 from trainables.errors import UserInputError
 from trainables.evaluation import Embedder, STSEvaluator
 from trainables.kinds import get_kind
+from trainables.kinds.probe import ProbeConfig
 from trainables.models import build_sentence_encoder, load_tokenizer
-from trainables.probe import ProbeConfig, probe_layers
+from trainables.probe import probe_layers
 
 
 def test_every_layer_is_scored_like_the_model_cut_there(tiny_bert, synthetic_data_dir):

@@ -158,3 +158,10 @@ def score_split(model: CrossEncoder, tokens: PairTokens, frame: pd.DataFrame, sp
     return sts_metrics(split, scores, frame["score"].to_numpy(dtype=np.float64)), scores
 
 
+def score_both_orders(model: CrossEncoder, tokens: PairTokens, frame: pd.DataFrame, device, dtype) -> np.ndarray:
+    """A cross-encoder's score of each pair, averaged over both orders (for one that learned both)."""
+    n = len(frame)
+    ordered = both_orders(frame[["sentence1", "sentence2"]])
+    scores = predict(model, tokens.lookup(list(ordered["sentence1"]), list(ordered["sentence2"])), tokens.pad_id,
+                     device, dtype)
+    return (scores[:n] + scores[n:]) / 2

@@ -321,3 +321,30 @@ def load_sts_task(name: str, language: str | None, data_folder: str | os.PathLik
         raise UserInputError("task", name, f"{who} selects on an STS dev split: use stsb, sick, korsts, "
                                            "stsb_multi_mt or sick_full")
     return data
+
+
+def unlabeled_pairs(source: str, task: str, language: str | None, data_dir: str | None, transductive: bool,
+                    max_samples: int | None = None, key: str = "pairs") -> pd.DataFrame:
+    """Distinct (sentence1, sentence2) pairs without labels: the task's train pairs (`task`), with
+    dev (`task+dev`) or test (`task+test`, transductive only), or a TSV file of two sentence
+    columns; at most `max_samples`, the same rows in every trial."""
+    if source in ("task", "task+dev", "task+test"):
+        if source == "task+test" and not transductive:
+            raise UserInputError(key, source, "test pairs train only with transductive: true")
+        full = load_task(task, language, data_dir)
+        frames = [full.train] + ([full.dev] if source != "task" else []) + ([full.test] if source == "task+test"
+                                                                            else [])
+        frame = pd.concat([f[["sentence1", "sentence2"]] for f in frames], ignore_index=True)
+    elif Path(source).expanduser().is_file():
+        frame = pd.read_csv(Path(source).expanduser(), sep="\t", header=None, quoting=3, usecols=[0, 1],
+                            names=["sentence1", "sentence2"], dtype=str, keep_default_na=False)
+    else:
+        raise UserInputError(key, source, "use task, task+dev, task+test (transductive) or the path of a TSV "
+                                          "file with two sentence columns")
+    frame = frame[(frame.sentence1.str.strip() != "") & (frame.sentence2.str.strip() != "")]
+    frame = frame.drop_duplicates().reset_index(drop=True)
+    if max_samples is not None and max_samples < len(frame):
+        frame = frame.sample(n=max_samples, random_state=SAMPLE_SEED).sort_index().reset_index(drop=True)
+    if len(frame) < 2:
+        raise UserInputError(key, source, "fewer than 2 pairs")
+    return frame

@@ -18,6 +18,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,9 +26,12 @@ from trainables.bi_encoder import write_predictions
 from trainables.checkpoints import MODEL_DIR, PREDICTIONS, DamagedCheckpointError, load_checkpoint, save_checkpoint
 from trainables.contract import Report
 from trainables.errors import TrainingDivergedError
-from trainables.kinds.base import Learner, TrainingKind
+from trainables.learner import Learner
 from trainables.models import save_sentence_transformer
 from trainables.runtime import prepare, seed_everything
+
+if TYPE_CHECKING:  # the kind calls the loop; the loop only calls back into it
+    from trainables.kinds.base import TrainingKind
 
 
 @dataclass

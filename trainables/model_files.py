@@ -107,9 +107,11 @@ def model_depth(name: str) -> int:
     for key in DEPTH_KEYS:
         if isinstance(config.get(key), int):
             return config[key]
-    from trainables.models import encoder_depth, load_config
+    from transformers import AutoConfig
 
-    return encoder_depth(load_config(name))
+    config = AutoConfig.from_pretrained(resolve_model_path(name), trust_remote_code=False)
+    depth = getattr(config, "num_hidden_layers", None)
+    return int(depth if depth is not None else config.n_layers)
 
 
 def model_type(name: str) -> str | None:

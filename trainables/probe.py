@@ -8,6 +8,7 @@ and scored with the task's evaluator. The model is cut after the deepest layer a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -16,7 +17,6 @@ from trainables.batching import TokenCache
 from trainables.data import load_task
 from trainables.errors import UserInputError, one_of
 from trainables.evaluation import Embedder, make_evaluator
-from trainables.kinds.probe import ProbeConfig
 from trainables.models import (
     POOLINGS,
     encoder_depth,
@@ -28,6 +28,9 @@ from trainables.models import (
 )
 from trainables.runtime import resolve_device, resolve_precision
 from trainables.sts_suite import load_suite, score_suite, suite_sentences
+
+if TYPE_CHECKING:  # the config is the probe kind's declaration
+    from trainables.kinds.probe import ProbeConfig
 
 
 class AllLayers(nn.Module):

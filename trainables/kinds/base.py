@@ -1,4 +1,4 @@
-"""The extension point: a trainable kind and, for kinds that train, the learner the loop drives.
+"""The extension point: a trainable kind, as data the orchestrator reads without running a trial.
 
 A kind says what the orchestrator may ask without running a trial (its config schema, the metric
 that selects rounds, trials and layers, how many reports a trial makes, the shared stages it uses,
@@ -15,18 +15,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainables.contract import Report, TrialConfig, parse_config
 from trainables.errors import UserInputError, one_of
+from trainables.learner import Learner
 from trainables.model_files import model_depth
 from trainables.names import EVAL_PRECISIONS, PRECISIONS, primary_metric
 from trainables.stages.fields import uses_stage
 
 if TYPE_CHECKING:  # the base class imports almost nothing: reading the registry loads no torch
-    import numpy as np
-    import pandas as pd
     import torch
 
 KeyOf = Callable[[str], str]  # a config field -> the YAML key path it came from
@@ -123,49 +121,6 @@ class TrainableKind(ABC):
     @abstractmethod
     def run(self, config: dict, report: Report, checkpoint_dir: str | None = None) -> dict:
         """Run one trial; report once per round; return the last metrics."""
-
-
-class Learner(ABC):
-    """What one trial of a training kind is made of; `trainables.loop` drives it.
-
-    `metric` and `greater_is_better` come from the evaluator; `test_frame` holds the test pairs'
-    gold column for the per-pair predictions; `info` is reported with every round."""
-
-    metric: str
-    greater_is_better: bool = True
-    test_frame: pd.DataFrame
-    info: dict
-
-    @abstractmethod
-    def train_round(self, round_: int) -> dict[str, float]:
-        """Train one round (an epoch, `eval_every` steps, a distillation cycle); at least `train_loss`."""
-
-    @abstractmethod
-    def evaluate(self, split: str) -> tuple[dict[str, float], np.ndarray | None]:
-        """Split-prefixed metrics and the per-pair scores of the primary model."""
-
-    @abstractmethod
-    def modules(self) -> dict[str, torch.nn.Module]:
-        """The named modules whose weights make a checkpoint and the best-dev snapshot."""
-
-    def optimizers(self) -> list[tuple[torch.optim.Optimizer, Any]]:
-        """(optimizer, scheduler) pairs that live across rounds and are checkpointed."""
-        return []
-
-    def save_extra(self, folder: Path) -> None:  # noqa: B027 (optional hook)
-        """Files beside the weights that a resume needs (e.g. every cycle's pseudo-labels)."""
-
-    def load_extra(self, folder: Path) -> None:  # noqa: B027 (optional hook)
-        """Read back what `save_extra` wrote."""
-
-    def sentence_model(self) -> tuple[Any, Any, int]:
-        """(SentenceEncoder, tokenizer, evaluation length) of the model the run scores, for
-        `save:`; kinds without a sentence encoder (cross-encoders) have none."""
-        raise NotImplementedError(f"{type(self).__name__} has no sentence encoder to save")
-
-    def test_extras(self) -> dict[str, float]:
-        """More test metrics scored once with the best-dev weights (e.g. the STS suite)."""
-        return {}
 
 
 class TrainingKind(TrainableKind):

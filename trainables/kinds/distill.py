@@ -77,9 +77,10 @@ class DistillKind(TrainingKind):
         the teacher stage, trained on every train pair: the pilot is that round."""
         if cfg.mode == "teacher":
             return super().pilot(cfg)
-        from trainables.learners.distill import unlabeled_pairs  # counts the pairs a trial would see
+        from trainables.data import unlabeled_pairs  # the pairs a trial would see
 
-        pairs = len(unlabeled_pairs(cfg, None))
+        pairs = len(unlabeled_pairs(cfg.pairs, cfg.task, cfg.language, cfg.data_dir, cfg.transductive,
+                                    cfg.max_train_samples))
         kept = min(pairs, 2 * max(cfg.bi_batch_size, cfg.cross_batch_size))
         return PilotSpec({**self.pilot_base(cfg), "cycles": 1, "max_train_samples": kept}, kept, pairs, "pair")
 

@@ -11,12 +11,12 @@ from trainables.contrastive_objectives import ContrastiveModel, contrastive_step
 from trainables.data import corpus_sentences, load_sts_task
 from trainables.errors import UserInputError, one_of
 from trainables.evaluation import Embedder, make_evaluator
-from trainables.kinds.base import Learner
 from trainables.kinds.contrastive import (
     MODEL_MAX_LENGTH,
     ContrastiveConfig,
     resolve_attention_layers,
 )
+from trainables.learner import Learner
 from trainables.models import build_sentence_encoder, count_parameters, encoder_depth, load_tokenizer
 from trainables.names import ATTENTION_LOSSES
 from trainables.runtime import linear_schedule, scoring_dtype

@@ -11,11 +11,11 @@ from trainables.bi_encoder import build_optimizer, epoch_batches
 from trainables.cross import CROSS_LOSSES, CrossEncoder, PairTokens, score_split, train_cross_epoch
 from trainables.data import load_sts_task
 from trainables.errors import one_of
-from trainables.kinds.base import Learner
 from trainables.kinds.cross_encoder import CrossEncoderConfig
+from trainables.learner import Learner
 from trainables.models import count_parameters, load_tokenizer
-from trainables.pretraining import pretrained_start
 from trainables.runtime import linear_schedule, scoring_dtype
+from trainables.stages.pretrain import pretrained_start
 
 
 class CrossEncoderLearner(Learner):

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from safetensors.torch import load_file, save_file
 
 from trainables.batching import TokenCache
 from trainables.bi_encoder import fit_bi_encoder
@@ -18,20 +17,18 @@ from trainables.cross import (
     PairTokens,
     both_orders,
     fit_cross_encoder,
-    predict,
+    score_both_orders,
     score_split,
 )
-from trainables.data import TaskData, load_sts_task, load_task
-from trainables.errors import UserInputError, one_of
+from trainables.data import load_sts_task, unlabeled_pairs
+from trainables.errors import one_of
 from trainables.evaluation import Embedder, STSEvaluator, pair_cosines
-from trainables.kinds.base import Learner
 from trainables.kinds.distill import MODES, DistillConfig
+from trainables.learner import Learner
 from trainables.models import SentenceEncoder, build_sentence_encoder, count_parameters, load_tokenizer
-from trainables.pretraining import pretrained_start, stage_seed_of
 from trainables.runtime import scoring_dtype, seed_everything
-from trainables.stages import get_or_build
-
-TEACHER_WEIGHTS = "models.safetensors"
+from trainables.stages.pretrain import pretrained_start
+from trainables.stages.teacher import teacher_labels
 
 
 @dataclass
@@ -46,31 +43,6 @@ class Side:
     cross: CrossEncoder
     bi_tokens: TokenCache
     cross_tokens: PairTokens
-
-
-def unlabeled_pairs(cfg: DistillConfig, data: TaskData | None) -> pd.DataFrame:
-    """Distinct (sentence1, sentence2) pairs without labels; test pairs only when transductive."""
-    source = cfg.pairs
-    if source in ("task", "task+dev", "task+test"):
-        if source == "task+test" and not cfg.transductive:
-            raise UserInputError("pairs", source, "test pairs train only with transductive: true")
-        full = load_task(cfg.task, cfg.language, cfg.data_dir)
-        frames = [full.train] + ([full.dev] if source != "task" else []) + ([full.test] if source == "task+test"
-                                                                            else [])
-        frame = pd.concat([f[["sentence1", "sentence2"]] for f in frames], ignore_index=True)
-    elif Path(source).expanduser().is_file():
-        frame = pd.read_csv(Path(source).expanduser(), sep="\t", header=None, quoting=3, usecols=[0, 1],
-                            names=["sentence1", "sentence2"], dtype=str, keep_default_na=False)
-    else:
-        raise UserInputError("pairs", source, "use task, task+dev, task+test (transductive) or the path of a TSV "
-                                              "file with two sentence columns")
-    frame = frame[(frame.sentence1.str.strip() != "") & (frame.sentence2.str.strip() != "")]
-    frame = frame.drop_duplicates().reset_index(drop=True)
-    if cfg.max_train_samples is not None and cfg.max_train_samples < len(frame):
-        frame = frame.sample(n=cfg.max_train_samples, random_state=0).sort_index().reset_index(drop=True)
-    if len(frame) < 2:
-        raise UserInputError("pairs", source, "fewer than 2 pairs")
-    return frame
 
 
 def build_side(cfg: DistillConfig, prefix: str, bi_name: str, bi_layer: int | None, cross_name: str, device) -> Side:
@@ -95,39 +67,7 @@ def bi_scores(side: Side, frame: pd.DataFrame, device, dtype) -> np.ndarray:
 
 def cross_scores(side: Side, frame: pd.DataFrame, device, dtype) -> np.ndarray:
     """The cross-encoder's score of each pair, averaged over both orders (it learned both)."""
-    n = len(frame)
-    ordered = both_orders(frame[["sentence1", "sentence2"]])
-    tokens = side.cross_tokens.lookup(list(ordered["sentence1"]), list(ordered["sentence2"]))
-    scores = predict(side.cross, tokens, side.cross_tokens.pad_id, device, dtype)
-    return (scores[:n] + scores[n:]) / 2
-
-
-def teacher_labels(cfg: DistillConfig, side: Side, data: TaskData, pairs: pd.DataFrame, device,
-                   dtype) -> tuple[np.ndarray, dict]:
-    """A cross-encoder trained on the task's gold train labels (a cached stage, keyed with its own
-    seed: per trial seed, or one shared) and its scores of the unlabeled pairs; its weights go into
-    `side.cross`."""
-    seed = stage_seed_of(cfg)
-    fields = ("task", "language", "pairs", "max_train_samples", "max_eval_samples", "transductive", "cross_layer",
-              "cross_pooling", "cross_epochs", "cross_lr", "cross_batch_size", "cross_max_seq_length", "cross_loss")
-    params = {"cross_model": side.cross_name, "seed": seed, **{k: getattr(cfg, k) for k in fields}}
-
-    def build(folder: Path) -> dict:
-        seed_everything(seed)
-        restart_cross(side, cfg)
-        losses = fit_cross_encoder(side.cross, side.cross_tokens, both_orders(data.train), cfg.cross_epochs,
-                                   cfg.cross_lr, cfg.cross_batch_size, seed, cfg.cross_loss, device, dtype,
-                                   where="teacher")
-        save_file({k: v.contiguous().cpu() for k, v in side.cross.state_dict().items()}, folder / TEACHER_WEIGHTS)
-        pairs.assign(score=cross_scores(side, pairs, device, dtype)).to_csv(folder / "labels.csv", index=False)
-        return {"loss_curve": losses, "first_loss": losses[0], "last_loss": losses[-1], "pairs": len(pairs)}
-
-    folder, record, built = get_or_build(cfg.cache_dir, "teacher", params, build)
-    if not built:
-        side.cross.load_state_dict(load_file(folder / TEACHER_WEIGHTS))
-    labels = pd.read_csv(folder / "labels.csv", keep_default_na=False)["score"].to_numpy(dtype=np.float64)
-    return labels, {"teacher_cache_key": record["key"], "teacher_cache_hit": int(not built),
-                    "teacher_train_loss": record["last_loss"], "stage_seed": seed}
+    return score_both_orders(side.cross, side.cross_tokens, frame, device, dtype)
 
 
 class DistillLearner(Learner):
@@ -141,7 +81,8 @@ class DistillLearner(Learner):
         self.cfg, self.device, self.dtype = cfg, device, dtype
         self.data = load_sts_task(cfg.task, cfg.language, cfg.data_dir, "distillation",
                                   max_eval_samples=cfg.max_eval_samples)
-        self.pairs = unlabeled_pairs(cfg, self.data)
+        self.pairs = unlabeled_pairs(cfg.pairs, cfg.task, cfg.language, cfg.data_dir, cfg.transductive,
+                                     cfg.max_train_samples)
         start, stage = pretrained_start(cfg, cfg.pooling)
         seed_everything(cfg.seed)
         self.sides = [build_side(cfg, "", start, cfg.layer, cfg.cross_model or start, device)]
@@ -166,7 +107,10 @@ class DistillLearner(Learner):
         cfg, sides, device, dtype = self.cfg, self.sides, self.device, self.dtype
         restart = cfg.restart_each_cycle and cycle > 1
         if cfg.mode == "teacher":
-            cross_labels, teacher = teacher_labels(cfg, sides[0], self.data, self.pairs, device, dtype)
+            side = sides[0]
+            cross_labels, teacher = teacher_labels(cfg, side.cross_name, side.cross, side.cross_tokens,
+                                                   lambda: restart_cross(side, cfg), self.data.train, self.pairs,
+                                                   device, dtype)
             self.info.update(teacher)
             cross_loss = teacher["teacher_train_loss"]
         else:

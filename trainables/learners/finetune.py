@@ -12,12 +12,12 @@ from trainables.bi_encoder import build_optimizer, check_finite, epoch_batches, 
 from trainables.data import load_task
 from trainables.errors import UserInputError
 from trainables.evaluation import Embedder, make_evaluator
-from trainables.kinds.base import Learner
 from trainables.kinds.finetune import FinetuneConfig
+from trainables.learner import Learner
 from trainables.models import build_sentence_encoder, count_parameters, load_tokenizer
 from trainables.objectives import build_loss
-from trainables.pretraining import pretrained_start
 from trainables.runtime import linear_schedule, scoring_dtype
+from trainables.stages.pretrain import pretrained_start
 
 
 class FinetuneLearner(Learner):

@@ -1,6 +1,6 @@
 """What a kind's config says about the `pretrain:` stage, importable without torch: the settings
 (`PretrainFields`), the closed names, and whether and with which seed a config runs the stage.
-The stage itself is `trainables.pretraining`."""
+The stage itself is `trainables.stages.pretrain`."""
 
 from __future__ import annotations
 

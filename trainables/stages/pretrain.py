@@ -1,4 +1,4 @@
-"""Domain-adaptive pretraining as a shared stage any kind may declare (`pretrain:`).
+"""The `dapt` stage: domain-adaptive pretraining that any kind with `pretrain:` fields may use.
 
 Objectives: masked language modelling (transformers' MLM collator, 15 % masking; the prediction
 head tied to the input embeddings, fresh when the checkpoint has none), ELECTRA's replaced-token
@@ -145,10 +145,10 @@ def pretrain(cfg, seed: int, sentences: list[str], folder: Path) -> dict:
 def contrastive_pretrain(cfg, seed: int, pooling: str, folder: Path) -> dict:
     """SimCSE / miCSE on the whole encoder with the trial's pooling, run by the `contrastive` kind
     (the task's dev split picks the best of four evaluation points); saves encoder and tokenizer."""
-    from trainables.kinds import get_kind
+    from trainables.kinds.contrastive import ContrastiveKind  # its declaration, not the registry
     from trainables.loop import train
 
-    kind = get_kind("contrastive")
+    kind = ContrastiveKind()
     stage = kind.parse({
         "model": cfg.model, "method": cfg.pretrain, "task": cfg.task, "language": cfg.language,
         "corpus": cfg.pretrain_corpus, "pooling": pooling, "lr": cfg.pretrain_lr, "steps": cfg.pretrain_steps,

@@ -1,0 +1,100 @@
+"""The import graph of the project's own packages has no circle, counting the imports made inside
+functions too (a circle held together by function-local imports is still a circle), and the kinds'
+stages sit below the kinds: no stage reaches a kind through the registry."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("orchestrator", "trainables", "reports", "search_spaces")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_only(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """Project modules `path` imports anywhere (module level or inside functions), except under
+    `if TYPE_CHECKING:`; `from a.b import c` counts `a.b.c` when that is a module, else `a.b`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and _type_checking_only(node)
+               for child in node.body for n in ast.walk(child)}
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in modules)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                target = f"{node.module}.{alias.name}"
+                found.add(target if target in modules else node.module)
+    return found & modules
+
+
+def graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+    modules = set(files)
+    return {name: imports_of(path, modules) - {name} for name, path in files.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_finder_sees_a_circle_held_by_a_function_local_import(tmp_path):
+    (tmp_path / "a.py").write_text("import b\n")
+    (tmp_path / "b.py").write_text("def f():\n    import a\n")
+    (tmp_path / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\n")
+    modules = {"a", "b", "c"}
+    edges = {m: imports_of(tmp_path / f"{m}.py", modules) for m in modules}
+    assert cycles(edges) == [["a", "b"]] and edges["c"] == set()
+
+
+def test_no_import_circle_in_the_project():
+    assert cycles(graph()) == []
+
+
+def test_stages_and_the_building_blocks_never_reach_the_registry():
+    edges = graph()
+    below = [m for m in edges if m.startswith("trainables.stages") or m in (
+        "trainables.loop", "trainables.bi_encoder", "trainables.cross", "trainables.contrastive_objectives",
+        "trainables.models", "trainables.data", "trainables.evaluation")]
+    assert {m: sorted(edges[m] & {"trainables.kinds"}) for m in below if "trainables.kinds" in edges[m]} == {}
