@@ -19,11 +19,12 @@ import time
 
 import torch
 import torch.nn.functional as F
-from trainables.finetune import FinetuneConfig, build_optimizer, train_step
 from transformers import get_linear_schedule_with_warmup
 
 from trainables.batching import TokenCache, pad
+from trainables.bi_encoder import build_optimizer, train_step
 from trainables.data import load_task
+from trainables.kinds.finetune import FinetuneConfig
 from trainables.models import SentenceEncoder, load_encoder, load_tokenizer, pool, truncate_encoder
 from trainables.objectives import CosineMSELoss
 from trainables.runtime import bf16_is_fast, resolve_precision

@@ -46,3 +46,13 @@ def test_the_gpu_benchmark_runs_end_to_end_on_the_cpu(tiny_bert, synthetic_data_
         packed = next(line for line in lines if line.startswith(f"{name} packing {k} trial"))
         assert float(re.search(r"aggregate ([0-9.]+) train pairs/s", packed).group(1)) > 0
         assert packed.endswith("device utilization n/a")
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in GPU.parent.glob("*.py")))
+def test_every_benchmark_imports_and_answers_help(script):
+    """A benchmark whose imports rotted (one still imported `trainables.finetune`, gone since the kinds
+    registry) fails here, not the day someone needs its numbers."""
+    done = subprocess.run([sys.executable, str(GPU.parent / script), "--help"], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage:" in done.stdout
