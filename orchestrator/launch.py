@@ -34,10 +34,12 @@ from orchestrator.study_folder import (  # noqa: F401 (DEFAULT_STORAGE: re-expor
     MODELS,
     OPTUNA_LOG,
     PLAN,
+    RECORD,
     STUDY_FILE,
     exclusive,
     read_json,
     read_meta,
+    read_record,
     study_dir,
     unwritable,
     write_atomic,
@@ -52,6 +54,19 @@ class LaunchResult:
     counts: dict[str, int]
     finished: bool
     reconciled: dict[str, int]
+
+
+def provenance() -> dict[str, str]:
+    """Where a study record came from: this orchestrator, Python and torch (when installed), and when."""
+    import datetime
+    import platform
+
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "absent"
+    return {"orchestrator": package_version(), "python": platform.python_version(), "torch": torch_version,
+            "written": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
 
 
 def package_version() -> str:
@@ -167,16 +182,17 @@ def run_locked(study_file: Path, study: StudyConfig, plan: StudyPlan, folder: Pa
     write_atomic(folder / LAUNCHED_FILE, text)  # what the trials below run: later edits are checked against it
     journal.write("launch", **meta)  # the study id lives in the journal too
     write_atomic(folder / META, json.dumps(meta, indent=1))
-    write_atomic(folder / PLAN, json.dumps(plan_record(plan), indent=1, default=str))
+    record = plan_record(plan, provenance())
+    write_atomic(folder / RECORD, record.to_json())
+    (folder / PLAN).unlink(missing_ok=True)  # a folder from before records: the record replaces its plan
     journal.write("cells", keys=[c.key for c in plan.cells])
     state = StudyState(plan, journal, folder / OPTUNA_LOG)
-    from orchestrator.tracking import ResilientTracker, StudyTracker, plan_summary
+    from orchestrator.tracking import ResilientTracker, StudyTracker
 
     tracker = StudyTracker(uri, study.name, folder / "mlartifacts")
-    tracker.start_parent(folder / STUDY_FILE, plan_summary(plan), package_version(), meta.get("study_uid"))
+    tracker.start_parent(folder / STUDY_FILE, record, package_version(), meta.get("study_uid"))
     if changed:
         tracker.client.log_artifact(tracker.parent_id, str(folder / STUDY_FILE))
-        tracker.client.log_dict(tracker.parent_id, plan_summary(plan), "plan.json")
         tracker.client.set_tag(tracker.parent_id, "orchestrator.extended", ",".join(changed)[:5000])
     resilient = ResilientTracker(tracker, lambda: state.records, {c.index: c.key for c in plan.cells})
     launches = len([p for p in (folder / "ray").glob("launch-*")]) if (folder / "ray").exists() else 0
@@ -364,8 +380,9 @@ def open_state(name: str, storage: str | Path | None = None) -> StudyState:
     if not (folder / STUDY_FILE).exists():
         raise UserInputError("NAME", name, f"no study folder {folder}; give --storage where it was launched")
     study = load_study(folder / STUDY_FILE)
-    if (folder / PLAN).exists():
-        plan = plan_from_record(study, read_json(folder / PLAN))
+    record = read_record(folder, study.name, study.trainable)
+    if record is not None:
+        plan = plan_from_record(study, record)
     else:  # a study folder from before plans were stored: rebuild it (needs the data and the model)
         meta = read_meta(folder)
         if meta is None:
@@ -380,9 +397,9 @@ def record_cells(journal: Journal, folder: Path, stored: StudyConfig, base_dir: 
     its earlier indices meant (folders from before such records: rebuilt from the stored study)."""
     if any(event.get("event") == "cells" for event in journal.events()):
         return
-    if (folder / PLAN).exists():
-        cells = read_json(folder / PLAN)["cells"]
-        keys = [" ".join(f"{k}={v}" for k, v in values.items()) or "all" for values in cells]
+    record = read_record(folder, stored.name, stored.trainable)
+    if record is not None:
+        keys = [key for key, _ in record.planned_cells]
     else:
         keys = [c.key for c in build_plan(stored, base_dir, stage_root=folder / "stages").cells]
     journal.write("cells", keys=keys)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orchestrator.config import StudyConfig
+from reports.record import KindRecord, StudyRecord
 from search_spaces.params import Choice, Fixed, Grid, IntRange, LogUniform, Param, Uniform, parse_ablated, parse_tuned
 from search_spaces.presets import expand_language, expand_layer, expand_pooling, expand_seeds, expand_tuned_preset
 from trainables.contract import TrialConfig
@@ -53,6 +55,7 @@ class StudyPlan:
     cell_reports: tuple[int, ...] = ()  # reports per trial of each cell (cells may ablate epochs, steps, mode)
     kind_path: str = ""  # the registry entry of the study's kind, carried by every trial to its worker
     cell_costs: tuple[float, ...] = ()  # a trial's relative cost per cell: the costliest cells start first
+    stages: tuple[str, ...] = ()  # the shared stages the plan's trials use (the kind's `stages`)
 
     def start_order(self) -> list[Cell]:
         """Cells costliest first (then in index order): long trials start early, so the study's
@@ -97,23 +100,29 @@ class StudyPlan:
         return config
 
 
-def plan_record(plan: StudyPlan) -> dict[str, Any]:
-    """What a launch stores beside the journal, so that `status`, `report` and `sync` rebuild the
-    plan without the data folder, the model or the hub."""
-    return {"cells": [c.values for c in plan.cells], "seeds": list(plan.seeds), "base": plan.base,
-            "metric": plan.metric, "mode": plan.mode, "epochs": plan.epochs, "origins": plan.origins,
-            "cell_reports": list(plan.cell_reports), "kind_path": plan.kind_path,
-            "cell_costs": list(plan.cell_costs)}
+def plan_record(plan: StudyPlan, provenance: dict[str, str] | None = None) -> StudyRecord:
+    """The study record a launch stores beside the journal and on the MLflow parent run, so that
+    `status`, `report`, `verify` and `sync` rebuild the plan without the data folder, the model or
+    the hub, and read what the kind declares without importing it."""
+    kind = plan.kind
+    return StudyRecord(
+        name=plan.study.name, kind=KindRecord(name=plan.study.trainable, path=plan.kind_path,
+                                              round_name=kind.round_name, round_table=kind.round_table,
+                                              exports_models=kind.exports_models, stages=list(plan.stages)),
+        metric=plan.metric, mode=plan.mode, cells=[c.values for c in plan.cells],
+        tuned={k: repr(v) for k, v in plan.tuned.items()}, seeds=list(plan.seeds),
+        base=json.loads(json.dumps(plan.base, default=str)), origins=plan.origins, epochs=plan.epochs,
+        cell_reports=list(plan.cell_reports), cell_costs=list(plan.cell_costs), tuning_trials=plan.tuning_trials,
+        replicate_trials=plan.replicate_trials, provenance=provenance or {})
 
 
-def plan_from_record(study: StudyConfig, record: dict[str, Any]) -> StudyPlan:
+def plan_from_record(study: StudyConfig, record: StudyRecord) -> StudyPlan:
     """The plan a launch stored (`plan_record`), for a study whose file is `study`."""
     tuned = {name: expand_tuned_preset(name, raw) or parse_tuned(f"tune.params.{name}", raw)
              for name, raw in (study.tune.params.items() if study.tune else ())}
-    return StudyPlan(study, tuple(Cell(i, values) for i, values in enumerate(record["cells"])), tuned,
-                     tuple(record["seeds"]), record["base"], record["metric"], record["mode"], record["epochs"],
-                     record["origins"], tuple(record["cell_reports"]), record["kind_path"],
-                     tuple(record.get("cell_costs", ())))
+    return StudyPlan(study, tuple(Cell(i, values) for i, values in enumerate(record.cells)), tuned,
+                     tuple(record.seeds), record.base, record.metric, record.mode, record.epochs, record.origins,
+                     tuple(record.cell_reports), record.kind.path, tuple(record.cell_costs), tuple(record.kind.stages))
 
 
 def _did_you_mean(key: str, name: str, valid: list[str]) -> UserInputError:
@@ -323,8 +332,9 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
     metric, mode = kind.metric(parsed[0]) if parsed else ("dev_spearman", "max")
     epochs = max(reports, default=1)  # reports per trial; ablating epochs or steps makes them differ by cell
     _check_baseline(study, cells)
+    stages = tuple(sorted({name for p in parsed for name in kind.stages(p)}))
     return StudyPlan(study, cells, tuned, seeds, base, metric, mode, epochs, origins, reports,
-                     KINDS[study.trainable], tuple(kind.relative_cost(p) for p in parsed))
+                     KINDS[study.trainable], tuple(kind.relative_cost(p) for p in parsed), stages)
 
 
 def _task_names() -> list[str]:

@@ -18,12 +18,14 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from reports.record import LEGACY_PLAN_FILE, RECORD_FILE, StudyRecord
 from trainables.errors import UserInputError
 
 STUDY_FILE = "study.yaml"  # the study as a user may edit it between launches
 LAUNCHED_FILE = "study.launched.yaml"  # the study as last accepted: what the journal's trials ran
 META = "launch.json"  # study id, base folder, tracking URI
-PLAN = "plan.json"  # the resolved plan of the latest launch: status and report need no data or model
+RECORD = RECORD_FILE  # the study record of the latest launch: status and report need no data, model or kind
+PLAN = LEGACY_PLAN_FILE  # what folders from before records hold instead
 JOURNAL = "journal.jsonl"
 OPTUNA_LOG = "optuna.log"  # every cell's Optuna study, for `orchestrator ui NAME --optuna`
 MODELS = "models"  # save: the kept models, one folder per cell and seed
@@ -83,6 +85,20 @@ def read_json(path: Path) -> dict:
         raise UserInputError(str(path), path.name, "the file is damaged (not a JSON object); it is rewritten by the "
                                                    "next `orchestrator resume` from the journal")
     return value
+
+
+def read_record(folder: Path, name: str, trainable: str) -> StudyRecord | None:
+    """The folder's study record (`study_record.json`; a folder from before records: its
+    `plan.json`, read as one), or None when no launch has written either."""
+    if (folder / RECORD).exists():
+        try:
+            text = (folder / RECORD).read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            text = "damaged"
+        return StudyRecord.from_json(text, str(folder / RECORD))
+    if (folder / PLAN).exists():
+        return StudyRecord.from_legacy(read_json(folder / PLAN), name, trainable)
+    return None
 
 
 def read_meta(folder: Path) -> dict | None:

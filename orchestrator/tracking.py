@@ -19,6 +19,7 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 
 from orchestrator.config import flatten
 from orchestrator.journal import Outcome, TrialRecord, remove_checkpoint
+from reports.record import RECORD_FILE, StudyRecord
 from reports.store import BOOKKEEPING_TAGS, CONSTANT_PARAMS, open_store, search_all
 from trainables.checkpoints import ARTIFACTS
 
@@ -111,11 +112,13 @@ class StudyTracker:
             return self._runs(f"tags.`{ROLE}` = 'study'")
         return self._runs(f"tags.`{ROLE}` = 'study' AND tags.`{STUDY_UID}` = '{study_uid}'")
 
-    def start_parent(self, study_file: Path, plan_summary: dict, version: str, study_uid: str | None = None) -> str:
+    def start_parent(self, study_file: Path, record: StudyRecord, version: str, study_uid: str | None = None) -> str:
         """The study folder's parent run: created on its first launch, set RUNNING again on resume.
-        Another folder's launch of the same name gets a parent of its own."""
-        if plan_summary.get("cells"):
-            self.client.set_experiment_tag(self.experiment_id, SHARED_VIEW_TAG, json.dumps(shared_view(plan_summary)))
+        Another folder's launch of the same name gets a parent of its own. It carries the study file
+        and the study record (`study_record.json`), which `report` and `verify` read."""
+        if record.cells:
+            self.client.set_experiment_tag(self.experiment_id, SHARED_VIEW_TAG,
+                                           json.dumps(shared_view(record.model_dump(mode="json"))))
         existing = self._parents(study_uid)
         if existing:
             self.parent_id = existing[0].info.run_id
@@ -129,7 +132,7 @@ class StudyTracker:
                 **({STUDY_UID: study_uid} if study_uid else {})})
             self.parent_id = run.info.run_id
             self.client.log_artifact(self.parent_id, str(study_file))
-            self.client.log_dict(self.parent_id, plan_summary, "plan.json")
+        self.client.log_text(self.parent_id, record.to_json(), RECORD_FILE)  # every launch: the latest plan
         for run in self._runs(f"tags.`mlflow.parentRunId` = '{self.parent_id}'"):
             self.children[run.data.tags.get(TRIAL_KEY, "")] = run.info.run_id
         return self.parent_id
@@ -383,12 +386,3 @@ class ResilientTracker:
 
 def _cell_values(cell_key: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in cell_key.split() if "=" in part)
-
-
-def plan_summary(plan) -> dict:
-    return json.loads(json.dumps({
-        "cells": [c.values for c in plan.cells], "tuned": {k: repr(v) for k, v in plan.tuned.items()},
-        "seeds": list(plan.seeds), "metric": plan.metric, "mode": plan.mode, "epochs": plan.epochs,
-        "tuning_trials": plan.tuning_trials, "replicate_trials": plan.replicate_trials, "base": plan.base,
-        "round": plan.kind.round_name,
-    }, default=str))

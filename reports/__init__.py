@@ -1,1 +1,1 @@
-"""Paper tables and plots from a study's MLflow runs (lands with the reports issue)."""
+"""Paper tables, plots and tidy CSVs from a study's MLflow runs and its study record."""

@@ -13,6 +13,7 @@ import pandas as pd
 import yaml
 from mlflow.tracking import MlflowClient
 
+from reports.record import LEGACY_PLAN_FILE, RECORD_FILE, StudyRecord
 from reports.store import BOOKKEEPING_TAGS, CONSTANT_PARAMS, open_store, search_all
 from trainables.errors import UserInputError
 
@@ -38,6 +39,7 @@ class StudyRuns:
     planned_cells: list[tuple[str, dict]] = field(default_factory=list)  # (cell key, axis values) of the plan
     mode: str = "max"  # whether a greater dev score is better (max) or a smaller one (min)
     round_name: str = "epoch"  # what one report of a trial covers (the kind's round: epoch, cycle, round)
+    record: StudyRecord | None = None  # the study record read from the parent run (None: a combined report)
 
     @property
     def test_metric(self) -> str:
@@ -87,12 +89,9 @@ def collect(tracking_uri: str, study: str, study_uid: str | None = None) -> Stud
         raise UserInputError("NAME", study, "the experiment has no study run: was it launched by orchestrator?")
     parent = parents[0]
     children = search_all(client, [experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
-    plan = _artifact_json(client, parent.info.run_id, "plan.json") or {}
     study_file = _artifact_yaml(client, parent.info.run_id, "study.yaml") or {}
-    axes = list((plan.get("cells") or [{}])[0].keys())
-    tuned = [str(k) for k in (plan.get("tuned") or {})]
-    planned = [(" ".join(f"{k}={v}" for k, v in values.items()) or "all", dict(values))
-               for values in plan.get("cells") or []]
+    record = read_parent_record(client, parent.info.run_id, study, study_file.get("trainable", "finetune"))
+    axes, tuned, planned = record.axes, list(record.tuned), record.planned_cells
     rows = []
     for run in children:
         tags = run.data.tags
@@ -114,11 +113,20 @@ def collect(tracking_uri: str, study: str, study_uid: str | None = None) -> Stud
     frame = pd.DataFrame(rows, columns=BASE_COLUMNS + axes + tuned if not rows else None)
     if not frame.empty:
         frame = frame.sort_values(["phase", "cell", "seed"], kind="stable").reset_index(drop=True)
-    return StudyRuns(study, frame, axes, plan.get("metric", "dev_spearman"), study_file.get("report") or {}, client,
-                     len(plan["seeds"]) if plan.get("seeds") else None, tracking_uri,
+    return StudyRuns(study, frame, axes, record.metric, study_file.get("report") or {}, client,
+                     len(record.seeds) or None, tracking_uri,
                      parent.data.tags.get("orchestrator.study_uid"), dict(parent.data.tags),
                      study_file.get("replicate") or {}, tuned=tuned, planned_cells=planned,
-                     mode=plan.get("mode", "max"), round_name=plan.get("round", "epoch"))
+                     mode=record.mode, round_name=record.kind.round_name, record=record)
+
+
+def read_parent_record(client: MlflowClient, run_id: str, study: str, trainable: str) -> StudyRecord:
+    """The study record on the parent run; a parent from before records: its `plan.json`, read as
+    one (a parent with neither: an empty record, so the runs still report)."""
+    text = _artifact_text(client, run_id, RECORD_FILE)
+    if text:
+        return StudyRecord.from_json(text, f"{RECORD_FILE} of MLflow run {run_id}")
+    return StudyRecord.from_legacy(_artifact_json(client, run_id, LEGACY_PLAN_FILE) or {}, study, trainable)
 
 
 def _artifact_text(client: MlflowClient, run_id: str, path: str) -> str | None:

@@ -228,7 +228,7 @@ def test_a_study_on_two_nodes_tracked_by_a_server_reports_like_a_local_one(clust
     for run in children:  # per-pair predictions arrive through the server's artifact proxy
         path = client.download_artifacts(run.info.run_id, "test_predictions.csv", str(tmp_path / run.info.run_id))
         assert len(pd.read_csv(path)) == 80
-    assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} >= {"study.yaml", "plan.json"}
+    assert {a.path for a in client.list_artifacts(parents[0].info.run_id)} >= {"study.yaml", "study_record.json"}
     events = [json.loads(line) for line in (tmp_path / "shared" / "cluster" / "journal.jsonl").read_text().splitlines()]
     written = {e["path"] for e in events if e["event"] == "checkpoint"}
     removed = {e["path"] for e in events if e["event"] == "checkpoint_removed"}

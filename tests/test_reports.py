@@ -17,6 +17,7 @@ from orchestrator.tracking import StudyTracker
 from reports.aggregate import summarize
 from reports.build import build_report
 from reports.collect import StudyRuns, collect
+from reports.record import KindRecord, StudyRecord
 from reports.significance import compare_to_baseline
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -33,9 +34,10 @@ def make_store(folder: Path, name: str = "synthetic", label: str | None = None) 
              "report": {"baseline": {"layer": "last"}, **({"label": label} if label else {})}}
     (folder / "study.yaml").write_text(yaml.safe_dump(study))
     tracker = StudyTracker(uri, name, folder / "artifacts")
-    tracker.start_parent(folder / "study.yaml", {"cells": [{"layer": k} for k in range(4)], "metric": "dev_spearman",
-                                                 "mode": "max", "seeds": [0, 1, 2],
-                                                 "tuned": {"lr": "LogUniform(low=1e-05, high=0.001)"}}, "test")
+    tracker.start_parent(folder / "study.yaml", StudyRecord(
+        name=name, kind=KindRecord(name="finetune"), metric="dev_spearman", mode="max",
+        cells=[{"layer": k} for k in range(4)], seeds=[0, 1, 2], tuned={"lr": "LogUniform(low=1e-05, high=0.001)"}),
+        "test")
     gold = np.random.default_rng(0).uniform(0, 1, 300)
     for layer in range(4):
         for seed in range(3):

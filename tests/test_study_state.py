@@ -14,6 +14,7 @@ from orchestrator.config import parse_study
 from orchestrator.journal import Journal, Outcome
 from orchestrator.plan import build_plan, plan_from_record, plan_record
 from orchestrator.study_state import FINISHED, StudyState
+from reports.record import StudyRecord
 
 
 @pytest.fixture()
@@ -95,7 +96,7 @@ def test_the_costliest_cells_start_first_and_the_order_survives_the_stored_plan(
                                               {"layer": 1, "epochs": 3}, {"layer": 2, "epochs": 3}]
     state = StudyState(plan, Journal(tmp_path / "j.jsonl"))
     assert [state.next_trial().key for _ in range(4)] == ["c3-s5", "c2-s5", "c1-s5", "c0-s5"]  # costs 9, 6, 3, 2
-    stored = plan_from_record(study, json.loads(json.dumps(plan_record(plan))))
+    stored = plan_from_record(study, StudyRecord.from_json(plan_record(plan).to_json()))
     assert [c.index for c in stored.start_order()] == [3, 2, 1, 0]
 
 
@@ -262,14 +263,13 @@ def test_the_searcher_hands_out_one_trial_per_slot_so_tpe_asks_with_what_is_know
 
 
 def test_status_needs_neither_the_data_folder_nor_the_model(tiny_bert, synthetic_data_dir, tmp_path, monkeypatch):
-    import json
     import shutil
 
     import yaml
     from typer.testing import CliRunner
 
     from orchestrator.cli import app
-    from orchestrator.launch import JOURNAL, META, PLAN, STUDY_FILE
+    from orchestrator.launch import JOURNAL, META, RECORD, STUDY_FILE
     from orchestrator.plan import plan_record
 
     model, data = tmp_path / "model", tmp_path / "data"
@@ -282,7 +282,7 @@ def test_status_needs_neither_the_data_folder_nor_the_model(tiny_bert, synthetic
     (folder / STUDY_FILE).write_text(yaml.safe_dump(raw))
     (folder / META).write_text(json.dumps({"base_dir": str(tmp_path), "tracking_uri": "sqlite:///x.db"}))
     plan = build_plan(parse_study(raw), tmp_path)
-    (folder / PLAN).write_text(json.dumps(plan_record(plan)))
+    (folder / RECORD).write_text(plan_record(plan).to_json())
     state = StudyState(plan, Journal(folder / JOURNAL))
     run(state, state.next_trial(), [40.0, 41.5])
     shutil.rmtree(model)

@@ -8,6 +8,7 @@ from mlflow.tracking import MlflowClient
 
 from orchestrator.journal import Outcome, TrialRecord
 from orchestrator.tracking import StudyTracker
+from reports.record import StudyRecord
 
 
 def started(tmp_path) -> tuple[str, StudyTracker]:
@@ -16,7 +17,7 @@ def started(tmp_path) -> tuple[str, StudyTracker]:
     study = tmp_path / "study.yaml"
     study.write_text("name: s\n")
     tracker = StudyTracker(uri, "s", tmp_path / "artifacts")
-    tracker.start_parent(study, {}, "0", "uid-1")
+    tracker.start_parent(study, StudyRecord.from_legacy({}, "s"), "0", "uid-1")
     return uri, tracker
 
 
@@ -27,7 +28,7 @@ def test_an_epoch_reported_again_is_logged_once_per_run_and_step(tmp_path):
     for epoch in (1, 2, 2):  # the trial was killed after reporting epoch 2 and retried from epoch 1's checkpoint
         tracker.log_epoch("c0-s0", {"epoch": epoch, "dev_spearman": 50.0 + epoch})
     driver = StudyTracker(uri, "s", tmp_path / "artifacts")  # the driver restarted: a resume
-    driver.start_parent(tmp_path / "study.yaml", {}, "0", "uid-1")
+    driver.start_parent(tmp_path / "study.yaml", StudyRecord.from_legacy({}, "s"), "0", "uid-1")
     driver.start_trial(record, "layer=1", "ray2")
     for epoch in (2, 3):
         driver.log_epoch("c0-s0", {"epoch": epoch, "dev_spearman": 50.0 + epoch})
@@ -76,11 +77,11 @@ def test_a_new_study_folder_of_the_same_name_gets_its_own_parent(tmp_path):
     study.write_text("name: s\n")
     record = TrialRecord("c0-s0", 0, "replicate", 0, {}, {"layer": 1})
     first = StudyTracker(uri, "s", tmp_path / "artifacts")
-    old_parent = first.start_parent(study, {}, "0", "uid-old")
+    old_parent = first.start_parent(study, StudyRecord.from_legacy({}, "s"), "0", "uid-old")
     old_run = first.start_trial(record, "layer=1", "ray1")
     first.log_epoch("c0-s0", {"epoch": 1, "dev_spearman": 40.0})
     again = StudyTracker(uri, "s", tmp_path / "artifacts")  # the journal was deleted: a fresh folder
-    new_parent = again.start_parent(study, {}, "0", "uid-new")
+    new_parent = again.start_parent(study, StudyRecord.from_legacy({}, "s"), "0", "uid-new")
     new_run = again.start_trial(record, "layer=1", "ray2")
     again.log_epoch("c0-s0", {"epoch": 1, "dev_spearman": 60.0})
     assert new_parent != old_parent and new_run != old_run
@@ -88,7 +89,8 @@ def test_a_new_study_folder_of_the_same_name_gets_its_own_parent(tmp_path):
     assert [m.value for m in client.get_metric_history(old_run, "dev_spearman")] == [40.0]
     assert [m.value for m in client.get_metric_history(new_run, "dev_spearman")] == [60.0]
     resumed = StudyTracker(uri, "s", tmp_path / "artifacts")
-    assert resumed.start_parent(study, {}, "0", "uid-old") == old_parent  # a resume finds its own
+    # a resume finds its own parent
+    assert resumed.start_parent(study, StudyRecord.from_legacy({}, "s"), "0", "uid-old") == old_parent
     assert resumed.children == {"c0-s0": old_run}
 
 
@@ -115,8 +117,8 @@ def test_a_run_that_never_got_its_params_gets_them_from_the_journal(tmp_path, mo
     study = tmp_path / "study.yaml"
     study.write_text(yaml.safe_dump({"name": "s", "model": "m", "ablate": {"layer": [1]}}))
     tracker = StudyTracker(uri, "s", tmp_path / "artifacts")
-    tracker.start_parent(study, {"cells": [{"layer": 1}], "metric": "dev_spearman", "mode": "max", "seeds": [0],
-                                 "tuned": {}}, "0", "uid-1")
+    tracker.start_parent(study, StudyRecord.from_legacy({"cells": [{"layer": 1}], "metric": "dev_spearman",
+                                                         "mode": "max", "seeds": [0], "tuned": {}}, "s"), "0", "uid-1")
     record = TrialRecord("c0-s0", 0, "replicate", 0, {}, {"layer": 1, "lr": 2e-5, "seed": 0}, cell_key="layer=1")
 
     def killed(*args, **kwargs):
@@ -193,8 +195,8 @@ def test_the_ui_link_opens_the_ablation_grouped_and_a_child_run_in_the_model_tra
     if chromium is None:
         pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
     uri, tracker = started(tmp_path)
-    tracker.start_parent(tmp_path / "study.yaml", {"cells": [{"layer": 1}, {"layer": 2}], "metric": "dev_spearman",
-                                                   "replicate_trials": 4}, "0", "uid-1")
+    tracker.start_parent(tmp_path / "study.yaml", StudyRecord.from_legacy(
+        {"cells": [{"layer": 1}, {"layer": 2}], "metric": "dev_spearman", "replicate_trials": 4}, "s"), "0", "uid-1")
     for layer in (1, 2):
         for seed in (0, 1):
             record = TrialRecord(f"c{layer}-s{seed}", layer - 1, "replicate", seed, {}, {"layer": layer})

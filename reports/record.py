@@ -1,0 +1,100 @@
+"""The study record: one typed, versioned description of a launched study — its resolved plan, what
+its kind declares, and where it came from — written by `launch` into the study folder and onto the
+study's MLflow parent run (both `study_record.json`), and read by `status`, `report` and `verify`.
+
+It replaces two untyped `plan.json` shapes (the folder's, the parent run's), which studies
+launched before it still carry: they are read as records (`from_legacy`), so no study is lost. A
+record from a newer orchestrator is one clear line, not a guess."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trainables.errors import UserInputError
+
+RECORD_VERSION = 1
+RECORD_FILE = "study_record.json"
+LEGACY_PLAN_FILE = "plan.json"
+
+
+class KindRecord(BaseModel):
+    """What the study's kind declares that readers need without importing it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str  # the YAML name (`trainable:`)
+    path: str = ""  # the registry entry (`module:Class`) its trials ran
+    round_name: str = "epoch"  # what one report covers: epoch, cycle, round
+    round_table: bool = False  # its last report carries every round's dev as <round><n>_*
+    exports_models: bool = False
+    stages: list[str] = Field(default_factory=list)  # shared stages its cells use (dapt, teacher)
+
+
+class StudyRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int = RECORD_VERSION
+    name: str
+    kind: KindRecord
+    metric: str  # the dev metric that selects rounds, trials and layers
+    mode: Literal["max", "min"] = "max"
+    cells: list[dict[str, Any]]  # each cell's ablation values, in plan order
+    tuned: dict[str, str] = Field(default_factory=dict)  # tuned parameter -> its distribution, as written
+    seeds: list[int]
+    base: dict[str, Any] = Field(default_factory=dict)  # what every trial's config starts from
+    origins: dict[str, str] = Field(default_factory=dict)  # config field -> the YAML key it came from
+    epochs: int = 1  # reports of the longest trial
+    cell_reports: list[int] = Field(default_factory=list)
+    cell_costs: list[float] = Field(default_factory=list)
+    tuning_trials: int = 0
+    replicate_trials: int = 0
+    provenance: dict[str, str] = Field(default_factory=dict)  # orchestrator version, python, written at
+
+    @property
+    def axes(self) -> list[str]:
+        return list(self.cells[0]) if self.cells else []
+
+    @staticmethod
+    def cell_key(values: dict[str, Any]) -> str:
+        return " ".join(f"{k}={v}" for k, v in values.items()) or "all"
+
+    @property
+    def planned_cells(self) -> list[tuple[str, dict[str, Any]]]:
+        return [(self.cell_key(values), dict(values)) for values in self.cells]
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=1)
+
+    @classmethod
+    def from_json(cls, text: str, where: str = RECORD_FILE) -> StudyRecord:
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            raise UserInputError(where, text[:40], f"not JSON ({exc}); launch the study again to rewrite it") from None
+        version = raw.get("version") if isinstance(raw, dict) else None
+        if isinstance(version, int) and version > RECORD_VERSION:
+            raise UserInputError(where, version, f"written by a newer orchestrator (this one reads version "
+                                                 f"{RECORD_VERSION}): upgrade orchestrator to read it")
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            problem = exc.errors()[0]
+            field = ".".join(str(p) for p in problem["loc"]) or "record"
+            raise UserInputError(f"{where}: {field}", problem.get("input"), f"{problem['msg']}; launch the study "
+                                                                            "again to rewrite it") from None
+
+    @classmethod
+    def from_legacy(cls, plan: dict[str, Any], name: str, trainable: str = "finetune") -> StudyRecord:
+        """A `plan.json` from before records: the folder's shape (`kind_path`, `cell_costs`) or the
+        parent run's (`tuned`, `round`, trial counts); what neither kept takes its default."""
+        kind = KindRecord(name=trainable, path=plan.get("kind_path", ""), round_name=plan.get("round", "epoch"))
+        return cls(version=0, name=name, kind=kind, metric=plan.get("metric", "dev_spearman"),
+                   mode=plan.get("mode", "max"), cells=plan.get("cells") or [],
+                   tuned={str(k): str(v) for k, v in (plan.get("tuned") or {}).items()},
+                   seeds=plan.get("seeds") or [], base=plan.get("base") or {}, origins=plan.get("origins") or {},
+                   epochs=plan.get("epochs", 1), cell_reports=plan.get("cell_reports") or [],
+                   cell_costs=plan.get("cell_costs") or [], tuning_trials=plan.get("tuning_trials", 0),
+                   replicate_trials=plan.get("replicate_trials", 0))
