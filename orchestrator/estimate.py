@@ -14,13 +14,12 @@ by the slots the study can use and adds the launch's fixed cost.
 from __future__ import annotations
 
 import os
-import tempfile
-import time
 from dataclasses import dataclass
 
 from orchestrator.plan import Cell, StudyPlan, covering_values
 from trainables.errors import UserInputError
 from trainables.kinds.base import TrainingKind
+from trainables.stages import stage_step_seconds
 
 LAUNCH_OVERHEAD_S = 25.0  # Ray's start, validation, MLflow setup, the first worker's imports (measured ~22 s)
 
@@ -63,34 +62,16 @@ def check_pilot(plan: StudyPlan) -> None:
 
 
 def pilot(plan: StudyPlan, cell: Cell) -> Pilot:
-    """Time one trial's pieces for `cell` on this machine, as its kind's `pilot` declares; shared
-    stages and caches go to a scratch folder (priced by `stage_cost`, never left behind)."""
-    from trainables.runtime import prepare, seed_everything
-
+    """Time one trial's pieces for `cell` on this machine, as its kind's `pilot` declares (the kind
+    runs it: stages and caches in a scratch folder, priced by `stage_cost`, never left behind)."""
     kind = plan.kind
     config = plan.trial_config(cell, {k: covering_values(p)[0] for k, p in plan.tuned.items()}, plan.seeds[0])
     spec = kind.pilot(kind.parse(config))
-    if spec is None:
+    if spec is None or not isinstance(kind, TrainingKind):
         raise UserInputError("--estimate", plan.study.trainable, "no pilot for this trainable; estimate from a small "
                                                                  "study's measured time instead")
-    with tempfile.TemporaryDirectory(prefix="orchestrator-pilot-") as scratch:
-        scratch_dirs = {"cache_dir": scratch} if "cache_dir" in type(kind).Config.model_fields else {}
-        cfg = kind.parse({**config, **spec.overrides, **scratch_dirs, "score_test": False})
-        device, dtype = prepare(cfg.device, cfg.precision, cfg.num_threads)
-        seed_everything(cfg.seed)
-        started = time.perf_counter()
-        learner = kind.build(cfg, device, dtype)
-        build_s = time.perf_counter() - started
-        started = time.perf_counter()
-        learner.train_round(1)
-        unit_s = (time.perf_counter() - started) / spec.units
-        started = time.perf_counter()
-        learner.evaluate("dev")
-        eval_s = time.perf_counter() - started
-        started = time.perf_counter()
-        learner.evaluate("test")
-        test_s = time.perf_counter() - started
-    return Pilot(build_s, unit_s, eval_s, spec.per_round, test_s, spec.unit)
+    times = kind.measure_pilot(config, spec)
+    return Pilot(times.build_s, times.unit_s, times.eval_s, spec.per_round, times.test_s, spec.unit)
 
 
 def _layer(cell: Cell) -> float | None:
@@ -133,26 +114,21 @@ def expected_tuning_rounds(plan: StudyPlan, cell: Cell) -> float:
 
 
 def stage_cost(plan: StudyPlan) -> tuple[float, int]:
-    """(seconds, count) of the distinct pretraining stages the plan's trials need, each built once:
-    one pilot of a few steps per distinct stage configuration, scaled to its steps."""
-    from trainables.stages.pretrain import pilot_stage_step, stage_params
-
+    """(seconds, count) of the distinct shared stages the plan's trials need, each built once, as the
+    kind declares them (`stage_costs`): one short pilot per stage shape, scaled to each stage's steps."""
     configs = [plan.trial_config(cell, {}, seed, phase) for cell in plan.cells
                for seed, phase in ([(plan.study.tune.seed, "tune")] if plan.study.tune else []) +
                [(s, "replicate") for s in plan.seeds]]
-    distinct: dict[str, object] = {}
+    distinct = {}
     for config in configs:
-        cfg = plan.kind.parse(config)
-        if "dapt" in plan.kind.stages(cfg):
-            distinct.setdefault(repr(sorted(stage_params(cfg, getattr(cfg, "pooling", "mean")).items())), cfg)
+        for stage in plan.kind.stage_costs(plan.kind.parse(config)):
+            distinct.setdefault((stage.name, stage.key), stage)
     per_step: dict[str, float] = {}
     total = 0.0
-    for cfg in distinct.values():
-        shape = (cfg.model, cfg.pretrain, cfg.pretrain_batch_size, cfg.pretrain_max_seq_length)
-        key = repr(shape)
-        if key not in per_step:
-            per_step[key] = pilot_stage_step(cfg)
-        total += per_step[key] * cfg.pretrain_steps
+    for stage in distinct.values():
+        if stage.shape not in per_step:
+            per_step[stage.shape] = stage_step_seconds(stage.name, stage.cfg)
+        total += per_step[stage.shape] * stage.steps
     return total, len(distinct)
 
 

@@ -23,7 +23,7 @@ from search_spaces.params import Choice, Fixed, Grid, IntRange, LogUniform, Para
 from search_spaces.presets import expand_language, expand_layer, expand_pooling, expand_seeds, expand_tuned_preset
 from trainables.contract import TrialConfig
 from trainables.errors import UserInputError
-from trainables.kinds import KINDS, TrainableKind, get_kind, load_kind
+from trainables.kinds import KINDS, TrainableKind, load_kind
 from trainables.kinds.base import TrainingKind
 
 # keys the orchestrator sets itself; a study may not put them in train/ablate/tune
@@ -247,7 +247,7 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
     """Resolve and check everything a launch needs; raises UserInputError on the first problem."""
     from trainables.data import load_task, resolve_language, task_spec
 
-    kind = get_kind(study.trainable)
+    kind = load_kind(KINDS[study.trainable])  # config.py checked the name against the registry
     schema = kind.Config
     spec = task_spec(study.task) if study.task in _task_names() else None
     if spec is None:

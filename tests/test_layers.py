@@ -98,3 +98,14 @@ def test_stages_and_the_building_blocks_never_reach_the_registry():
         "trainables.loop", "trainables.bi_encoder", "trainables.cross", "trainables.contrastive_objectives",
         "trainables.models", "trainables.data", "trainables.evaluation")]
     assert {m: sorted(edges[m] & {"trainables.kinds"}) for m in below if "trainables.kinds" in edges[m]} == {}
+
+
+def test_the_estimate_and_the_reports_read_only_declarations():
+    """They never reach into learners, data, models or the loop: what they need, the kinds declare
+    (and the stage registry names its pilots)."""
+    declarations = {"trainables.errors", "trainables.names", "trainables.kinds", "trainables.kinds.base",
+                    "trainables.stages", "trainables.stages.fields"}
+    edges = graph()
+    readers = ["orchestrator.estimate", *[m for m in edges if m.startswith("reports")]]
+    reached = {m: sorted(t for t in edges[m] if t.startswith("trainables") and t not in declarations) for m in readers}
+    assert {m: t for m, t in reached.items() if t} == {}

@@ -22,7 +22,7 @@ from trainables.errors import UserInputError, one_of
 from trainables.learner import Learner
 from trainables.model_files import model_depth
 from trainables.names import EVAL_PRECISIONS, PRECISIONS, primary_metric
-from trainables.stages.fields import uses_stage
+from trainables.stages.fields import stage_params, uses_stage
 
 if TYPE_CHECKING:  # the base class imports almost nothing: reading the registry loads no torch
     import torch
@@ -42,6 +42,30 @@ class PilotSpec:
     units: float = 1.0
     per_round: float = 1.0
     unit: str = "round"  # what a unit is, for the printout: an optimizer step, a pair, a whole round
+
+
+@dataclass(frozen=True)
+class PilotTimes:
+    """Seconds measured by a pilot: building the trial, one unit of a round's work, one dev and one
+    test evaluation."""
+
+    build_s: float
+    unit_s: float
+    eval_s: float
+    test_s: float
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """A shared stage a trial uses, as the estimate prices it: once per `key` (what the cache is keyed
+    by), `steps` steps at the time the stage's pilot measures for `cfg` (`trainables.stages.PILOTS`),
+    measured once per `shape`."""
+
+    name: str
+    key: str
+    shape: str
+    steps: int
+    cfg: Any
 
 
 class TrainableKind(ABC):
@@ -118,6 +142,16 @@ class TrainableKind(ABC):
         """How `plan --estimate` and `budget:` time a trial of this config; None: they cannot."""
         return None
 
+    def stage_costs(self, cfg) -> list[StageCost]:
+        """The shared stages a trial of this config builds, as the estimate prices them: the `dapt`
+        stage, piloted for a few steps in a scratch folder (a `teacher` round is timed by the pilot)."""
+        if "dapt" not in self.stages(cfg):
+            return []
+        pooling = getattr(cfg, "pooling", "mean")
+        return [StageCost("dapt", repr(sorted(stage_params(cfg, pooling).items())),
+                          repr((cfg.model, cfg.pretrain, cfg.pretrain_batch_size, cfg.pretrain_max_seq_length)),
+                          cfg.pretrain_steps, cfg)]
+
     @abstractmethod
     def run(self, config: dict, report: Report, checkpoint_dir: str | None = None) -> dict:
         """Run one trial; report once per round; return the last metrics."""
@@ -134,6 +168,31 @@ class TrainingKind(TrainableKind):
         """By default the pilot is the trial's own first round (exact, and as long as a round);
         kinds shorten it. A `pretrain:` stage is skipped (the same encoder shape, priced apart)."""
         return PilotSpec({"pretrain_steps": 0} if "pretrain_steps" in type(cfg).model_fields else {})
+
+    def measure_pilot(self, config: dict[str, Any], spec: PilotSpec) -> PilotTimes:
+        """Run the pilot `spec` declares for a trial `config`: build, one round, one dev and one test
+        evaluation, timed on the trial's own resources; stages and caches in a scratch folder."""
+        import tempfile
+        import time
+
+        from trainables.runtime import prepare, seed_everything
+
+        with tempfile.TemporaryDirectory(prefix="orchestrator-pilot-") as scratch:
+            scratch_dirs = {"cache_dir": scratch} if "cache_dir" in self.Config.model_fields else {}
+            cfg = self.parse({**config, **spec.overrides, **scratch_dirs, "score_test": False})
+            device, dtype = prepare(cfg.device, cfg.precision, cfg.num_threads)
+            seed_everything(cfg.seed)
+            marks = [time.perf_counter()]
+            learner = self.build(cfg, device, dtype)
+            marks.append(time.perf_counter())
+            learner.train_round(1)
+            marks.append(time.perf_counter())
+            learner.evaluate("dev")
+            marks.append(time.perf_counter())
+            learner.evaluate("test")
+            marks.append(time.perf_counter())
+        build_s, round_s, eval_s, test_s = (b - a for a, b in zip(marks, marks[1:], strict=False))
+        return PilotTimes(build_s, round_s / spec.units, eval_s, test_s)
 
     def epoch_pilot(self, cfg, train_pairs: int) -> PilotSpec:
         """A round is an epoch of `batch_size` batches over `train_pairs`: time a few steps."""

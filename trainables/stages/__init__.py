@@ -1,10 +1,13 @@
-"""The stage cache: work shared by many trials (an adapted checkpoint, pseudo-labels) is computed
-once per distinct configuration, under the study's storage, behind a file lock so concurrent
-trials wait for it instead of repeating it."""
+"""Stages: work shared by many trials (an adapted checkpoint, pseudo-labels), computed once per
+distinct configuration, under the study's storage, behind a file lock so concurrent trials wait
+for it instead of repeating it. The stages themselves are modules of this package (`pretrain`:
+the `dapt` stage; `teacher`); `PILOTS` names, per stage, the function that times one of its steps
+for the estimate (imported only when an estimate runs)."""
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import shutil
@@ -15,6 +18,7 @@ from pathlib import Path
 from filelock import FileLock
 
 DONE = "stage.json"
+PILOTS = {"dapt": "trainables.stages.pretrain:pilot_stage_step"}  # stage -> seconds per step of a config
 DEFAULT_ROOT_ENV = "ORCHESTRATOR_STAGE_DIR"
 
 
@@ -47,3 +51,9 @@ def get_or_build(root: str | Path | None, kind: str, params: dict,
         shutil.rmtree(folder, ignore_errors=True)
         partial.rename(folder)
         return folder, record, True
+
+
+def stage_step_seconds(name: str, cfg) -> float:
+    """Seconds per step of stage `name` for this trial config, from a short pilot in a scratch folder."""
+    module, function = PILOTS[name].split(":")
+    return getattr(importlib.import_module(module), function)(cfg)

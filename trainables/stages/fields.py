@@ -48,3 +48,11 @@ def stage_seed_of(cfg) -> int:
     if cfg.stage_seed not in STAGE_SEEDS:
         raise one_of("stage_seed", cfg.stage_seed, STAGE_SEEDS)
     return cfg.seed if cfg.stage_seed == "per_seed" else cfg.pretrain_seed
+
+
+def stage_params(cfg, pooling: str = "mean") -> dict:
+    """Everything that determines the stage's output, its seed included: its cache key."""
+    contrastive = cfg.pretrain in ("simcse", "micse")
+    return {"model": cfg.model, "task": cfg.task if cfg.pretrain_corpus.startswith("task") or contrastive else None,
+            "language": cfg.language, "transductive": cfg.transductive, "seed": stage_seed_of(cfg),
+            **{k: getattr(cfg, k) for k in STAGE_FIELDS}, **({"pooling": pooling} if contrastive else {})}

@@ -31,6 +31,7 @@ from trainables.stages.fields import (  # noqa: F401 (re-exported)
     STAGE_FIELDS,
     STAGE_SEEDS,
     PretrainFields,
+    stage_params,
     stage_seed_of,
     uses_stage,
 )
@@ -165,14 +166,6 @@ def contrastive_pretrain(cfg, seed: int, pooling: str, folder: Path) -> dict:
             "seconds": time.perf_counter() - started, "first_loss": curve[0]["train_loss"],
             "last_loss": curve[-1]["train_loss"], "stage_dev_spearman": last["best_dev_spearman"],
             "stage_best_step": last["best_epoch"] * stage.eval_every}
-
-
-def stage_params(cfg, pooling: str = "mean") -> dict:
-    """Everything that determines the stage's output, its seed included: its cache key."""
-    contrastive = cfg.pretrain in ("simcse", "micse")
-    return {"model": cfg.model, "task": cfg.task if cfg.pretrain_corpus.startswith("task") or contrastive else None,
-            "language": cfg.language, "transductive": cfg.transductive, "seed": stage_seed_of(cfg),
-            **{k: getattr(cfg, k) for k in STAGE_FIELDS}, **({"pooling": pooling} if contrastive else {})}
 
 
 def pilot_stage_step(cfg, steps: int = 3) -> float:
