@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -283,6 +285,33 @@ def producer() -> dict[str, str]:
     return {"version": package, "commit": commit}
 
 
+@dataclass(frozen=True)
+class TableContext:
+    """What every table is computed from: the runs (with the study record) and their per-cell summary."""
+
+    runs: StudyRuns
+    summary: pd.DataFrame
+    stats: pd.DataFrame  # tests against the baseline (empty without one)
+    rows: list[str]
+    column: str | None
+    decimals: int
+
+    @property
+    def has_cells(self) -> bool:
+        return bool(self.column) and not self.summary.empty
+
+
+# the report's tables, in order: name (its .tex file) -> the table, or None where it does not apply
+TABLES: dict[str, Callable[[TableContext], Grid | None]] = {
+    "ablation": lambda c: ablation_grid(c.runs, c.summary, c.stats, c.rows, c.column, c.decimals)
+    if c.has_cells else None,
+    "headline": lambda c: headline_grid(c.runs, c.summary, c.rows, c.decimals) if c.has_cells else None,
+    "suite": lambda c: suite_grid(c.runs, c.decimals),
+    "cycles": lambda c: cycle_grid(c.runs, c.decimals),
+    "tuning": lambda c: tuning_grid(c.runs),
+}
+
+
 def build_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] | None = None) -> list[Path]:
     """Write the report folder (`formats`: else the study's `report.formats`); returns the files written."""
     formats = tuple(formats or runs.report.get("formats") or FORMATS)
@@ -299,18 +328,8 @@ def build_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] | None = N
                                     correction=runs.report.get("correction", "holm"),
                                     seed_test=runs.report.get("seed_test", "t"))
 
-    grids: list[tuple[str, Grid]] = []
-    if column and not summary.empty:
-        grids.append(("ablation", ablation_grid(runs, summary, stats, rows, column, decimals)))
-        headline = headline_grid(runs, summary, rows, decimals)
-        if headline is not None:
-            grids.append(("headline", headline))
-    for name, extra in (("suite", suite_grid(runs, decimals)), ("cycles", cycle_grid(runs, decimals))):
-        if extra is not None:
-            grids.append((name, extra))
-    tuning = tuning_grid(runs)
-    if tuning is not None:
-        grids.append(("tuning", tuning))
+    context = TableContext(runs, summary, stats, rows, column, decimals)
+    grids = [(name, grid) for name, table in TABLES.items() if (grid := table(context)) is not None]
 
     figures = []
     if column and not summary.empty and summary["mean"].notna().any():

@@ -200,6 +200,15 @@ def test_a_kind_defined_only_in_the_tests_launches_end_to_end(monkeypatch, tiny_
     runs = [r for r in client.search_runs([experiment.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
     assert len(runs) == 4 and all(r.data.tags["epoch"] == "3" and "test_spearman" in r.data.metrics for r in runs)
     assert len({r.data.metrics["test_spearman"] for r in runs}) == 4  # seeds and lr change the toy's numbers
+    # and a report, from the study record alone: no line of the reports knows the toy kind
+    from reports.build import build_report
+    from reports.collect import collect
+
+    runs = collect(f"sqlite:///{tmp_path / 'mlflow.db'}", "toy")
+    assert runs.record.kind.path == TOY and runs.record.kind.round_name == "epoch"
+    written = {p.name for p in build_report(runs, tmp_path / "report")}
+    assert {"report.md", "ablation.tex", "cells.csv", "runs.csv"} <= written
+    assert "lr" in (tmp_path / "report" / "report.md").read_text()
 
 
 def test_constant_embeddings_are_degenerate_rounds_never_selected_and_never_not_finished(configs):
