@@ -244,34 +244,68 @@ def _depth(model: str, key: str) -> int:
 
 
 def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Path | None = None) -> StudyPlan:
-    """Resolve and check everything a launch needs; raises UserInputError on the first problem."""
-    from trainables.data import load_task, resolve_language, task_spec
-
+    """Resolve and check everything a launch needs, one step after another; raises UserInputError on
+    the first problem, naming the YAML key it came from."""
     kind = load_kind(KINDS[study.trainable])  # config.py checked the name against the registry
-    schema = kind.Config
-    spec = task_spec(study.task) if study.task in _task_names() else None
-    if spec is None:
+    _check_task(study)
+    axes = _ablate_axes(study, kind.Config)
+    _check_language(study, axes)
+    tuned = _tuned_params(study, kind, axes)
+    seeds = _replicate_seeds(study, kind)
+    base, origins = _base_config(study, kind.Config, axes, tuned, study_dir, stage_root)
+    cells = tuple(Cell(i, values) for i, values in enumerate(_cells(study, axes)))
+    parsed = _check_trials(kind, cells, base, tuned, origins)
+    _check_data(study, cells, base.get("data_dir"))
+    check_tracking_uri(study.tracking.mlflow_uri, study_dir or Path.cwd())
+    _check_baseline(study, cells)
+    metric, mode = kind.metric(parsed[0]) if parsed else ("dev_spearman", "max")
+    reports = tuple(kind.num_reports(p) for p in parsed)
+    epochs = max(reports, default=1)  # reports per trial; ablating epochs or steps makes them differ by cell
+    stages = tuple(sorted({name for p in parsed for name in kind.stages(p)}))
+    return StudyPlan(study, cells, tuned, seeds, base, metric, mode, epochs, origins, reports,
+                     KINDS[study.trainable], tuple(kind.relative_cost(p) for p in parsed), stages)
+
+
+def _check_task(study: StudyConfig) -> None:
+    from trainables.data import task_spec
+
+    if study.task not in _task_names():
         raise _did_you_mean("task", study.task, _task_names())
-    if spec.kind == "unlabeled":
+    if task_spec(study.task).kind == "unlabeled":
         raise UserInputError("task", study.task, f"{study.trainable} needs a labeled pair task")
-    axes = _ablate_axes(study, schema)
+
+
+def _check_language(study: StudyConfig, axes: dict) -> None:
+    from trainables.data import resolve_language, task_spec
+
     if "language" not in axes:
         try:
-            resolve_language(spec, study.language)
+            resolve_language(task_spec(study.task), study.language)
         except UserInputError as exc:
             raise UserInputError("language", study.language, exc.fix) from None
 
+
+def _tuned_params(study: StudyConfig, kind: TrainableKind, axes: dict) -> dict[str, Param]:
+    """`tune.params`: each a field of the kind's config that is neither managed nor ablated."""
+    if study.tune is None:
+        return {}
+    if not isinstance(kind, TrainingKind):
+        raise UserInputError("tune", study.trainable, f"{study.trainable} trains nothing: remove the tune section")
+    fields = kind.Config.model_fields
     tuned: dict[str, Param] = {}
-    if study.tune is not None:
-        if not isinstance(kind, TrainingKind):
-            raise UserInputError("tune", study.trainable, f"{study.trainable} trains nothing: remove the tune section")
-        for name, raw in study.tune.params.items():
-            key = f"tune.params.{name}"
-            if name not in schema.model_fields or name in MANAGED:
-                raise _did_you_mean(key, name, [k for k in schema.model_fields if k not in MANAGED])
-            if name in axes:
-                raise UserInputError(key, raw, f"{name} is also ablated; an axis is either ablated or tuned")
-            tuned[name] = expand_tuned_preset(name, raw) or parse_tuned(key, raw)
+    for name, raw in study.tune.params.items():
+        key = f"tune.params.{name}"
+        if name not in fields or name in MANAGED:
+            raise _did_you_mean(key, name, [k for k in fields if k not in MANAGED])
+        if name in axes:
+            raise UserInputError(key, raw, f"{name} is also ablated; an axis is either ablated or tuned")
+        tuned[name] = expand_tuned_preset(name, raw) or parse_tuned(key, raw)
+    return tuned
+
+
+def _replicate_seeds(study: StudyConfig, kind: TrainableKind) -> tuple[int, ...]:
+    """`replicate.seeds` with the adaptive rule's bounds, the tuning seed kept apart, and what the
+    kind allows (one seed for a deterministic kind, `save:` only for one with an encoder)."""
     seeds = expand_seeds(study.replicate.seeds)
     rule = study.replicate
     if (rule.until is None) != (rule.max_seeds is None):  # the missing key is named, with its (missing) value
@@ -289,7 +323,13 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
     if not isinstance(kind, TrainingKind) and len(seeds) > 1:
         raise UserInputError("replicate.seeds", study.replicate.seeds,
                              f"{study.trainable} is deterministic: use one seed")
+    return seeds
 
+
+def _base_config(study: StudyConfig, schema: type[TrialConfig], axes: dict, tuned: dict, study_dir: Path | None,
+                 stage_root: Path | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """What every trial's config starts from (before its cell, tuned values and seed), and the YAML
+    key each field came from."""
     origins = {"model": "model", "task": "task", "language": "language", "data_dir": "data_dir"}
     base: dict[str, Any] = {"task": study.task, **({"model": study.model} if study.model is not None else {})}
     if study.language is not None:
@@ -314,27 +354,30 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
     base["device"] = "cuda" if study.resources.gpu > 0 else "cpu"
     origins.update({k: f"ablate.{k}" for k in axes})
     origins.update({k: f"tune.params.{k}" for k in tuned})
+    return base, origins
 
-    cells = tuple(Cell(i, values) for i, values in enumerate(_cells(study, axes)))
+
+def _check_trials(kind: TrainableKind, cells: tuple[Cell, ...], base: dict, tuned: dict[str, Param],
+                  origins: dict[str, str]) -> list[TrialConfig]:
+    """Every cell's trial config parsed and deep-checked, with every tuned value it may meet (one
+    parameter at a time); the cells' configs at the first tuned values."""
     covering = {k: covering_values(p) for k, p in tuned.items()}
     sample = {k: values[0] for k, values in covering.items()}
     parsed = [_check_trial(kind, {**base, **cell.values, **sample}, origins) for cell in cells]
-    for cell in cells:  # every tuned value each cell may meet, one parameter at a time
+    for cell in cells:
         for name, values in covering.items():
             for value in values[1:]:
                 _check_trial(kind, {**base, **cell.values, **sample, name: value}, origins)
-    reports = tuple(kind.num_reports(p) for p in parsed)
+    return parsed
+
+
+def _check_data(study: StudyConfig, cells: tuple[Cell, ...], data_dir: str | None) -> None:
+    """Every (task, language) the cells train on loads."""
+    from trainables.data import load_task
+
     checked = {(c.values.get("task", study.task), c.values.get("language", study.language)) for c in cells}
     for task, language in sorted(checked, key=str):
-        load_task(task, language, base.get("data_dir"))
-    check_tracking_uri(study.tracking.mlflow_uri, study_dir or Path.cwd())
-
-    metric, mode = kind.metric(parsed[0]) if parsed else ("dev_spearman", "max")
-    epochs = max(reports, default=1)  # reports per trial; ablating epochs or steps makes them differ by cell
-    _check_baseline(study, cells)
-    stages = tuple(sorted({name for p in parsed for name in kind.stages(p)}))
-    return StudyPlan(study, cells, tuned, seeds, base, metric, mode, epochs, origins, reports,
-                     KINDS[study.trainable], tuple(kind.relative_cost(p) for p in parsed), stages)
+        load_task(task, language, data_dir)
 
 
 def _task_names() -> list[str]:
