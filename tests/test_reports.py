@@ -420,3 +420,23 @@ def test_layers_beyond_a_shallower_models_depth_say_so(tmp_path):
     mini = next(line for line in markdown.splitlines() if line.startswith("| mini |"))
     assert mini.count("— <sup>a</sup>") == 6 and "<sup>a</sup> beyond the model's last layer" in markdown
     assert "not in the study" not in markdown
+
+
+@pytest.mark.parametrize(("formats", "present", "absent"), [
+    (["markdown"], {"report.md"}, {"report.tex", "ablation.tex"}),
+    (["latex"], {"report.tex", "ablation.tex"}, {"report.md"}),
+])
+def test_report_formats_in_the_study_decide_what_is_written(store, tmp_path, formats, present, absent):
+    """`report.formats` is read: the data files (runs.csv, cells.csv) are always written (verify and
+    every table are recomputed from them)."""
+    import dataclasses
+
+    from reports.build import build_report
+    from reports.collect import collect
+
+    runs = collect(store[0], "synthetic")
+    runs = dataclasses.replace(runs, report={**runs.report, "formats": formats})
+    written = {p.name for p in build_report(runs, tmp_path / "out")}
+    assert present <= written and not (absent & written) and {"runs.csv", "cells.csv"} <= written
+    assert {p.name for p in (tmp_path / "out").iterdir()} >= present and not absent & {
+        p.name for p in (tmp_path / "out").iterdir()}
