@@ -56,6 +56,7 @@ class StudyPlan:
     kind_path: str = ""  # the registry entry of the study's kind, carried by every trial to its worker
     cell_costs: tuple[float, ...] = ()  # a trial's relative cost per cell: the costliest cells start first
     stages: tuple[str, ...] = ()  # the shared stages the plan's trials use (the kind's `stages`)
+    tables: tuple[str, ...] = ()  # the extra report tables the plan's trials feed (the kind's `tables`)
 
     def start_order(self) -> list[Cell]:
         """Cells costliest first (then in index order): long trials start early, so the study's
@@ -108,7 +109,8 @@ def plan_record(plan: StudyPlan, provenance: dict[str, str] | None = None) -> St
     return StudyRecord(
         name=plan.study.name, kind=KindRecord(name=plan.study.trainable, path=plan.kind_path,
                                               round_name=kind.round_name, round_table=kind.round_table,
-                                              exports_models=kind.exports_models, stages=list(plan.stages)),
+                                              exports_models=kind.exports_models, stages=list(plan.stages),
+                                              tables=list(plan.tables)),
         metric=plan.metric, mode=plan.mode, cells=[c.values for c in plan.cells],
         tuned={k: repr(v) for k, v in plan.tuned.items()}, seeds=list(plan.seeds),
         base=json.loads(json.dumps(plan.base, default=str)), origins=plan.origins, epochs=plan.epochs,
@@ -122,7 +124,8 @@ def plan_from_record(study: StudyConfig, record: StudyRecord) -> StudyPlan:
              for name, raw in (study.tune.params.items() if study.tune else ())}
     return StudyPlan(study, tuple(Cell(i, values) for i, values in enumerate(record.cells)), tuned,
                      tuple(record.seeds), record.base, record.metric, record.mode, record.epochs, record.origins,
-                     tuple(record.cell_reports), record.kind.path, tuple(record.cell_costs), tuple(record.kind.stages))
+                     tuple(record.cell_reports), record.kind.path, tuple(record.cell_costs), tuple(record.kind.stages),
+                     tuple(record.kind.tables or ()))
 
 
 def _did_you_mean(key: str, name: str, valid: list[str]) -> UserInputError:
@@ -262,8 +265,9 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
     reports = tuple(kind.num_reports(p) for p in parsed)
     epochs = max(reports, default=1)  # reports per trial; ablating epochs or steps makes them differ by cell
     stages = tuple(sorted({name for p in parsed for name in kind.stages(p)}))
+    tables = tuple(sorted({name for p in parsed for name in kind.tables(p)}))
     return StudyPlan(study, cells, tuned, seeds, base, metric, mode, epochs, origins, reports,
-                     KINDS[study.trainable], tuple(kind.relative_cost(p) for p in parsed), stages)
+                     KINDS[study.trainable], tuple(kind.relative_cost(p) for p in parsed), stages, tables)
 
 
 def _check_task(study: StudyConfig) -> None:

@@ -300,14 +300,20 @@ class TableContext:
     def has_cells(self) -> bool:
         return bool(self.column) and not self.summary.empty
 
+    def declared(self, table: str) -> bool:
+        """Whether the study record lists this extra table (a record from before `tables`, or a
+        combined report: every table whose metrics the runs carry)."""
+        record = self.runs.record
+        return record is None or record.kind.tables is None or table in record.kind.tables
+
 
 # the report's tables, in order: name (its .tex file) -> the table, or None where it does not apply
 TABLES: dict[str, Callable[[TableContext], Grid | None]] = {
     "ablation": lambda c: ablation_grid(c.runs, c.summary, c.stats, c.rows, c.column, c.decimals)
     if c.has_cells else None,
     "headline": lambda c: headline_grid(c.runs, c.summary, c.rows, c.decimals) if c.has_cells else None,
-    "suite": lambda c: suite_grid(c.runs, c.decimals),
-    "cycles": lambda c: cycle_grid(c.runs, c.decimals),
+    "suite": lambda c: suite_grid(c.runs, c.decimals) if c.declared("suite") else None,
+    "cycles": lambda c: cycle_grid(c.runs, c.decimals) if c.declared("rounds") else None,
     "tuning": lambda c: tuning_grid(c.runs),
 }
 

@@ -31,6 +31,7 @@ class KindRecord(BaseModel):
     round_table: bool = False  # its last report carries every round's dev as <round><n>_*
     exports_models: bool = False
     stages: list[str] = Field(default_factory=list)  # shared stages its cells use (dapt, teacher)
+    tables: list[str] | None = None  # the extra report tables its cells feed (rounds, suite); None: not recorded
 
 
 class StudyRecord(BaseModel):

@@ -20,25 +20,28 @@ def study(tiny_bert, data_dir, trainable: str = "finetune", **train) -> dict:
             "tracking": {"mlflow_uri": "sqlite:///x.db"}}
 
 
-@pytest.mark.parametrize(("trainable", "train", "round_name", "stages"), [
-    ("finetune", {"epochs": 2}, "epoch", []),
-    ("finetune", {"pretrain": "mlm", "pretrain_corpus": "task", "pretrain_steps": 5}, "epoch", ["dapt"]),
-    ("distill", {"mode": "teacher"}, "cycle", ["teacher"]),
-    ("contrastive", {"steps": 4, "eval_every": 2}, "round", []),
+@pytest.mark.parametrize(("trainable", "train", "round_name", "stages", "tables"), [
+    ("finetune", {"epochs": 2}, "epoch", [], []),
+    ("finetune", {"pretrain": "mlm", "pretrain_corpus": "task", "pretrain_steps": 5}, "epoch", ["dapt"], []),
+    ("distill", {"mode": "teacher"}, "cycle", ["teacher"], ["rounds"]),
+    ("contrastive", {"steps": 4, "eval_every": 2}, "round", [], []),
+    ("contrastive", {"steps": 4, "eval_every": 2, "suite": True}, "round", [], ["suite"]),
 ])
 def test_the_record_carries_the_plan_and_the_kinds_declarations(tiny_bert, synthetic_data_dir, tmp_path, trainable,
-                                                                 train, round_name, stages):
+                                                                 train, round_name, stages, tables):
     config = parse_study(study(tiny_bert, synthetic_data_dir, trainable, **train))
     plan = build_plan(config, tmp_path)
     record = plan_record(plan, {"orchestrator": "9.9"})
     again = StudyRecord.from_json(record.to_json())
     assert again == record and again.version == RECORD_VERSION
     assert again.kind.name == trainable and again.kind.round_name == round_name and again.kind.stages == stages
+    assert again.kind.tables == tables
     assert again.axes == ["layer"] and [k for k, _ in again.planned_cells] == ["layer=1", "layer=2"]
     assert again.replicate_trials == 4 and again.provenance == {"orchestrator": "9.9"}
     stored = plan_from_record(config, again)
     assert stored.cells == plan.cells and stored.seeds == plan.seeds and stored.stages == plan.stages
     assert stored.kind_path == plan.kind_path and stored.cell_reports == plan.cell_reports
+    assert stored.tables == plan.tables
 
 
 def test_a_newer_or_damaged_record_is_one_clear_line():

@@ -240,6 +240,17 @@ def test_the_suite_table_is_mean_and_std_over_seeds_with_the_best_of_each_set_bo
     assert "| method=micse | **72.50 ± 0.71 (n=2)** |" in markdown
     assert suite_grid(StudyRuns("plain", pd.DataFrame(rows).drop(columns=["test_suite_avg_spearman"]), ["method"],
                                 "dev_spearman"), 2) is None
+    # the report builds the suite table exactly when the study record lists it (the kind declared it)
+    from reports.build import TABLES, TableContext
+    from reports.record import KindRecord, StudyRecord
+
+    def with_tables(tables):
+        record = StudyRecord(name="suite", kind=KindRecord(name="contrastive", tables=tables), metric="dev_spearman",
+                             cells=[{"method": "simcse"}, {"method": "micse"}], seeds=[0, 1])
+        return TableContext(StudyRuns("suite", pd.DataFrame(rows), ["method"], "dev_spearman", record=record),
+                            pd.DataFrame(), pd.DataFrame(), [], "method", 2)
+
+    assert TABLES["suite"](with_tables(["suite"])) is not None and TABLES["suite"](with_tables([])) is None
     if shutil.which("pdflatex") is None:
         return
     from reports.render import latex_document

@@ -110,6 +110,12 @@ class TrainableKind(ABC):
         pretraining stage of a config with `pretrain:` set and steps to run."""
         return ("dapt",) if hasattr(cfg, "pretrain") and uses_stage(cfg) else ()
 
+    def tables(self, cfg) -> tuple[str, ...]:
+        """The report's extra tables a trial of this config feeds (beyond the ablation, headline and
+        tuning tables every study gets): `rounds` (every round's dev, for a `round_table` kind) or
+        `suite` (the STS suite). The report builds exactly what the study record lists."""
+        return ("rounds",) if self.round_table else ()
+
     def layer_bounds(self, cfg) -> list[tuple[str, Any, str]]:
         """Every layer-like field: (field, its value or values, the model whose depth bounds it);
         by default the `layer` a config cuts its `model` at."""

@@ -89,6 +89,9 @@ class ContrastiveKind(TrainingKind):
 
     names = {"pooling": POOLINGS, "attention_loss": ATTENTION_LOSSES, "method": METHODS}
 
+    def tables(self, cfg) -> tuple[str, ...]:
+        return super().tables(cfg) + (("suite",) if cfg.suite else ())
+
     def pilot(self, cfg):
         """A round is `eval_every` optimizer steps: time a few."""
         return PilotSpec({"steps": PILOT_STEPS, "eval_every": PILOT_STEPS}, PILOT_STEPS, cfg.eval_every, "step")
