@@ -27,6 +27,7 @@ from orchestrator.edits import check_edit
 from orchestrator.journal import Journal, full_disk_fix
 from orchestrator.plan import StudyPlan, build_plan, plan_from_record, plan_record
 from orchestrator.study_folder import (  # noqa: F401 (DEFAULT_STORAGE: re-exported for the CLI's doctor)
+    ARTIFACTS,
     DEFAULT_STORAGE,
     JOURNAL,
     LAUNCHED_FILE,
@@ -34,7 +35,9 @@ from orchestrator.study_folder import (  # noqa: F401 (DEFAULT_STORAGE: re-expor
     MODELS,
     OPTUNA_LOG,
     PLAN,
+    RAY,
     RECORD,
+    STAGES,
     STUDY_FILE,
     exclusive,
     read_json,
@@ -140,7 +143,7 @@ def launch(study_file: str | Path, storage: str | Path | None = None, address: s
     accepted = folder / LAUNCHED_FILE if (folder / LAUNCHED_FILE).exists() else folder / STUDY_FILE
     stored = load_study(accepted) if resume and accepted.exists() else None
     changed = check_edit(stored, study) if stored is not None else []  # `resume NAME` too: the file may be edited
-    plan = build_plan(study, base_dir, stage_root=folder / "stages")
+    plan = build_plan(study, base_dir, stage_root=folder / STAGES)
     if study.budget is not None and not resume:  # a pilot on this machine, before anything is written
         from orchestrator.estimate import check_budget, estimate
 
@@ -189,13 +192,13 @@ def run_locked(study_file: Path, study: StudyConfig, plan: StudyPlan, folder: Pa
     state = StudyState(plan, journal, folder / OPTUNA_LOG)
     from orchestrator.tracking import ResilientTracker, StudyTracker
 
-    tracker = StudyTracker(uri, study.name, folder / "mlartifacts")
+    tracker = StudyTracker(uri, study.name, folder / ARTIFACTS)
     tracker.start_parent(folder / STUDY_FILE, record, package_version(), meta.get("study_uid"))
     if changed:
         tracker.client.log_artifact(tracker.parent_id, str(folder / STUDY_FILE))
         tracker.client.set_tag(tracker.parent_id, "orchestrator.extended", ",".join(changed)[:5000])
     resilient = ResilientTracker(tracker, lambda: state.records, {c.index: c.key for c in plan.cells})
-    launches = len([p for p in (folder / "ray").glob("launch-*")]) if (folder / "ray").exists() else 0
+    launches = len([p for p in (folder / RAY).glob("launch-*")]) if (folder / RAY).exists() else 0
     counts = state.counts()
     banner = [f"{study.name}: {'resuming' if counts['issued'] else 'launching'} {counts['planned']} planned trials "
               f"({len(plan.cells)} cells; {counts['issued'] - counts['running']} already finished) · "
@@ -205,7 +208,7 @@ def run_locked(study_file: Path, study: StudyConfig, plan: StudyPlan, folder: Pa
             if progress:
                 print("\n".join([*banner, "nothing left to run: every planned trial has finished"]), file=sys.stderr)
         else:
-            executor(plan, state, resilient, folder / "ray", f"launch-{launches + 1}",
+            executor(plan, state, resilient, folder / RAY, f"launch-{launches + 1}",
                      max_concurrent or study.max_concurrent, progress, banner)
     except Exception as exc:  # once the disk is full, Tune's own ending fails too (its error files are empty)
         if OUT_OF_MEMORY in str(exc):  # Ray's memory monitor killed a worker, and Tune ends the whole run
@@ -388,7 +391,7 @@ def open_state(name: str, storage: str | Path | None = None) -> StudyState:
         if meta is None:
             raise UserInputError("NAME", name, f"{folder} holds no launch yet (no plan, no journal): launch the "
                                                "study file again")
-        plan = build_plan(study, Path(meta["base_dir"]), stage_root=folder / "stages")
+        plan = build_plan(study, Path(meta["base_dir"]), stage_root=folder / STAGES)
     return StudyState(plan, ReadOnlyJournal(folder / JOURNAL))
 
 
@@ -401,7 +404,7 @@ def record_cells(journal: Journal, folder: Path, stored: StudyConfig, base_dir: 
     if record is not None:
         keys = [key for key, _ in record.planned_cells]
     else:
-        keys = [c.key for c in build_plan(stored, base_dir, stage_root=folder / "stages").cells]
+        keys = [c.key for c in build_plan(stored, base_dir, stage_root=folder / STAGES).cells]
     journal.write("cells", keys=keys)
 
 

@@ -29,6 +29,9 @@ PLAN = LEGACY_PLAN_FILE  # what folders from before records hold instead
 JOURNAL = "journal.jsonl"
 OPTUNA_LOG = "optuna.log"  # every cell's Optuna study, for `orchestrator ui NAME --optuna`
 MODELS = "models"  # save: the kept models, one folder per cell and seed
+STAGES = "stages"  # the shared stages' cache (adapted encoders, teachers), keyed by their configs
+ARTIFACTS = "mlartifacts"  # MLflow artifacts of a SQLite-tracked study
+RAY = "ray"  # Ray Tune's experiment folders, one per launch (`launch-N`): checkpoints of running trials
 LOCK = ".lock"
 DEFAULT_STORAGE = "studies"
 
