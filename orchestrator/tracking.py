@@ -101,7 +101,7 @@ class StudyTracker:
         self.parent_id: str | None = None
         self.children: dict[str, str] = {}
         self.logged: dict[str, set[int]] = {}  # run id -> epochs already in MLflow
-        self.stage_links: dict[str, str] = {}
+        self.stage_links: dict[tuple[str, str], str] = {}  # (trial key, stage folder) -> stage run
         self.nodes: dict[str, list[str]] = {}
 
     def _runs(self, filter_string: str):
@@ -210,11 +210,11 @@ class StudyTracker:
             self.client.set_tag(self.children[key], name, value)
 
     def link_stage(self, key: str, stage_dir: str) -> None:
-        """The stage (e.g. a DAPT checkpoint) as its own run, once, with its loss curve and config;
-        every trial that used it carries its run id and cache key."""
+        """A stage (a DAPT checkpoint, a distill teacher) as its own run, once, with its loss curve and
+        config; every trial that used it carries its run id and cache key."""
         run_id = self.children.get(key)
         record_path = Path(stage_dir) / "stage.json"
-        if run_id is None or not record_path.exists() or key in self.stage_links:
+        if run_id is None or not record_path.exists() or (key, stage_dir) in self.stage_links:
             return
         record = json.loads(record_path.read_text())
         existing = self._runs(f"tags.`{ROLE}` = 'stage' AND tags.`stage.key` = '{record['key']}'")
@@ -232,9 +232,10 @@ class StudyTracker:
                 self.client.log_batch(stage_run, metrics=curve[start:start + 1000],
                                       params=params if start == 0 else [])
             self.client.set_terminated(stage_run, status="FINISHED")
-        self.client.set_tag(run_id, "stage.run_id", stage_run)
+        self.client.set_tag(run_id, "stage.run_id", stage_run)  # the last stage linked (a trial uses one or two)
         self.client.set_tag(run_id, "stage.key", record["key"])
-        self.stage_links[key] = stage_run
+        self.client.set_tag(run_id, f"stage.{record['kind']}.run_id", stage_run)
+        self.stage_links[(key, stage_dir)] = stage_run
 
     def log_artifact(self, key: str, path: str) -> None:
         if key in self.children:

@@ -150,8 +150,8 @@ class TrackingCallback(Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         key = trial.config.get("trial_key")
         self.tracker.log_epoch(key, trial_metrics(result), str(result["node_ip"]) if result.get("node_ip") else None)
-        if result.get("dapt_stage_dir"):
-            self.tracker.link_stage(key, result["dapt_stage_dir"])
+        for name in sorted(k for k in result if k.endswith("_stage_dir") and result[k]):  # every stage reports one
+            self.tracker.link_stage(key, result[name])
 
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:
         """A trial failed (its worker or node died) and Tune restarts it from its last checkpoint."""

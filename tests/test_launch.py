@@ -263,8 +263,12 @@ def test_a_distill_study_reaches_every_mode_from_the_study_file(tiny_bert, data_
     build_report(collect(f"sqlite:///{tmp_path / 'mlflow.db'}", "e2e"), tmp_path / "report")
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     _, children = runs_of(tmp_path)
-    by_mode = {c.data.params["mode"]: c for c in children}
+    stages = [c for c in children if c.data.tags.get("orchestrator.role") == "stage"]
+    by_mode = {c.data.params["mode"]: c for c in children if c not in stages}
     assert set(by_mode) == {"self", "mutual", "teacher"}
+    # the teacher is a stage like DAPT: its own run, linked from the trial that used it
+    assert [s.data.tags["stage.kind"] for s in stages] == ["teacher"] and "teacher_loss" in stages[0].data.metrics
+    assert by_mode["teacher"].data.tags["stage.teacher.run_id"] == stages[0].info.run_id
     assert "partner_cross_test_spearman" in by_mode["mutual"].data.metrics
     assert len(client.get_metric_history(by_mode["self"].info.run_id, "cross_dev_spearman")) == 2  # per cycle
     assert len(client.get_metric_history(by_mode["teacher"].info.run_id, "dev_spearman")) == 1

@@ -46,5 +46,6 @@ def teacher_labels(cfg, cross_name: str, cross: CrossEncoder, cross_tokens: Pair
     if not built:
         cross.load_state_dict(load_file(folder / TEACHER_WEIGHTS))
     labels = pd.read_csv(folder / "labels.csv", keep_default_na=False)["score"].to_numpy(dtype=np.float64)
-    return labels, {"teacher_cache_key": record["key"], "teacher_cache_hit": int(not built),
+    return labels, {"teacher_stage_dir": str(folder), "teacher_cache_key": record["key"],
+                    "teacher_cache_hit": int(not built),
                     "teacher_train_loss": record["last_loss"], "stage_seed": seed}
