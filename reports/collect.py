@@ -111,13 +111,26 @@ def collect(tracking_uri: str, study: str, study_uid: str | None = None) -> Stud
         row.update({k: _number(run.data.params[k]) for k in CONSTANT_PARAMS if k in run.data.params})
         rows.append(row)
     frame = pd.DataFrame(rows, columns=BASE_COLUMNS + axes + tuned if not rows else None)
-    if not frame.empty:
-        frame = frame.sort_values(["phase", "cell", "seed"], kind="stable").reset_index(drop=True)
+    frame = sort_runs(frame, [key for key, _ in planned])
     return StudyRuns(study, frame, axes, record.metric, study_file.get("report") or {}, client,
                      len(record.seeds) or None, tracking_uri,
                      parent.data.tags.get("orchestrator.study_uid"), dict(parent.data.tags),
                      study_file.get("replicate") or {}, tuned=tuned, planned_cells=planned,
                      mode=record.mode, round_name=record.kind.round_name, record=record)
+
+
+def sort_runs(frame: pd.DataFrame, planned: list[str]) -> pd.DataFrame:
+    """Runs by phase, then cell in the plan's order (`epochs=2` before `epochs=10`, as the study file
+    lists them; cells the plan no longer has after them, by name), then seed: every table's row and
+    column order follows."""
+    if frame.empty:
+        return frame
+    order = {key: i for i, key in enumerate(planned)}
+    for extra in sorted(set(frame["cell"].dropna().astype(str)) - set(order)):
+        order[extra] = len(order)
+    rank = frame["cell"].map(lambda cell: order.get(str(cell), len(order)))
+    return (frame.assign(_rank=rank).sort_values(["phase", "_rank", "seed"], kind="stable")
+            .drop(columns="_rank").reset_index(drop=True))
 
 
 def read_parent_record(client: MlflowClient, run_id: str, study: str, trainable: str) -> StudyRecord:

@@ -30,6 +30,11 @@ def _shown(labels: dict | None, group: pd.DataFrame, rows: list[str], key: str) 
     return ", ".join(str(labels.get(str(group.iloc[0][a]), group.iloc[0][a])) for a in rows)
 
 
+def _legend_title(labels: dict | None, rows: list[str]) -> str | None:
+    """With `report.labels` the entries are bare values: the title names their axes."""
+    return ", ".join(str(labels.get(a, a)) for a in rows) if labels and rows else None
+
+
 def layer_plot(summary: pd.DataFrame, rows: list[str], column: str, selected: dict, metric: str, stem: Path,
                labels: dict | None = None) -> Path:
     figure, axis = plt.subplots(figsize=(6, 4))
@@ -53,7 +58,7 @@ def layer_plot(summary: pd.DataFrame, rows: list[str], column: str, selected: di
     axis.set_title("mean ± std over seeds; circle: dev-selected")
     axis.grid(alpha=0.3)
     if rows and axis.get_legend_handles_labels()[0]:
-        axis.legend(fontsize="small")
+        axis.legend(fontsize="small", title=_legend_title(labels, rows), title_fontsize="small")
     return _save(figure, stem)
 
 
@@ -77,5 +82,5 @@ def pareto_plot(summary: pd.DataFrame, rows: list[str], metric: str, stem: Path,
     axis.set_ylabel(f"{metric.replace('_', ' ')} ×100")
     axis.grid(alpha=0.3)
     if axis.get_legend_handles_labels()[0]:
-        axis.legend(fontsize="small")
+        axis.legend(fontsize="small", title=_legend_title(labels, rows), title_fontsize="small")
     return _save(figure, stem)

@@ -451,3 +451,16 @@ def test_report_formats_in_the_study_decide_what_is_written(store, tmp_path, for
     assert present <= written and not (absent & written) and {"runs.csv", "cells.csv"} <= written
     assert {p.name for p in (tmp_path / "out").iterdir()} >= present and not absent & {
         p.name for p in (tmp_path / "out").iterdir()}
+
+
+def test_runs_and_so_every_table_follow_the_plans_cell_order_not_the_names():
+    """`epochs=10` sorted as text came before `epochs=2`: the epochs study's table read 1, 10, 2, 4."""
+    from reports.collect import sort_runs
+
+    planned = ["epochs=1 layer=1", "epochs=2 layer=1", "epochs=4 layer=1", "epochs=10 layer=1"]
+    frame = pd.DataFrame({"cell": ["epochs=10 layer=1", "epochs=2 layer=1", "gone", "epochs=1 layer=1",
+                                   "epochs=4 layer=1", "epochs=1 layer=1"],
+                          "phase": ["replicate"] * 6, "seed": [0, 0, 0, 1, 0, 0]})
+    ordered = sort_runs(frame, planned)
+    assert list(ordered.cell) == [*planned[:1], *planned[:1], *planned[1:], "gone"]
+    assert list(ordered.seed[:2]) == [0, 1]
