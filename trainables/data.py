@@ -292,18 +292,26 @@ def _load_from_hub(spec: TaskSpec, language: str, root: Path | None) -> dict[str
         raise missing from exc
 
 
+TASK_SOURCES = ("task", "task+dev", "task+test")  # a task's own splits as an unlabeled source
+
+
+def task_splits(source: str, task: str, language: str | None, data_folder: str | os.PathLike | None,
+                transductive: bool, key: str, what: str) -> list[pd.DataFrame]:
+    """The task's splits a `task`, `task+dev` or `task+test` source names (test only when transductive)."""
+    if source == "task+test" and not transductive:
+        raise UserInputError(key, source, f"test {what} train only with transductive: true")
+    data = load_task(task, language, data_folder)
+    return [data.train] + ([data.dev] if source != "task" else []) + ([data.test] if source == "task+test" else [])
+
+
 def corpus_sentences(source: str, task: str, language: str | None, data_folder: str | os.PathLike | None,
                      transductive: bool, key: str = "corpus") -> list[str]:
     """Distinct non-empty sentences of an unlabeled corpus: `unlabeled_en`, `task` (the task's train
     sentences), `task+dev`, `task+test` (only with `transductive`) or a text file, one sentence a line."""
     if source == "unlabeled_en":
         sentences = list(load_task("unlabeled_en", data_folder=data_folder).train["sentence"])
-    elif source in ("task", "task+dev", "task+test"):
-        if source == "task+test" and not transductive:
-            raise UserInputError(key, source, "test sentences train only with transductive: true")
-        data = load_task(task, language, data_folder)
-        frames = [data.train] + ([data.dev] if source != "task" else []) + ([data.test] if source == "task+test"
-                                                                            else [])
+    elif source in TASK_SOURCES:
+        frames = task_splits(source, task, language, data_folder, transductive, key, "sentences")
         sentences = [s for f in frames for column in ("sentence1", "sentence2") for s in f[column]]
     elif Path(source).expanduser().is_file():
         sentences = Path(source).expanduser().read_text(encoding="utf-8").splitlines()
@@ -328,12 +336,8 @@ def unlabeled_pairs(source: str, task: str, language: str | None, data_dir: str 
     """Distinct (sentence1, sentence2) pairs without labels: the task's train pairs (`task`), with
     dev (`task+dev`) or test (`task+test`, transductive only), or a TSV file of two sentence
     columns; at most `max_samples`, the same rows in every trial."""
-    if source in ("task", "task+dev", "task+test"):
-        if source == "task+test" and not transductive:
-            raise UserInputError(key, source, "test pairs train only with transductive: true")
-        full = load_task(task, language, data_dir)
-        frames = [full.train] + ([full.dev] if source != "task" else []) + ([full.test] if source == "task+test"
-                                                                            else [])
+    if source in TASK_SOURCES:
+        frames = task_splits(source, task, language, data_dir, transductive, key, "pairs")
         frame = pd.concat([f[["sentence1", "sentence2"]] for f in frames], ignore_index=True)
     elif Path(source).expanduser().is_file():
         frame = pd.read_csv(Path(source).expanduser(), sep="\t", header=None, quoting=3, usecols=[0, 1],

@@ -109,7 +109,11 @@ def model_depth(name: str) -> int:
             return config[key]
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(resolve_model_path(name), trust_remote_code=False)
+    return encoder_depth(AutoConfig.from_pretrained(resolve_model_path(name), trust_remote_code=False))
+
+
+def encoder_depth(config) -> int:
+    """Number of transformer layers of a transformers config (DistilBERT calls it n_layers)."""
     depth = getattr(config, "num_hidden_layers", None)
     return int(depth if depth is not None else config.n_layers)
 

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 from trainables.errors import UserInputError, one_of
 from trainables.model_files import (  # noqa: F401 (re-exported)
+    encoder_depth,
     refuse_custom_code,
     refuse_unsafe_weights,
     resolve_model_path,
@@ -27,12 +28,6 @@ def load_config(name: str) -> PretrainedConfig:
         return AutoConfig.from_pretrained(resolve_model_path(name), trust_remote_code=False)
     except OSError as exc:
         raise UserInputError("model", name, install_hint(name)) from exc
-
-
-def encoder_depth(config: PretrainedConfig) -> int:
-    """Number of transformer layers (DistilBERT calls it n_layers)."""
-    depth = getattr(config, "num_hidden_layers", None)
-    return int(depth if depth is not None else config.n_layers)
 
 
 def load_tokenizer(name: str):

@@ -173,7 +173,11 @@ class TrainingKind(TrainableKind):
     def pilot(self, cfg) -> PilotSpec:
         """By default the pilot is the trial's own first round (exact, and as long as a round);
         kinds shorten it. A `pretrain:` stage is skipped (the same encoder shape, priced apart)."""
-        return PilotSpec({"pretrain_steps": 0} if "pretrain_steps" in type(cfg).model_fields else {})
+        return PilotSpec(self.stage_free(cfg))
+
+    def stage_free(self, cfg) -> dict[str, Any]:
+        """The override that makes a pilot skip a `pretrain:` stage (the same encoder shape)."""
+        return {"pretrain_steps": 0} if "pretrain_steps" in type(cfg).model_fields else {}
 
     def measure_pilot(self, config: dict[str, Any], spec: PilotSpec) -> PilotTimes:
         """Run the pilot `spec` declares for a trial `config`: build, one round, one dev and one test
@@ -203,11 +207,8 @@ class TrainingKind(TrainableKind):
     def epoch_pilot(self, cfg, train_pairs: int) -> PilotSpec:
         """A round is an epoch of `batch_size` batches over `train_pairs`: time a few steps."""
         kept = min(train_pairs, PILOT_STEPS * cfg.batch_size)
-        return PilotSpec({**self.pilot_base(cfg), "epochs": 1, "max_train_samples": kept},
+        return PilotSpec({**self.stage_free(cfg), "epochs": 1, "max_train_samples": kept},
                          math.ceil(kept / cfg.batch_size), math.ceil(train_pairs / cfg.batch_size), "step")
-
-    def pilot_base(self, cfg) -> dict[str, Any]:
-        return TrainingKind.pilot(self, cfg).overrides
 
     def build(self, cfg, device: torch.device, dtype: torch.dtype) -> Learner:
         """Data, models, optimizers and evaluators of one trial (seeded by the loop)."""

@@ -82,7 +82,7 @@ class DistillKind(TrainingKind):
         pairs = len(unlabeled_pairs(cfg.pairs, cfg.task, cfg.language, cfg.data_dir, cfg.transductive,
                                     cfg.max_train_samples))
         kept = min(pairs, 2 * max(cfg.bi_batch_size, cfg.cross_batch_size))
-        return PilotSpec({**self.pilot_base(cfg), "cycles": 1, "max_train_samples": kept}, kept, pairs, "pair")
+        return PilotSpec({**self.stage_free(cfg), "cycles": 1, "max_train_samples": kept}, kept, pairs, "pair")
 
     def stages(self, cfg) -> tuple[str, ...]:
         return super().stages(cfg) + (("teacher",) if cfg.mode == "teacher" else ())
