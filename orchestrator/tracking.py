@@ -101,6 +101,10 @@ class StudyTracker:
         self.parent_id: str | None = None
         self.children: dict[str, str] = {}
         self.logged: dict[str, set[int]] = {}  # run id -> epochs already in MLflow
+        # runs whose next epoch may be half in MLflow: the server stores a batch's params, metrics and
+        # tags in separate transactions, so one that died mid-request can hold an epoch's scores
+        # without its `epoch` tag
+        self.unsure: set[str] = set()
         self.stage_links: dict[tuple[str, str], str] = {}  # (trial key, stage folder) -> stage run
         self.nodes: dict[str, list[str]] = {}
 
@@ -181,20 +185,25 @@ class StudyTracker:
         step = int(metrics.get("epoch", 0))
         if run_id not in self.logged:  # a run of an earlier driver: ask MLflow what it already holds
             self.logged[run_id] = self._epochs_logged(run_id)
+            self.unsure.add(run_id)
         now = int(time.time() * 1000)
         numbers = {k: v for k, v in metrics.items()
                    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))}
         numeric = [Metric(k, float(v), now, step) for k, v in numbers.items()
                    if k not in BOOKKEEPING_TAGS and k not in CONSTANT_PARAMS]
-        params = []
+        params, epoch_done = [], False
         if "epoch" in metrics and step in self.logged[run_id]:
             numeric = []  # a retried trial reports an epoch again: MLflow keeps the first, identical report
         elif numeric:
             tags += [RunTag(k, _text(numbers[k])) for k in BOOKKEEPING_TAGS if k in numbers]
             params = [Param(k, _text(numbers[k])) for k in CONSTANT_PARAMS if k in numbers]  # same value each time
+            epoch_done = "epoch" in metrics
+            if epoch_done and run_id in self.unsure and self._holds_step(run_id, numeric[0].key, step):
+                numeric = []  # its scores got in before an outage and its tags did not: only the tags now
         if numeric or tags:
             self.client.log_batch(run_id, metrics=numeric, params=params, tags=tags)
-            if numeric and "epoch" in metrics:
+            self.unsure.discard(run_id)
+            if epoch_done:
                 self.logged[run_id].add(step)
 
     def _epochs_logged(self, run_id: str, run=None) -> set[int]:
@@ -204,6 +213,10 @@ class StudyTracker:
         if last is not None:
             return set(range(int(float(last)) + 1))
         return {m.step for m in self.client.get_metric_history(run_id, "epoch")}
+
+    def _holds_step(self, run_id: str, metric: str, step: int) -> bool:
+        """Does the run hold `metric` at `step` (one epoch's scores are stored in one transaction)?"""
+        return any(m.step == step for m in self.client.get_metric_history(run_id, metric))
 
     def set_tag(self, key: str, name: str, value: str) -> None:
         if key in self.children:
@@ -286,6 +299,8 @@ class StudyTracker:
                                                        cell_keys.get(record.cell, str(record.cell)),
                                                        run.data.params, run.data.tags)
                 logged = self._epochs_logged(run.info.run_id, run)
+                self.logged[run.info.run_id] = set(logged)
+                self.unsure.add(run.info.run_id)  # the outage may have cut its last write in half
             for result in record.results:
                 if "epoch" in result and int(result["epoch"]) not in logged:
                     self.log_epoch(key, result)

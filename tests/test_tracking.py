@@ -36,6 +36,38 @@ def test_an_epoch_reported_again_is_logged_once_per_run_and_step(tmp_path):
     assert sorted(m.step for m in history) == [1, 2, 3]
 
 
+def test_an_epoch_whose_scores_got_in_but_whose_tags_did_not_is_not_logged_twice(tmp_path):
+    """The server stores a batch's metrics and tags in separate transactions: one stopped between them
+    held epoch 1's scores without its `epoch` tag, and `sync` (or a resumed driver) logged epoch 1
+    again (a CI run saw dev_spearman at steps [1, 1, 2, 3, 4]). The replay now adds only the tags."""
+    from mlflow.entities import Metric
+
+    uri, tracker = started(tmp_path)
+    record = TrialRecord("c0-s0", 0, "replicate", 0, {}, {"layer": 1})
+    run_id = tracker.start_trial(record, "layer=1", "ray1")
+    client = MlflowClient(uri)
+    client.log_batch(run_id, metrics=[Metric("dev_spearman", 51.0, 0, 1), Metric("train_loss", 0.5, 0, 1)])
+    record.results = [{"epoch": 1, "dev_spearman": 51.0, "train_loss": 0.5},
+                      {"epoch": 2, "dev_spearman": 52.0, "train_loss": 0.4}]
+    replay = StudyTracker(uri, "s", tmp_path / "artifacts")
+    replay.attach_parent("uid-1")
+    counts = replay.sync({"c0-s0": record}, {0: "layer=1"})
+    assert counts["epochs"] == 2
+    for key in ("dev_spearman", "train_loss"):
+        assert sorted(m.step for m in client.get_metric_history(run_id, key)) == [1, 2]
+    assert client.get_run(run_id).data.tags["epoch"] == "2"
+    # the same through a resumed driver's first report of the half-logged epoch
+    other = TrialRecord("c0-s1", 0, "replicate", 1, {}, {"layer": 1})
+    other_id = tracker.start_trial(other, "layer=1", "ray1")
+    client.log_batch(other_id, metrics=[Metric("dev_spearman", 61.0, 0, 1)])
+    driver = StudyTracker(uri, "s", tmp_path / "artifacts")
+    driver.attach_parent("uid-1")
+    for epoch in (1, 2):
+        driver.log_epoch("c0-s1", {"epoch": epoch, "dev_spearman": 60.0 + epoch})
+    assert sorted(m.step for m in client.get_metric_history(other_id, "dev_spearman")) == [1, 2]
+    assert client.get_run(other_id).data.tags["epoch"] == "2"
+
+
 def test_bookkeeping_is_tagged_or_a_param_and_only_scores_are_charted(tmp_path):
     """`epoch`, `best_epoch`, `degenerate` and the parameter count (as a metric named `params`) were
     charted ahead of dev_spearman in MLflow's UI; the report still reads every one of them."""
