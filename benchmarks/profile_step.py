@@ -56,6 +56,10 @@ def main() -> None:
     parser.add_argument("--matmul", type=int, nargs="+", default=[1024, 2048, 4096])
     parser.add_argument("--model", default="minilm", help="minilm, mpnet or a model folder")
     parser.add_argument("--compile", action="store_true", help="time the step with torch.compile'd encoder")
+    parser.add_argument("--dropout-masks", default="fast", choices=["fast", "torch"],
+                        help="fast (the default, trainables.dropout) or torch's bernoulli_")
+    parser.add_argument("--dense-embedding-grad", action="store_true",
+                        help="torch's dense word-embedding gradient (a zero-fill per chunk), not the row-wise one")
     args = parser.parse_args()
     name = MODELS.get(args.model, args.model)
     config = load_config(name)
@@ -75,7 +79,9 @@ def main() -> None:
           f"{inner}) {shaped:.0f} GFLOP/s")
 
     data = load_task("stsb", None, args.data_dir)
-    model = build_sentence_encoder(name, depth, "mean", seed=0).to(device)
+    model = build_sentence_encoder(name, depth, "mean", seed=0, dropout_masks=args.dropout_masks).to(device)
+    if args.dense_embedding_grad:
+        model.encoder.set_input_embeddings(model.encoder.get_input_embeddings().dense())
     tokens = TokenCache(load_tokenizer(name), 128)
     first, second = list(data.train.sentence1), list(data.train.sentence2)
     tokens.add(first + second)
@@ -117,7 +123,8 @@ def main() -> None:
     seconds = time.perf_counter() - started
     n_tokens = sum(len(tokens[first[i]]) + len(tokens[second[i]]) for rows in steps for i in rows)
     achieved = flops / seconds / 1e9
-    mode = "compiled" if args.compile else "eager"
+    mode = (("compiled" if args.compile else "eager") + f", dropout masks {args.dropout_masks}, "
+            + ("dense" if args.dense_embedding_grad else "row-wise") + " embedding gradient")
     print(f"\ntraining step ({name.split('/')[-1]}, k={depth}, {mode}, 32 pairs, "
           f"{n_tokens / len(steps):.0f} real tokens per step): "
           f"{1000 * seconds / len(steps):.1f} ms, {flops / len(steps) / 1e9:.2f} GFLOP counted (fwd + bwd) -> "

@@ -41,6 +41,9 @@ class TrainingConfig(TrialConfig):
                                                 "fast), fp32 or bf16")
     eval_precision: str = Field("fp32", description="dev/test scoring precision: fp32 (the saved model reproduces "
                                                     "the test number in sentence-transformers) or same (as training)")
+    dropout_masks: str = Field("fast", description="how dropout draws its masks: fast (15-bit integer draws, "
+                                                   "four per random word; p rounded to 1/32768) or torch "
+                                                   "(bernoulli_, as runs made before it)")
     device: str = "auto"
     num_threads: int | None = Field(None, ge=1)
     data_dir: str | None = None

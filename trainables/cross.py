@@ -34,11 +34,11 @@ from trainables.runtime import autocast, linear_schedule
 class CrossEncoder(nn.Module):
     """A (truncated) encoder over the joined pair, pooled, and a linear head to one logit."""
 
-    def __init__(self, name: str, layer: int | None = None, pooling: str = "cls"):
+    def __init__(self, name: str, layer: int | None = None, pooling: str = "cls", dropout_masks: str = "torch"):
         super().__init__()
         if pooling not in POOLINGS:
             raise one_of("pooling", pooling, POOLINGS)
-        self.encoder = load_encoder(name)
+        self.encoder = load_encoder(name, dropout_masks=dropout_masks)
         if layer is not None:
             truncate_encoder(self.encoder, layer)
         self.pooling = pooling

@@ -19,7 +19,7 @@ from trainables.model_files import (  # noqa: F401 (re-exported)
     refuse_unsafe_weights,
     resolve_model_path,
 )
-from trainables.names import POOLINGS  # noqa: E402,F401 (the closed names live apart from torch)
+from trainables.names import DROPOUT_MASKS, POOLINGS  # noqa: E402,F401 (closed names live apart from torch)
 from trainables.packaged import install_hint
 
 
@@ -34,15 +34,28 @@ def load_tokenizer(name: str):
     return AutoTokenizer.from_pretrained(resolve_model_path(name), trust_remote_code=False)
 
 
-def load_encoder(name: str, random_init: bool = False, seed: int = 0) -> PreTrainedModel:
-    """The bare encoder (no task head); `random_init` keeps the architecture with fresh weights."""
+def load_encoder(name: str, random_init: bool = False, seed: int = 0,
+                 dropout_masks: str = "torch") -> PreTrainedModel:
+    """The bare encoder (no task head); `random_init` keeps the architecture with fresh weights;
+    `dropout_masks`: "fast" draws training's dropout masks with trainables.dropout."""
     from transformers import AutoModel  # its modeling code costs ~1.5 s: only when an encoder is built
 
+    if dropout_masks not in DROPOUT_MASKS:
+        raise one_of("dropout_masks", dropout_masks, DROPOUT_MASKS)
     config = load_config(name)
     if random_init:
         torch.manual_seed(seed)
-        return AutoModel.from_config(config)
-    return AutoModel.from_pretrained(resolve_model_path(name), trust_remote_code=False)
+        model = AutoModel.from_config(config)
+    else:
+        model = AutoModel.from_pretrained(resolve_model_path(name), trust_remote_code=False)
+    if dropout_masks == "fast":
+        from trainables.dropout import use_fast_dropout
+
+        use_fast_dropout(model)
+    from trainables.embedding_grad import use_row_gradients
+
+    use_row_gradients(model)  # the same gradient, without a dense zero-fill per chunk
+    return model
 
 
 def encoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -147,9 +160,9 @@ class SentenceEncoder(nn.Module):
 
 def build_sentence_encoder(name: str, layer: int | None = None, pooling: str = "mean",
                            projection_dim: int | None = None, random_init: bool = False,
-                           seed: int = 0) -> SentenceEncoder:
+                           seed: int = 0, dropout_masks: str = "torch") -> SentenceEncoder:
     """Load `name`, truncate it to `layer` blocks (None keeps all) and put a pooling head on it."""
-    encoder = load_encoder(name, random_init=random_init, seed=seed)
+    encoder = load_encoder(name, random_init=random_init, seed=seed, dropout_masks=dropout_masks)
     if layer is not None:
         truncate_encoder(encoder, layer)
     return SentenceEncoder(encoder, pooling, projection_dim)

@@ -21,7 +21,7 @@ from trainables.contract import Report, TrialConfig, parse_config
 from trainables.errors import UserInputError, one_of
 from trainables.learner import Learner
 from trainables.model_files import model_depth
-from trainables.names import EVAL_PRECISIONS, PRECISIONS, primary_metric
+from trainables.names import DROPOUT_MASKS, EVAL_PRECISIONS, PRECISIONS, primary_metric
 from trainables.stages.fields import stage_params, uses_stage
 
 if TYPE_CHECKING:  # the base class imports almost nothing: reading the registry loads no torch
@@ -139,7 +139,7 @@ class TrainableKind(ABC):
     def check_names(self, cfg, key_of: KeyOf) -> None:
         """Names inside the config that must come from a closed registry (`names`: poolings,
         losses, modes, ...); kinds add checks that need more than one field."""
-        common = {"precision": PRECISIONS, "eval_precision": EVAL_PRECISIONS}
+        common = {"precision": PRECISIONS, "eval_precision": EVAL_PRECISIONS, "dropout_masks": DROPOUT_MASKS}
         for field, valid in {**{k: v for k, v in common.items() if hasattr(cfg, k)}, **self.names}.items():
             if getattr(cfg, field) not in valid:
                 raise one_of(key_of(field), getattr(cfg, field), valid)

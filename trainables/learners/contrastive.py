@@ -45,7 +45,8 @@ class ContrastiveLearner(Learner):
         if len(sentences) < 2:
             raise UserInputError("corpus", cfg.corpus, "the corpus has fewer than 2 sentences")
         self.sentences = sentences
-        encoder = build_sentence_encoder(cfg.model, cfg.layer, cfg.pooling, seed=cfg.seed)
+        encoder = build_sentence_encoder(cfg.model, cfg.layer, cfg.pooling, seed=cfg.seed,
+                                         dropout_masks=cfg.dropout_masks)
         self.attention_layers = resolve_attention_layers(cfg.method, cfg.attention_layers,
                                                          encoder_depth(encoder.encoder.config))
         if self.attention_layers:

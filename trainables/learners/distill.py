@@ -46,8 +46,9 @@ class Side:
 
 
 def build_side(cfg: DistillConfig, prefix: str, bi_name: str, bi_layer: int | None, cross_name: str, device) -> Side:
-    bi = build_sentence_encoder(bi_name, bi_layer, cfg.pooling, seed=cfg.seed).to(device)
-    cross = CrossEncoder(cross_name, cfg.cross_layer, cfg.cross_pooling).to(device)
+    bi = build_sentence_encoder(bi_name, bi_layer, cfg.pooling, seed=cfg.seed,
+                                dropout_masks=cfg.dropout_masks).to(device)
+    cross = CrossEncoder(cross_name, cfg.cross_layer, cfg.cross_pooling, cfg.dropout_masks).to(device)
     return Side(prefix, bi_name, bi_layer, cross_name, bi, cross, TokenCache(load_tokenizer(bi_name),
                 cfg.bi_max_seq_length), PairTokens(load_tokenizer(cross_name), cfg.cross_max_seq_length))
 

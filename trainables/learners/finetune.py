@@ -28,7 +28,7 @@ class FinetuneLearner(Learner):
             raise UserInputError("task", cfg.task, "finetune needs a labeled pair task (stsb, sick, mrpc, ...)")
         start, stage = pretrained_start(cfg, cfg.pooling)
         self.model = build_sentence_encoder(start, cfg.layer, cfg.pooling, cfg.projection_dim, cfg.random_init,
-                                            cfg.seed).to(device)
+                                            cfg.seed, cfg.dropout_masks).to(device)
         dim = self.model.projection[0].out_features if self.model.projection else self.model.encoder.config.hidden_size
         self.loss_fn = build_loss(cfg.loss, data.kind, dim).to(device)
         self.tokens = TokenCache(load_tokenizer(start), cfg.max_seq_length)
