@@ -291,16 +291,15 @@ class StudyTracker:
             if run is None:
                 self.children.pop(key, None)
                 self.start_trial(record, cell_keys.get(record.cell, str(record.cell)), "")
-                counts["runs"] += 1
-                logged: set[int] = set()
+                counts["runs"] += 1  # its epochs logged: none yet
             else:
                 self.children[key] = run.info.run_id
                 counts["filled"] += self.fill_identity(run.info.run_id, record,
                                                        cell_keys.get(record.cell, str(record.cell)),
                                                        run.data.params, run.data.tags)
-                logged = self._epochs_logged(run.info.run_id, run)
-                self.logged[run.info.run_id] = set(logged)
+                self.logged[run.info.run_id] = self._epochs_logged(run.info.run_id, run)
                 self.unsure.add(run.info.run_id)  # the outage may have cut its last write in half
+            logged = self.logged[self.children[key]]  # log_epoch adds what it writes
             for result in record.results:
                 if "epoch" in result and int(result["epoch"]) not in logged:
                     self.log_epoch(key, result)

@@ -83,12 +83,10 @@ def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
     if dropout == 0.0 or not module.training:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=scaling,
                                       position_bias=position_bias, **kwargs)
-    if kwargs.get("is_causal") or (attention_mask is None and getattr(module, "is_causal", False)):
+    causal = kwargs.get("is_causal") or (attention_mask is None and getattr(module, "is_causal", False))
+    if causal or key.shape[1] != query.shape[1]:  # a decoder, grouped-query heads: SDPA with torch's masks
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      position_bias=position_bias, **kwargs)  # a decoder: torch's own masks
-    if key.shape[1] != query.shape[1]:  # grouped-query attention: repeat the key/value heads
-        groups = query.shape[1] // key.shape[1]
-        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+                                      position_bias=position_bias, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     dtype = query.dtype
     # SDPA's math path (the one that applies dropout) computes half-precision inputs in fp32 and
