@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN = $(VENV)/bin
 ENV = ORCHESTRATOR_DATA_DIR=$(abspath $(DATA)) HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: setup setup-mpnet run paper paper-epochs paper-lr test test-fast lint bench clean
+.PHONY: setup setup-mpnet run paper paper-epochs paper-lr test test-fast lint docs bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ $(BIN)/.mpnet: $(BIN)/.installed
 	touch $@
 
 setup-mpnet: $(BIN)/.mpnet
+
+# mkdocs-material and mkdocstrings (the extra `docs`)
+$(BIN)/.docs: $(BIN)/.installed
+	$(BIN)/pip install --quiet -e '.[dev,docs]'
+	touch $@
 
 run: setup
 	$(ENV) $(BIN)/orchestrator launch examples/quickstart.yaml --resume
@@ -51,6 +56,10 @@ test-fast: setup
 lint: setup
 	$(BIN)/ruff check .
 
+# The documentation site in site/: warnings are errors, every link, anchor and image between pages checked
+docs: $(BIN)/.docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 bench: setup
 	$(ENV) $(BIN)/python benchmarks/truncation.py --data-dir $(DATA)
 	$(ENV) $(BIN)/python benchmarks/epoch.py --data-dir $(DATA)
@@ -59,4 +68,4 @@ bench: setup
 	$(ENV) $(BIN)/python benchmarks/searchers.py --data-dir $(DATA)
 
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) *.egg-info site
