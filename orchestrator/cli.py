@@ -17,9 +17,10 @@ from typing import Annotated
 
 import typer
 
+from orchestrator.cli_usage import OrchestratorTyper
 from trainables.errors import UserInputError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = OrchestratorTyper(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Ablation and hyperparameter studies of sentence encoders on Ray Tune, tracked in MLflow.")
 
 DEBUG = typer.Option(False, "--debug", help="Show the full traceback of an error.")
@@ -113,12 +114,13 @@ def probe(
     pooling: Annotated[str, typer.Option(help="mean, cls, max or mean_sqrt_len.")] = "mean",
     layers: Annotated[str, typer.Option(help="`all` or a comma list such as 0,3,6.")] = "all",
     data_dir: Annotated[str | None, typer.Option(help="Data folder (default: $ORCHESTRATOR_DATA_DIR).")] = None,
-    max_seq_length: Annotated[int, typer.Option(help="Tokens per sentence.")] = 128,
+    max_seq_length: Annotated[int, typer.Option(min=2, help="Tokens per sentence (at least 2: the special "
+                                                           "tokens).")] = 128,
     precision: Annotated[str, typer.Option(help="auto, fp32 or bf16.")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     suite: Annotated[str | None, typer.Option(help="Score a suite instead of one task: `sts` is STS12-16, STS-B "
                                                    "and SICK-R (test splits) and their average.")] = None,
-    max_eval_samples: Annotated[int | None, typer.Option(help="Score at most this many pairs per set "
+    max_eval_samples: Annotated[int | None, typer.Option(min=1, help="Score at most this many pairs per set "
                                                               "(a fixed random subset).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per layer per line.")] = False,
     debug: bool = DEBUG,
@@ -163,11 +165,13 @@ STORAGE = typer.Option(None, "--storage", help="Folder of study folders (default
                                                  "or ./studies).")
 ADDRESS = typer.Option(None, "--address", help="Ray cluster: local (default), auto, or host:port; also RAY_ADDRESS.")
 MAX_CONCURRENT = typer.Option(None, "--max-concurrent", min=1, help="At most this many trials at once.")
+STUDY_FILE = typer.Argument(help="The study's YAML file (`orchestrator schema` prints its keys).")
+NAME = typer.Argument(help="The study's name (its folder under --storage).")
 
 
 @app.command()
 @user_errors
-def validate(study_file: str, debug: bool = DEBUG) -> None:
+def validate(study_file: str = STUDY_FILE, debug: bool = DEBUG) -> None:
     """Check a study file (keys, types, names, layers against the model, data, tracking URI)."""
     from orchestrator.config import load_study
     from orchestrator.estimate import check_pilot
@@ -182,8 +186,9 @@ def validate(study_file: str, debug: bool = DEBUG) -> None:
 
 @app.command()
 @user_errors
-def plan(study_file: str, estimate: bool = typer.Option(False, "--estimate", help="Run a short pilot and estimate "
-                                                                                  "trial-hours and wall time."),
+def plan(study_file: str = STUDY_FILE,
+         estimate: bool = typer.Option(False, "--estimate", help="Run a short pilot and estimate trial-hours and "
+                                                                 "wall time."),
          debug: bool = DEBUG) -> None:
     """List every ablation cell, the trials per phase and the total trial-rounds (epochs, cycles, ...)."""
     from rich.console import Console
@@ -240,7 +245,7 @@ def schema() -> None:
 
 @app.command()
 @user_errors
-def launch(study_file: str, address: str | None = ADDRESS, storage: str | None = STORAGE,
+def launch(study_file: str = STUDY_FILE, address: str | None = ADDRESS, storage: str | None = STORAGE,
            max_concurrent: int | None = MAX_CONCURRENT,
            resume_existing: bool = typer.Option(False, "--resume", help="Continue the study if it exists already."),
            debug: bool = DEBUG) -> None:
@@ -256,7 +261,7 @@ def launch(study_file: str, address: str | None = ADDRESS, storage: str | None =
 
 @app.command()
 @user_errors
-def resume(name: str, address: str | None = ADDRESS, storage: str | None = STORAGE,
+def resume(name: str = NAME, address: str | None = ADDRESS, storage: str | None = STORAGE,
            max_concurrent: int | None = MAX_CONCURRENT, debug: bool = DEBUG) -> None:
     """Continue an interrupted study: finished trials are kept, interrupted ones continue."""
     from orchestrator import launch as launcher
@@ -268,7 +273,7 @@ def resume(name: str, address: str | None = ADDRESS, storage: str | None = STORA
 
 @app.command()
 @user_errors
-def status(name: str, storage: str | None = STORAGE,
+def status(name: str = NAME, storage: str | None = STORAGE,
            as_json: bool = typer.Option(False, "--json", help="One JSON object: counts and every cell."),
            debug: bool = DEBUG) -> None:
     """Trials done / running / failed and the best dev score per cell, from the study's journal."""
@@ -327,7 +332,7 @@ def list_studies(storage: str | None = STORAGE,
 
 @app.command()
 @user_errors
-def sync(name: str, storage: str | None = STORAGE, debug: bool = DEBUG) -> None:
+def sync(name: str = NAME, storage: str | None = STORAGE, debug: bool = DEBUG) -> None:
     """Replay a study's journal into MLflow: runs, epochs and outcomes an outage missed."""
     from orchestrator.launch import sync as sync_study
 
@@ -376,7 +381,7 @@ def doctor(address: str | None = ADDRESS, study: Annotated[str | None, typer.Opt
 
 @app.command()
 @user_errors
-def ui(name: str, storage: str | None = STORAGE, port: int = typer.Option(5000, min=1, max=65535,
+def ui(name: str = NAME, storage: str | None = STORAGE, port: int = typer.Option(5000, min=1, max=65535,
                                                                         help="Port, or the next free one."),
        optuna: bool = typer.Option(False, "--optuna", help="optuna-dashboard of the cells' tuning instead."),
        debug: bool = DEBUG) -> None:
@@ -529,7 +534,8 @@ def report(names: Annotated[list[str], typer.Argument(help="One study, or severa
 
 @app.command()
 @user_errors
-def verify(folder: str, tracking_uri: str | None = typer.Option(None, help="MLflow store (default: the report's)."),
+def verify(folder: Annotated[str, typer.Argument(help="A folder written by `orchestrator report`.")],
+           tracking_uri: str | None = typer.Option(None, help="MLflow store (default: the report's)."),
            debug: bool = DEBUG) -> None:
     """Recompute every number of a written report from MLflow; exit 1 naming each cell that differs."""
     import pandas as pd
