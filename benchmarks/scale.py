@@ -28,27 +28,18 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from instant import instant_executor  # benchmarks/instant.py, beside this script
 
 from orchestrator.journal import Journal
 from orchestrator.launch import launch, open_state
-from orchestrator.tune_adapters import CellScheduler, PlanSearcher, ProgressCallback, TrackingCallback
 
 SLOTS = 16
 PER_CELL = 100  # trials per cell: 97 tuning trials and 3 replicates
 AXES = {"layer": [1, 2, 3, 4, 5], "pooling": ["mean", "cls", "max", "mean_sqrt_len"],
         "max_seq_length": [64, 96, 128, 192, 256]}
-
-
-@dataclass
-class Trial:
-    """What the adapters read of a Ray trial."""
-    trial_id: str
-    config: dict
-    error_file: str | None = None
 
 
 class Timers:
@@ -73,51 +64,10 @@ def dev_score(config: dict, seed: int, epoch: int) -> float:
             - lr_term - 10 * (config.get("warmup_ratio", 0.1) - 0.1) ** 2 + 3 * math.log(epoch) + noise)
 
 
-def instant_executor(timers: Timers, ticks: list[tuple[int, float]]):
-    """Tune's part of a launch, in process: trials take no time; the adapters see what Tune shows them."""
-    def execute(plan, state, tracker, storage, name, max_concurrent, progress, banner) -> None:
-        searcher = PlanSearcher(state, SLOTS)
-        scheduler, tracking = CellScheduler(state), TrackingCallback(state, tracker)
-        with open(os.devnull, "w") as sink:
-            view = ProgressCallback(state, banner, stream=sink, live=False)
-            view.setup()
-            suggest = timers.wrap("ask", searcher.suggest)
-            complete = timers.wrap("tell", searcher.on_trial_complete)
-            prune = timers.wrap("pruner", scheduler.on_trial_result)
-            start, result, finish = (timers.wrap("mlflow", f) for f in (tracking.on_trial_start,
-                                                                         tracking.on_trial_result,
-                                                                         tracking.on_trial_complete))
-            poll = timers.wrap("progress", view.on_step_end)
-            running: dict[str, list] = {}
-            issued = 0
-            while True:
-                while len(running) < SLOTS:
-                    config = suggest(f"t{issued}")
-                    if not isinstance(config, dict):
-                        break
-                    trial = Trial(f"t{issued}", config)
-                    issued += 1
-                    start(0, [], trial)
-                    running[trial.trial_id] = [trial, 0]
-                if not running:
-                    return
-                for trial_id in list(running):
-                    trial, epoch = running[trial_id][0], running[trial_id][1] + 1
-                    running[trial_id][1] = epoch
-                    cfg = trial.config["trial"]
-                    metrics = {"epoch": epoch, "dev_spearman": dev_score(cfg, cfg["seed"], epoch),
-                               "train_loss": 1.0 / epoch, "node_ip": "10.0.0.1"}
-                    if epoch == cfg["epochs"] and cfg.get("score_test"):
-                        metrics["test_spearman"] = metrics["dev_spearman"] - 1.0
-                    result(0, [], trial, metrics)
-                    stop = prune(None, trial, metrics) == "STOP"
-                    if stop or epoch == cfg["epochs"]:
-                        complete(trial_id, metrics)
-                        finish(0, [], trial)
-                        del running[trial_id]
-                        ticks.append((len(ticks) + 1, time.perf_counter()))
-                poll(0, [])
-    return execute
+def executor(timers: Timers, ticks: list[tuple[int, float]]):
+    """Tune's part of a launch, in process (benchmarks/instant.py), each adapter call timed."""
+    return instant_executor(dev_score, SLOTS, timers.wrap,
+                            on_finished=lambda n: ticks.append((n, time.perf_counter())))
 
 
 def cli(*args: str) -> tuple[float, str]:
@@ -148,7 +98,7 @@ def measure(trials: int, data_dir: str, folder: Path) -> dict:
     Journal.write = timers.wrap("journal", original)
     try:
         started = time.perf_counter()
-        result = launch(path, storage=folder / "studies", executor=instant_executor(timers, ticks))
+        result = launch(path, storage=folder / "studies", executor=executor(timers, ticks))
         launch_s = time.perf_counter() - started
     finally:
         Journal.write = original
@@ -164,7 +114,7 @@ def measure(trials: int, data_dir: str, folder: Path) -> dict:
     replay_s = time.perf_counter() - started
     started = time.perf_counter()
     launch(folder / "studies" / spec["name"] / "study.yaml", storage=folder / "studies", resume=True,
-           progress=False, executor=instant_executor(Timers(), []))
+           progress=False, executor=executor(Timers(), []))
     resume_s = time.perf_counter() - started
     status_s, _ = cli("status", spec["name"], "--storage", str(folder / "studies"))
     report_s, _ = cli("report", spec["name"], "--storage", str(folder / "studies"), "--out",

@@ -167,18 +167,25 @@ ADDRESS = typer.Option(None, "--address", help="Ray cluster: local (default), au
 MAX_CONCURRENT = typer.Option(None, "--max-concurrent", min=1, help="At most this many trials at once.")
 STUDY_FILE = typer.Argument(help="The study's YAML file (`orchestrator schema` prints its keys).")
 NAME = typer.Argument(help="The study's name (its folder under --storage).")
+Overrides = Annotated[list[str] | None, typer.Argument(
+    metavar="[KEY=VALUE]...", show_default=False,
+    help="Changes to the study file, e.g. train.lr=3e-5 'replicate.seeds=[0,1,2]' ablate.layer=all (values are "
+         "YAML; ~KEY removes a key); the study folder keeps the merged file.")]
+NewName = Annotated[str | None, typer.Option("--name", help="Run the study under this name (a variation of the "
+                                                            "file, in its own study folder and MLflow experiment).")]
 
 
 @app.command()
 @user_errors
-def validate(study_file: str = STUDY_FILE, debug: bool = DEBUG) -> None:
+def validate(study_file: str = STUDY_FILE, overrides: Overrides = None, name: NewName = None,
+             debug: bool = DEBUG) -> None:
     """Check a study file (keys, types, names, layers against the model, data, tracking URI)."""
     from orchestrator.config import load_study
     from orchestrator.estimate import check_pilot
     from orchestrator.plan import build_plan
 
     quiet_libraries()
-    study = load_study(study_file)
+    study = load_study(study_file, overrides or (), name)
     plan = build_plan(study, Path(study_file).resolve().parent)
     check_pilot(plan)  # a budget needs a pilot that can time the kind
     typer.echo(f"ok: {study.name}: {len(plan.cells)} cells, {plan.tuning_trials + plan.replicate_trials} trials")
@@ -186,7 +193,7 @@ def validate(study_file: str = STUDY_FILE, debug: bool = DEBUG) -> None:
 
 @app.command()
 @user_errors
-def plan(study_file: str = STUDY_FILE,
+def plan(study_file: str = STUDY_FILE, overrides: Overrides = None, name: NewName = None,
          estimate: bool = typer.Option(False, "--estimate", help="Run a short pilot and estimate trial-hours and "
                                                                  "wall time."),
          debug: bool = DEBUG) -> None:
@@ -198,7 +205,7 @@ def plan(study_file: str = STUDY_FILE,
     from orchestrator.plan import build_plan
 
     quiet_libraries()
-    study = load_study(study_file)
+    study = load_study(study_file, overrides or (), name)
     resolved = build_plan(study, Path(study_file).resolve().parent)
     table = Table(title=f"{study.name}: {study.trainable} on {study.task} · {', '.join(models_of(study))}")
     table.add_column("#", justify="right")
@@ -245,30 +252,33 @@ def schema() -> None:
 
 @app.command()
 @user_errors
-def launch(study_file: str = STUDY_FILE, address: str | None = ADDRESS, storage: str | None = STORAGE,
-           max_concurrent: int | None = MAX_CONCURRENT,
+def launch(study_file: str = STUDY_FILE, overrides: Overrides = None, name: NewName = None,
+           address: str | None = ADDRESS, storage: str | None = STORAGE, max_concurrent: int | None = MAX_CONCURRENT,
            resume_existing: bool = typer.Option(False, "--resume", help="Continue the study if it exists already."),
            debug: bool = DEBUG) -> None:
     """Run a study on Ray Tune (a fresh local Ray unless --address), tracked in MLflow."""
     from orchestrator import launch as launcher
-    from orchestrator.config import load_study
+    from orchestrator.config import read_study
 
     quiet_libraries()
-    with interrupts(load_study(study_file).name):
-        finish(launcher.launch(study_file, storage=storage, address=address, max_concurrent=max_concurrent,
+    spec = read_study(study_file, overrides or (), name)
+    with interrupts(spec.name):
+        finish(launcher.launch(spec, storage=storage, address=address, max_concurrent=max_concurrent,
                                resume=resume_existing))
 
 
 @app.command()
 @user_errors
-def resume(name: str = NAME, address: str | None = ADDRESS, storage: str | None = STORAGE,
-           max_concurrent: int | None = MAX_CONCURRENT, debug: bool = DEBUG) -> None:
-    """Continue an interrupted study: finished trials are kept, interrupted ones continue."""
+def resume(name: str = NAME, overrides: Overrides = None, address: str | None = ADDRESS,
+           storage: str | None = STORAGE, max_concurrent: int | None = MAX_CONCURRENT, debug: bool = DEBUG) -> None:
+    """Continue an interrupted study: finished trials are kept, interrupted ones continue. Overrides may
+    extend it (more seeds, trials or axis values); one that would invalidate finished work is refused."""
     from orchestrator import launch as launcher
 
     quiet_libraries()
     with interrupts(name):
-        finish(launcher.resume(name, storage=storage, address=address, max_concurrent=max_concurrent))
+        finish(launcher.resume(name, storage=storage, address=address, max_concurrent=max_concurrent,
+                               overrides=overrides or ()))
 
 
 @app.command()

@@ -5,8 +5,11 @@ Every problem becomes one UserInputError naming the YAML key path, the bad value
 
 from __future__ import annotations
 
+import copy
 import difflib
 import re
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -99,8 +102,12 @@ class ReportSection(Section):
     label: str | None = Field(None, description="this study's name in a report across studies (default: its name)")
 
 
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+NAME_FIX = "use letters, digits, '_', '.' or '-' (it names folders)"
+
+
 class StudyConfig(Section):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
+    name: str = Field(pattern=f"^{NAME_PATTERN.pattern}$", max_length=100)
     trainable: str = Field("finetune", json_schema_extra={"enum": list(KINDS)},
                            description="a kind from the closed registry trainables.kinds.KINDS")
     task: str = "stsb"
@@ -164,7 +171,7 @@ def explain(error: dict, schema: type[BaseModel] = StudyConfig) -> UserInputErro
     if error["type"] == "missing":
         return UserInputError(key, None, "this key is required")
     if error["type"] == "string_pattern_mismatch" and key == "name":
-        return UserInputError(key, error.get("input"), "use letters, digits, '_', '.' or '-' (it names folders)")
+        return UserInputError(key, error.get("input"), NAME_FIX)
     message = error["msg"]
     if error["type"] == "literal_error":
         message = message.replace("Input should be", "use")
@@ -225,13 +232,19 @@ class BoundedLoader(yaml.SafeLoader):
         return super().construct_document(node)
 
 
-def load_study(path: str | Path) -> StudyConfig:
-    """Read and validate a study file (structure only; see orchestrator.plan for the deep checks)."""
-    path = Path(path)
+# YAML 1.1 (PyYAML) reads `3e-5` as a string (a float needs a dot: `3.0e-5`); YAML 1.2 and every user
+# read it as a number. A study file and a command-line override (`train.lr=3e-5`) both mean the number.
+BoundedLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+                                    list("-+0123456789"))
+
+
+def read_study_file(path: Path) -> tuple[str, Any]:
+    """A study file's text and its YAML as written (validated by `parse_study`)."""
     if not path.is_file():
         raise UserInputError("study file", str(path), "give the path of an existing YAML file")
+    text = path.read_text()
     try:
-        raw = yaml.load(path.read_text(), Loader=BoundedLoader)  # noqa: S506 (a SafeLoader)
+        return text, yaml.load(text, Loader=BoundedLoader)  # noqa: S506 (a SafeLoader)
     except TooManyAliases as exc:
         raise UserInputError("study file", str(path), f"{exc}; write the values out instead") from None
     except yaml.YAMLError as exc:
@@ -239,7 +252,108 @@ def load_study(path: str | Path) -> StudyConfig:
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         problem = re.sub(r"\s+", " ", str(getattr(exc, "problem", exc)))
         raise UserInputError("study file", str(path), f"YAML syntax error at {where}: {problem}") from None
-    return parse_study(raw, str(path))
+
+
+OVERRIDE_FORM = "write KEY=VALUE (a dotted key, a YAML value), e.g. train.lr=3e-5 or 'replicate.seeds=[0,1,2]'"
+OVERRIDE_KEY = re.compile(r"[^\s.=~]+(\.[^\s.=]+)*")
+REMOVE = object()  # the value of `~KEY`: the key is taken out of the study
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """One command-line override: `train.lr=3e-5` -> (["train", "lr"], 3e-05), the value read as YAML
+    (`[0,1,2]` a list, `null` None, an empty value None); `~tune` -> (["tune"], REMOVE)."""
+    if text.startswith("~") and "=" not in text:
+        key, value = text[1:], REMOVE
+    elif "=" in text:
+        key, raw = text.split("=", 1)
+        try:
+            value = yaml.load(raw, Loader=BoundedLoader)  # noqa: S506 (a SafeLoader)
+        except TooManyAliases as exc:
+            raise UserInputError(key or "override", raw, f"{exc}; write the values out instead") from None
+        except yaml.YAMLError as exc:
+            problem = re.sub(r"\s+", " ", str(getattr(exc, "problem", None) or exc))
+            raise UserInputError(key or "override", raw, f"the value is not YAML ({problem}); quote a value "
+                                                         "with spaces or brackets for the shell, e.g. "
+                                                         "'replicate.seeds=[0,1,2]'") from None
+    else:
+        raise UserInputError("override", text, OVERRIDE_FORM)
+    if not OVERRIDE_KEY.fullmatch(key):
+        raise UserInputError("override", text, OVERRIDE_FORM)
+    return key.split("."), value
+
+
+def apply_overrides(raw: dict, overrides: Iterable[str]) -> dict:
+    """A copy of a study file's mapping with the overrides applied in order (a later one wins), each
+    setting one key and creating the mappings above it; validation is the study file's own, so an
+    unknown key gets the same did-you-mean line as in a file."""
+    merged = copy.deepcopy(raw)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = merged
+        for depth, part in enumerate(path[:-1]):
+            child = node.get(part)
+            if child is None and value is not REMOVE:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                where = ".".join(path[:depth + 1])
+                raise UserInputError(where, child, f"it is not a mapping, so {'.'.join(path)} cannot be "
+                                                   f"{'removed' if value is REMOVE else 'set'}; override {where} "
+                                                   "itself")
+            node = child
+        if value is REMOVE:
+            if path[-1] not in node:
+                raise UserInputError(".".join(path), None, "the study file has no such key to remove (~KEY removes "
+                                                           "a key; KEY=VALUE sets one)")
+            del node[path[-1]]
+        else:
+            node[path[-1]] = value
+    return merged
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """A validated study: its config, the file it came from (relative paths in it are relative to the
+    file's folder), the overrides applied on top, and the YAML a launch stores as the study folder's
+    `study.yaml`: the file itself when nothing was overridden, else the merged result, so `resume` and
+    the report see what really ran."""
+
+    config: StudyConfig
+    path: Path
+    text: str
+    overrides: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.resolve().parent
+
+
+def read_study(path: str | Path, overrides: Iterable[str] = (), name: str | None = None) -> StudySpec:
+    """Read a study file, apply command-line overrides (`train.lr=3e-5`) and a new `name`, validate the
+    result (structure only; see orchestrator.plan for the deep checks)."""
+    path = Path(path)
+    text, raw = read_study_file(path)
+    overrides = tuple(overrides)
+    if name is not None and not (NAME_PATTERN.fullmatch(name) and len(name) <= 100):
+        raise UserInputError("--name", name, NAME_FIX)
+    if not overrides and name is None:
+        return StudySpec(parse_study(raw, str(path)), path, text)
+    if not isinstance(raw, dict):
+        parse_study(raw, str(path))  # the same one line as without overrides
+    merged = apply_overrides(raw, overrides)
+    if name is not None:
+        merged["name"] = name
+    shown = re.sub(r"\s+", " ", " ".join([*overrides, *([f"--name {name}"] if name is not None else [])]))
+    merged_text = f"# {path} with {shown}\n" + yaml.safe_dump(merged, sort_keys=False, allow_unicode=True)
+    return StudySpec(parse_study(merged, str(path)), path, merged_text, overrides)
+
+
+def load_study(path: str | Path, overrides: Iterable[str] = (), name: str | None = None) -> StudyConfig:
+    """Read and validate a study file with any overrides (structure only; see orchestrator.plan)."""
+    return read_study(path, overrides, name).config
 
 
 def study_json_schema() -> dict:

@@ -17,12 +17,12 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from orchestrator.config import StudyConfig, load_study
+from orchestrator.config import StudyConfig, StudySpec, load_study, read_study
 from orchestrator.edits import check_edit
 from orchestrator.journal import Journal, full_disk_fix
 from orchestrator.plan import StudyPlan, build_plan, plan_from_record, plan_record
@@ -127,17 +127,17 @@ def check_cluster(ray, study: StudyConfig) -> None:
                              f"{largest_cpu:g}); ask for at most that many per trial")
 
 
-def launch(study_file: str | Path, storage: str | Path | None = None, address: str | None = None,
+def launch(study_file: StudySpec | str | Path, storage: str | Path | None = None, address: str | None = None,
            max_concurrent: int | None = None, resume: bool = False, progress: bool = True,
            executor: Callable | None = None) -> LaunchResult:
     """Validate, plan, then run the study (or the rest of it) to the end, as the folder's one writer.
     `executor` replaces Ray Tune as what runs the trials (`run_tuner`'s signature; benchmarks/scale.py
     passes one whose trials take no time, to measure the driver's own costs)."""
-    study_file = Path(study_file)
-    study = load_study(study_file)
+    spec = study_file if isinstance(study_file, StudySpec) else read_study(study_file)
+    study = spec.config
     folder = study_dir(storage or study.storage_path, study.name)
     refuse_existing(folder, study.name, resume)
-    meta = (read_meta(folder) if resume else None) or {"base_dir": str(study_file.parent.resolve()),
+    meta = (read_meta(folder) if resume else None) or {"base_dir": str(spec.base_dir),
                                                        "study_uid": uuid.uuid4().hex}
     base_dir = Path(meta["base_dir"])
     accepted = folder / LAUNCHED_FILE if (folder / LAUNCHED_FILE).exists() else folder / STUDY_FILE
@@ -163,7 +163,7 @@ def launch(study_file: str | Path, storage: str | Path | None = None, address: s
         check_cluster(ray, study)  # the last cheap check: nothing is written before it passes
     with exclusive(folder, study.name, "resume" if resume else "launch"):
         refuse_existing(folder, study.name, resume)  # a launch that got here first, and ended
-        return run_locked(study_file, study, plan, folder, {**meta, "tracking_uri": uri}, stored, changed,
+        return run_locked(spec, plan, folder, {**meta, "tracking_uri": uri}, stored, changed,
                           resume, max_concurrent, progress, executor or run_tuner)
 
 
@@ -173,16 +173,16 @@ def refuse_existing(folder: Path, name: str, resume: bool) -> None:
                                            f"`orchestrator resume {name}` or choose another name")
 
 
-def run_locked(study_file: Path, study: StudyConfig, plan: StudyPlan, folder: Path, meta: dict, stored, changed,
+def run_locked(spec: StudySpec, plan: StudyPlan, folder: Path, meta: dict, stored, changed,
                resume: bool, max_concurrent, progress: bool, executor: Callable) -> LaunchResult:
     """Everything a launch writes, while it holds the folder's lock."""
+    study = spec.config
     base_dir, uri = Path(meta["base_dir"]), meta["tracking_uri"]
     journal = Journal(folder / JOURNAL)
     if changed:  # an extension: the journal learns which cells its earlier indices meant, then the new file
         record_cells(journal, folder, stored, base_dir)
-    text = study_file.read_text()
-    write_atomic(folder / STUDY_FILE, text)
-    write_atomic(folder / LAUNCHED_FILE, text)  # what the trials below run: later edits are checked against it
+    write_atomic(folder / STUDY_FILE, spec.text)  # the file as run: with its command-line overrides merged in
+    write_atomic(folder / LAUNCHED_FILE, spec.text)  # what the trials below run: later edits are checked against it
     journal.write("launch", **meta)  # the study id lives in the journal too
     write_atomic(folder / META, json.dumps(meta, indent=1))
     record = plan_record(plan, provenance())
@@ -369,12 +369,17 @@ def trial_folder_name(trial) -> str:
 
 
 def resume(name: str, storage: str | Path | None = None, address: str | None = None,
-           max_concurrent: int | None = None, progress: bool = True) -> LaunchResult:
+           max_concurrent: int | None = None, progress: bool = True, overrides: Iterable[str] = (),
+           executor: Callable | None = None) -> LaunchResult:
     folder = study_dir(storage, name)
     if not (folder / STUDY_FILE).exists():
         raise UserInputError("NAME", name, f"no study folder {folder}; give --storage where it was launched")
-    return launch(folder / STUDY_FILE, storage=folder.parent, address=address, max_concurrent=max_concurrent,
-                  resume=True, progress=progress)
+    spec = read_study(folder / STUDY_FILE, overrides)
+    if spec.name != name:
+        raise UserInputError("name", spec.name, f"the study folder {folder} is study {name}: resume it under its own "
+                                                "name (--name and name= start a new study with `launch`)")
+    return launch(spec, storage=folder.parent, address=address, max_concurrent=max_concurrent,
+                  resume=True, progress=progress, executor=executor)
 
 
 def open_state(name: str, storage: str | Path | None = None) -> StudyState:

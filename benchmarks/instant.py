@@ -1,0 +1,86 @@
+"""Ray Tune's part of a launch, in process, for benchmarks and fast tests: trials take no time.
+
+`launch(..., executor=instant_executor(score))` runs the real launch (study folder, lock, journal, plan,
+per-cell Optuna studies, MLflow) and replaces only Tune's execution of the trials: the real adapters
+(`PlanSearcher`, `CellScheduler`, `TrackingCallback`, `ProgressCallback`) see what Tune shows them, each
+trial reporting `score(config, seed, epoch)` as its dev score once per epoch, `slots` trials at a time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from orchestrator.tune_adapters import CellScheduler, PlanSearcher, ProgressCallback, TrackingCallback
+
+Score = Callable[[dict, int, int], float]
+
+
+@dataclass
+class Trial:
+    """What the adapters read of a Ray trial."""
+
+    trial_id: str
+    config: dict
+    error_file: str | None = None
+
+
+def no_timer(name: str, function: Callable) -> Callable:
+    return function
+
+
+def instant_executor(score: Score, slots: int = 16, wrap: Callable[[str, Callable], Callable] = no_timer,
+                     on_finished: Callable[[int], None] | None = None) -> Callable:
+    """An executor for `launch`: `wrap(name, function)` may time the adapter calls (benchmarks/scale.py);
+    `on_finished(n)` is called after the n-th trial ends (a tick for a benchmark, an interrupt for a test)."""
+
+    def execute(plan, state, tracker, storage, name, max_concurrent, progress, banner) -> None:
+        searcher = PlanSearcher(state, slots)
+        scheduler, tracking = CellScheduler(state), TrackingCallback(state, tracker)
+        with open(os.devnull, "w") as sink:
+            view = ProgressCallback(state, banner, stream=sink, live=False)
+            view.setup()
+            suggest, complete = wrap("ask", searcher.suggest), wrap("tell", searcher.on_trial_complete)
+            prune = wrap("pruner", scheduler.on_trial_result)
+            start, result, finish = (wrap("mlflow", f) for f in (tracking.on_trial_start, tracking.on_trial_result,
+                                                                  tracking.on_trial_complete))
+            poll = wrap("progress", view.on_step_end)
+            running: dict[str, list] = {}
+            issued = finished = 0
+            while True:
+                while len(running) < slots:
+                    config = suggest(f"t{issued}")
+                    if not isinstance(config, dict):
+                        break
+                    trial = Trial(f"t{issued}", config)
+                    issued += 1
+                    start(0, [], trial)
+                    done = state.records[config["trial_key"]].results  # a resumed trial goes on from there
+                    best = max((r["dev_spearman"] for r in done), default=None)
+                    running[trial.trial_id] = [trial, len(done), best]
+                if not running:
+                    return
+                for trial_id in list(running):
+                    trial, epoch, best = running[trial_id][0], running[trial_id][1] + 1, running[trial_id][2]
+                    cfg = trial.config["trial"]
+                    dev = score(cfg, cfg["seed"], epoch)
+                    best = dev if best is None else max(best, dev)
+                    running[trial_id][1:] = [epoch, best]
+                    metrics = {"epoch": epoch, "dev_spearman": dev, "train_loss": 1.0 / epoch,
+                               "best_dev_spearman": best, "params": 1000 * (1 + cfg.get("layer", 0)),
+                               "node_ip": "10.0.0.1"}
+                    if epoch == cfg["epochs"] and cfg.get("score_test"):
+                        metrics["test_spearman"] = dev - 1.0
+                    result(0, [], trial, metrics)
+                    stop = prune(None, trial, metrics) == "STOP"
+                    if stop or epoch == cfg["epochs"]:
+                        complete(trial_id, metrics)
+                        finish(0, [], trial)
+                        del running[trial_id]
+                        finished += 1
+                        if on_finished is not None:
+                            on_finished(finished)
+                poll(0, [])
+
+    return execute
