@@ -168,7 +168,7 @@ MAX_CONCURRENT = typer.Option(None, "--max-concurrent", min=1, help="At most thi
 STUDY_FILE = typer.Argument(help="The study's YAML file (`orchestrator schema` prints its keys).")
 NAME = typer.Argument(help="The study's name (its folder under --storage).")
 Overrides = Annotated[list[str] | None, typer.Argument(
-    metavar="[KEY=VALUE]...", show_default=False,
+    metavar="KEY=VALUE", show_default=False,
     help="Changes to the study file, e.g. train.lr=3e-5 'replicate.seeds=[0,1,2]' ablate.layer=all (values are "
          "YAML; ~KEY removes a key); the study folder keeps the merged file.")]
 NewName = Annotated[str | None, typer.Option("--name", help="Run the study under this name (a variation of the "
