@@ -73,6 +73,8 @@ def quiet_libraries() -> None:
         hf_logging.disable_progress_bar()
     for name in ("mlflow", "alembic", "ray.tune", "ray.train"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # MLflow logs a refused SQL write with its traceback before raising it; the launch says it in one line
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     own = logging.getLogger("orchestrator")  # our warnings (an MLflow outage, a replay) reach stderr whatever
     if not own.handlers:                     # other libraries did to the root logger
         handler = CurrentStderr()

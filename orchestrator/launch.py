@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -39,10 +40,12 @@ from orchestrator.study_folder import (  # noqa: F401 (DEFAULT_STORAGE: re-expor
     RECORD,
     STAGES,
     STUDY_FILE,
+    clear_unstarted,
     exclusive,
     read_json,
     read_meta,
     read_record,
+    started,
     study_dir,
     unwritable,
     write_atomic,
@@ -138,7 +141,7 @@ def launch(study_file: StudySpec | str | Path, storage: str | Path | None = None
     folder = study_dir(storage or study.storage_path, study.name)
     refuse_existing(folder, study.name, resume)
     meta = (read_meta(folder) if resume else None) or {"base_dir": str(spec.base_dir),
-                                                       "study_uid": uuid.uuid4().hex}
+                                                       "study_uid": unstarted_uid(folder) or uuid.uuid4().hex}
     base_dir = Path(meta["base_dir"])
     accepted = folder / LAUNCHED_FILE if (folder / LAUNCHED_FILE).exists() else folder / STUDY_FILE
     stored = load_study(accepted) if resume and accepted.exists() else None
@@ -158,19 +161,45 @@ def launch(study_file: StudySpec | str | Path, storage: str | Path | None = None
     if problem:
         raise UserInputError("save", study.save, f"its models go to {folder / MODELS}, where nothing can be "
                                                  f"written ({problem}): make it a writable folder, or save: none")
+    refuse_unwritable_store(uri, study.name, resume)  # it may have changed since the plan checked it
     if executor is None:
         ray = connect_ray(address)
         check_cluster(ray, study)  # the last cheap check: nothing is written before it passes
     with exclusive(folder, study.name, "resume" if resume else "launch"):
         refuse_existing(folder, study.name, resume)  # a launch that got here first, and ended
+        if not resume:
+            clear_unstarted(folder)  # what a first launch that failed before its first trial left
         return run_locked(spec, plan, folder, {**meta, "tracking_uri": uri}, stored, changed,
                           resume, max_concurrent, progress, executor or run_tuner)
 
 
 def refuse_existing(folder: Path, name: str, resume: bool) -> None:
-    if not resume and ((folder / JOURNAL).exists() or (folder / META).exists()):
+    """A new launch refuses a folder where trials ran; one whose first launch failed before its first
+    trial (the store refused a write, Ray did not start) holds nothing to lose and is taken over."""
+    if not resume and started(folder):
         raise UserInputError("name", name, f"a study of that name exists in {folder}; run "
                                            f"`orchestrator resume {name}` or choose another name")
+
+
+def unstarted_uid(folder: Path) -> str | None:
+    """The study id of a first launch that failed before its first trial: its parent run, if the store
+    took one, is the retaken study's parent."""
+    if not folder.is_dir() or started(folder):
+        return None
+    with contextlib.suppress(UserInputError):
+        return (read_meta(folder) or {}).get("study_uid")
+    return None
+
+
+def refuse_unwritable_store(uri: str, name: str, resume: bool) -> None:
+    """One line, before the study folder is touched, when the SQLite store cannot take a write now."""
+    from orchestrator.plan import store_problem
+
+    found = store_problem(uri)
+    if found:
+        again = f"orchestrator resume {name}" if resume else "launch again"
+        raise UserInputError("tracking.mlflow_uri", uri, f"the store cannot be written now ({found[0]}); {found[1]}; "
+                                                         f"then {again}")
 
 
 def run_locked(spec: StudySpec, plan: StudyPlan, folder: Path, meta: dict, stored, changed,
@@ -192,11 +221,22 @@ def run_locked(spec: StudySpec, plan: StudyPlan, folder: Path, meta: dict, store
     state = StudyState(plan, journal, folder / OPTUNA_LOG)
     from orchestrator.tracking import ResilientTracker, StudyTracker
 
-    tracker = StudyTracker(uri, study.name, folder / ARTIFACTS)
-    tracker.start_parent(folder / STUDY_FILE, record, package_version(), meta.get("study_uid"))
-    if changed:
-        tracker.client.log_artifact(tracker.parent_id, str(folder / STUDY_FILE))
-        tracker.client.set_tag(tracker.parent_id, "orchestrator.extended", ",".join(changed)[:5000])
+    try:
+        tracker = StudyTracker(uri, study.name, folder / ARTIFACTS)
+        tracker.start_parent(folder / STUDY_FILE, record, package_version(), meta.get("study_uid"))
+        if changed:
+            tracker.client.log_artifact(tracker.parent_id, str(folder / STUDY_FILE))
+            tracker.client.set_tag(tracker.parent_id, "orchestrator.extended", ",".join(changed)[:5000])
+    except Exception as exc:  # before any trial: the folder is resumed, or (first launch) taken over, as it is
+        from reports.store import forget_store
+
+        forget_store(uri)
+        if disk_was_full(exc):
+            raise StorageFullError("storage", str(folder), full_disk_fix(study.name)) from exc
+        again = f"orchestrator resume {study.name}" if resume or state.counts()["issued"] else "launch again"
+        raise UserInputError("tracking.mlflow_uri", uri, f"the store refused the study's parent run "
+                                                         f"({first_line(exc)}); make it writable (or start the "
+                                                         f"server), then {again}; no trial of this launch ran") from exc
     resilient = ResilientTracker(tracker, lambda: state.records, {c.index: c.key for c in plan.cells})
     launches = len([p for p in (folder / RAY).glob("launch-*")]) if (folder / RAY).exists() else 0
     counts = state.counts()
@@ -226,6 +266,12 @@ def run_locked(spec: StudySpec, plan: StudyPlan, folder: Path, meta: dict, store
     if state.storage_full and (stopped or not finished):  # one line; `resume` runs what the full disk stopped
         raise StorageFullError("storage", str(folder), full_disk_fix(study.name))
     return LaunchResult(folder, state.counts(), finished, reconciled)
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception's first line, shortened: MLflow's SQL errors carry the whole statement."""
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    return re.sub(r"^\([\w.]+\) ", "", lines[0])[:limit]  # SQLAlchemy's `(sqlite3.OperationalError) `
 
 
 OUT_OF_MEMORY = "were killed due to the node running low on memory"

@@ -122,6 +122,22 @@ def read_meta(folder: Path) -> dict | None:
     return {k: v for k, v in launches[-1].items() if k not in ("event", "t")}
 
 
+def started(folder: Path) -> bool:
+    """Has a launch issued a trial in this folder? A folder whose first launch failed before that (the
+    tracking store refused its parent run, Ray did not start) holds no result: a new launch takes it over."""
+    try:
+        with open(folder / JOURNAL, "rb") as f:
+            return any(b'"event": "issued"' in line for line in f)
+    except FileNotFoundError:
+        return False
+
+
+def clear_unstarted(folder: Path) -> None:
+    """Remove the state files of a launch that failed before its first trial (called under the lock)."""
+    for name in (JOURNAL, META, RECORD, PLAN, LAUNCHED_FILE):
+        (folder / name).unlink(missing_ok=True)
+
+
 def holder(folder: Path) -> str:
     """Who holds the folder's lock, as its lock file says (`pid 123, launch`)."""
     try:

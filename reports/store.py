@@ -4,6 +4,7 @@ returns at most 50,000 runs, and silently no more)."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 from pathlib import Path
 
@@ -38,6 +39,20 @@ def open_store(uri: str) -> MlflowClient:
         client = MlflowClient(tracking_uri=uri)
         client.search_experiments(max_results=1)  # the tables are created or migrated by now, under the lock
     return client
+
+
+def forget_store(uri: str) -> None:
+    """Drop what MLflow keeps open per store URI in this process (the store object, its SQLAlchemy
+    engine and pooled connections): after a store failed (replaced, made read-only, deleted), a later
+    client of the same URI in the same process (the Python API, a test) would get the broken one back."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.tracking._tracking_service import utils
+
+    with contextlib.suppress(AttributeError):  # private caches: an MLflow without them has nothing to drop
+        utils._tracking_store_registry._get_store_with_resolved_uri.cache_clear()
+        engine = SqlAlchemyStore._engine_map.pop(uri, None)
+        if engine is not None:
+            engine.dispose()
 
 
 def search_all(client: MlflowClient, experiment_ids: list[str], filter_string: str = "",
