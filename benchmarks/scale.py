@@ -10,9 +10,9 @@ Ray Tune's own cost per trial is measured apart, by benchmarks/orchestration.py.
 
 Per size: the driver's cost per trial (and its parts: ask, tell + journal, pruner, MLflow, progress), its
 cost over the first and the last tenth of the trials (what grows with the study shows there), `status` and
-`report` and `verify` as a user runs them (the CLI, a fresh process), the replay a `resume` does, and
-MLflow's store size. The last line:
-    scale: N trials, driver X ms/trial (1k: Y), status S s, report R s
+`report` and `verify` as a user runs them (the CLI, a fresh process), `results()` and its curves (a fresh
+Python, imports included), the replay a `resume` does, and MLflow's store size. The last line:
+    scale: N trials, driver X ms/trial (1k: Y), status S s, report R s, results() T s
 
     python benchmarks/scale.py --data-dir ../shared/data --trials 10000      # about 20 minutes on 2 cores
 """
@@ -78,6 +78,16 @@ def cli(*args: str) -> tuple[float, str]:
     return time.perf_counter() - started, out.stdout
 
 
+def python(code: str) -> tuple[float, str]:
+    """Seconds a fresh Python takes to run `code` (imports included, as a user's script pays them), and
+    what it printed."""
+    started = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"python -c {code!r} failed ({out.returncode}):\n{out.stderr}")
+    return time.perf_counter() - started, out.stdout.strip()
+
+
 def measure(trials: int, data_dir: str, folder: Path) -> dict:
     cells = max(1, trials // PER_CELL)
     values, size = {}, 1
@@ -120,11 +130,17 @@ def measure(trials: int, data_dir: str, folder: Path) -> dict:
     report_s, _ = cli("report", spec["name"], "--storage", str(folder / "studies"), "--out",
                       str(folder / "reports" / spec["name"]))
     verify_s, _ = cli("verify", str(folder / "reports" / spec["name"]))
+    results_s, rows = python("from orchestrator.results import results; "
+                             f"print(len(results({spec['name']!r}, {str(folder / 'studies')!r})))")
+    assert int(rows) == trials, rows
+    curves_s, _ = python("from orchestrator.results import results; "
+                         f"print(len(results({spec['name']!r}, {str(folder / 'studies')!r}, curves=True)))")
     return {"trials": trials, "cells": cells, "driver_ms": 1000 * driver, "early_ms": 1000 * early,
             "late_ms": 1000 * late, "launch_s": launch_s,
             "parts": {k: 1000 * v / trials for k, v in sorted(timers.seconds.items(), key=lambda kv: -kv[1])},
             "replay_s": replay_s, "resume_s": resume_s, "status_s": status_s, "report_s": report_s,
-            "verify_s": verify_s, "store_mb": (folder / "mlflow.db").stat().st_size / 2**20,
+            "verify_s": verify_s, "results_s": results_s, "curves_s": curves_s,
+            "store_mb": (folder / "mlflow.db").stat().st_size / 2**20,
             "journal_mb": (folder / "studies" / spec["name"] / "journal.jsonl").stat().st_size / 2**20}
 
 
@@ -147,11 +163,12 @@ def main() -> None:
               f"(first tenth {m['early_ms']:.1f}, last tenth {m['late_ms']:.1f}); per trial in ms: {parts} "
               f"(journal is inside ask, tell and pruner); launch {m['launch_s']:.0f} s in all", flush=True)
         print(f"    replay {m['replay_s']:.1f} s, resume (nothing left) {m['resume_s']:.1f} s, status "
-              f"{m['status_s']:.1f} s, report {m['report_s']:.1f} s, verify {m['verify_s']:.1f} s; MLflow store "
+              f"{m['status_s']:.1f} s, report {m['report_s']:.1f} s, verify {m['verify_s']:.1f} s, results() "
+              f"{m['results_s']:.1f} s, results(curves=True) {m['curves_s']:.1f} s; MLflow store "
               f"{m['store_mb']:.1f} MiB, journal {m['journal_mb']:.1f} MiB", flush=True)
     small, large = found
     print(f"scale: {large['trials']} trials, driver {large['driver_ms']:.1f} ms/trial (1k: {small['driver_ms']:.1f}), "
-          f"status {large['status_s']:.1f} s, report {large['report_s']:.1f} s")
+          f"status {large['status_s']:.1f} s, report {large['report_s']:.1f} s, results() {large['results_s']:.1f} s")
 
 
 if __name__ == "__main__":

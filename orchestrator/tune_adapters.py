@@ -31,8 +31,10 @@ RAY_RESULT_KEYS = {"timestamp", "checkpoint_dir_name", "done", "training_iterati
 
 
 def trial_metrics(result: dict) -> dict:
-    """What the trainable reported, without Ray's bookkeeping."""
-    return {k: v for k, v in result.items() if k not in RAY_RESULT_KEYS and not isinstance(v, dict)}
+    """What the trainable reported, without Ray's bookkeeping (the scheduler sees the trial's config
+    flattened into `config/...` keys: the journal has it once, in the trial's `issued` line)."""
+    return {k: v for k, v in result.items()
+            if k not in RAY_RESULT_KEYS and not isinstance(v, dict) and not k.startswith("config/")}
 
 
 class PlanSearcher(Searcher):

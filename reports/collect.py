@@ -14,7 +14,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from reports.record import LEGACY_PLAN_FILE, RECORD_FILE, StudyRecord
-from reports.store import BOOKKEEPING_TAGS, CONSTANT_PARAMS, open_store, search_all
+from reports.store import BOOKKEEPING_TAGS, CONSTANT_PARAMS, open_store, search_all, study_parent
 from trainables.errors import UserInputError
 
 BASE_COLUMNS = ["run_id", "trial_key", "cell", "phase", "seed", "outcome", "status", "error"]
@@ -78,16 +78,12 @@ def collect(tracking_uri: str, study: str, study_uid: str | None = None) -> Stud
         raise UserInputError("--tracking-uri", tracking_uri, "no MLflow store there (a report never creates one); "
                                                             "give the study's store")
     client = open_store(tracking_uri)
-    experiment = client.get_experiment_by_name(study)
+    experiment, parent = study_parent(client, study, study_uid)
     if experiment is None:
         raise UserInputError("NAME", study, f"no MLflow experiment of that name at {tracking_uri}; "
                                             "give --tracking-uri of the study's store")
-    wanted = "tags.`orchestrator.role` = 'study'" + (f" AND tags.`orchestrator.study_uid` = '{study_uid}'"
-                                                      if study_uid else "")
-    parents = client.search_runs([experiment.experiment_id], filter_string=wanted, order_by=["start_time DESC"])
-    if not parents:
+    if parent is None:
         raise UserInputError("NAME", study, "the experiment has no study run: was it launched by orchestrator?")
-    parent = parents[0]
     children = search_all(client, [experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
     study_file = _artifact_yaml(client, parent.info.run_id, "study.yaml") or {}
     record = read_parent_record(client, parent.info.run_id, study, study_file.get("trainable", "finetune"))

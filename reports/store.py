@@ -65,3 +65,30 @@ def search_all(client: MlflowClient, experiment_ids: list[str], filter_string: s
         token = page.token
         if not token:
             return runs
+
+
+def study_parent(client: MlflowClient, study: str, study_uid: str | None = None):
+    """(experiment, parent run) of a study: the parent of the study folder `study_uid` when given, else
+    the newest launch of that name; None for either when the store has none."""
+    experiment = client.get_experiment_by_name(study)
+    if experiment is None:
+        return None, None
+    wanted = "tags.`orchestrator.role` = 'study'" + (f" AND tags.`orchestrator.study_uid` = '{study_uid}'"
+                                                      if study_uid else "")
+    parents = client.search_runs([experiment.experiment_id], filter_string=wanted, order_by=["start_time DESC"],
+                                 max_results=1)
+    return experiment, (parents[0] if parents else None)
+
+
+def child_run_ids(tracking_uri: str, study: str, study_uid: str | None = None) -> dict[str, str]:
+    """Trial key -> MLflow run id of every trial run of a study (read only: a SQLite store that does not
+    exist is not created)."""
+    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).exists():
+        raise FileNotFoundError(f"no MLflow store at {tracking_uri}")
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiment, parent = study_parent(client, study, study_uid)
+    if parent is None:
+        return {}
+    children = search_all(client, [experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    return {run.data.tags["orchestrator.trial_key"]: run.info.run_id for run in children
+            if "orchestrator.trial_key" in run.data.tags and run.data.tags.get("orchestrator.role") != "stage"}
