@@ -130,7 +130,8 @@ def test_curves_have_one_row_per_trial_and_epoch(launched):
 
 def test_results_need_neither_torch_nor_ray_and_stand_without_the_store(launched, tmp_path):
     """Like `status`: a laptop with the study folder and no GPU stack, and a store gone missing."""
-    probe = (f"import sys; from orchestrator.results import results; frame = results('r', {str(launched / 'studies')!r});"
+    probe = ("import sys; from orchestrator.results import results; "
+             f"frame = results('r', {str(launched / 'studies')!r}); "
              "print(len(frame), sorted(m for m in ('torch', 'transformers', 'ray', 'sentence_transformers') "
              "if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
