@@ -23,12 +23,18 @@ import time
 
 import torch
 
-from trainables.batching import TokenCache, forget_shared_tokens
-from trainables.data import load_task
-from trainables.evaluation import Embedder
+from trainables.data.tasks import load_task
+from trainables.evaluation.evaluators import Embedder
 from trainables.kinds import get_kind
-from trainables.models import build_sentence_encoder, encoder_depth, load_config, load_tokenizer, resolve_model_path
-from trainables.runtime import bf16_is_fast, resolve_precision
+from trainables.models.batching import TokenCache, forget_shared_tokens
+from trainables.models.encoder import (
+    build_sentence_encoder,
+    encoder_depth,
+    load_config,
+    load_tokenizer,
+    resolve_model_path,
+)
+from trainables.training.runtime import bf16_is_fast, resolve_precision
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 LR, BATCH, WARMUP = 2e-5, 32, 0.1
@@ -80,8 +86,8 @@ def our_epoch(data_dir: str | None, precision: str, model_name: str = MODEL, dev
     `finetune` kind at the model's full depth, on the first `pairs` train pairs (all by default).
     `levers=False`: the step as it was before its two levers (torch's dropout masks and its dense
     word-embedding gradient)."""
-    from trainables.loop import seed_round
-    from trainables.runtime import prepare
+    from trainables.training.loop import seed_round
+    from trainables.training.runtime import prepare
 
     kind = get_kind("finetune")
     cfg = kind.parse({"model": model_name, "task": "stsb", "layer": encoder_depth(load_config(model_name)),

@@ -32,9 +32,9 @@ import yaml
 from epoch import our_encode, our_epoch, peer_encode, sentence_transformers_epoch  # the sides, as epoch.py times them
 
 from orchestrator.cli import quiet_libraries
-from trainables.data import load_task
-from trainables.models import encoder_depth, load_config
-from trainables.runtime import bf16_is_fast
+from trainables.data.tasks import load_task
+from trainables.models.encoder import encoder_depth, load_config
+from trainables.training.runtime import bf16_is_fast
 
 MODELS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "mpnet": "sentence-transformers/all-mpnet-base-v2"}
 MAX_LENGTH = 128

@@ -25,12 +25,12 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import get_linear_schedule_with_warmup
 
-from trainables.batching import EVAL_TOKENS_PER_CHUNK, TokenCache, encode_tokens
-from trainables.bi_encoder import build_optimizer, epoch_batches, pair_lengths, train_step
-from trainables.data import load_task
-from trainables.models import build_sentence_encoder, encoder_depth, load_config, load_tokenizer
-from trainables.objectives import CosineMSELoss
-from trainables.runtime import autocast, resolve_precision
+from trainables.data.tasks import load_task
+from trainables.models.batching import EVAL_TOKENS_PER_CHUNK, TokenCache, encode_tokens
+from trainables.models.encoder import build_sentence_encoder, encoder_depth, load_config, load_tokenizer
+from trainables.objectives.pairs import CosineMSELoss
+from trainables.training.bi_encoder import build_optimizer, epoch_batches, pair_lengths, train_step
+from trainables.training.runtime import autocast, resolve_precision
 
 MODELS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "mpnet": "sentence-transformers/all-mpnet-base-v2"}
 
@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--model", default="minilm", help="minilm, mpnet or a model folder")
     parser.add_argument("--compile", action="store_true", help="time the step with torch.compile'd encoder")
     parser.add_argument("--dropout-masks", default="fast", choices=["fast", "torch"],
-                        help="fast (the default, trainables.dropout) or torch's bernoulli_")
+                        help="fast (the default, trainables.models.dropout) or torch's bernoulli_")
     parser.add_argument("--dense-embedding-grad", action="store_true",
                         help="torch's dense word-embedding gradient (a zero-fill per chunk), not the row-wise one")
     args = parser.parse_args()

@@ -21,13 +21,13 @@ import torch
 import torch.nn.functional as F
 from transformers import get_linear_schedule_with_warmup
 
-from trainables.batching import TokenCache, pad
-from trainables.bi_encoder import build_optimizer, train_step
-from trainables.data import load_task
+from trainables.data.tasks import load_task
 from trainables.kinds.finetune import FinetuneConfig
-from trainables.models import SentenceEncoder, load_encoder, load_tokenizer, pool, truncate_encoder
-from trainables.objectives import CosineMSELoss
-from trainables.runtime import bf16_is_fast, resolve_precision
+from trainables.models.batching import TokenCache, pad
+from trainables.models.encoder import SentenceEncoder, load_encoder, load_tokenizer, pool, truncate_encoder
+from trainables.objectives.pairs import CosineMSELoss
+from trainables.training.bi_encoder import build_optimizer, train_step
+from trainables.training.runtime import bf16_is_fast, resolve_precision
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 

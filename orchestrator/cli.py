@@ -129,9 +129,9 @@ def probe(
 ) -> None:
     """Zero-shot layer profile of an encoder: every layer pooled and scored, one forward pass."""
     from trainables.contract import parse_config
+    from trainables.evaluation.probe import probe_layers, probe_suite
+    from trainables.evaluation.sts_suite import LABELS, suite_tasks
     from trainables.kinds.probe import ProbeConfig
-    from trainables.probe import probe_layers, probe_suite
-    from trainables.sts_suite import LABELS, suite_tasks
 
     if split not in ("dev", "test"):
         raise UserInputError("--split", split, "use dev or test")

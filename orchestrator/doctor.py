@@ -96,7 +96,7 @@ def study_checks(study_file: Path) -> list[Check]:
     """The study file, its model (offline or online), its data, and its tracking URI."""
     from orchestrator.config import load_study, models_of
     from orchestrator.plan import build_plan, check_tracking_uri
-    from trainables.models import load_config, resolve_model_path
+    from trainables.models.encoder import load_config, resolve_model_path
 
     checks = []
     try:

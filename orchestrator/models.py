@@ -13,7 +13,7 @@ from pathlib import Path
 
 from orchestrator.journal import Outcome, TrialRecord
 from orchestrator.study_state import StudyState
-from trainables.checkpoints import MODEL_DIR
+from trainables.training.checkpoints import MODEL_DIR
 
 MODEL_PATH = "orchestrator.model_path"
 

@@ -218,7 +218,7 @@ def check_tracking_uri(uri: str, base: Path) -> None:
 
 
 def _ablate_axes(study: StudyConfig, schema: type[TrialConfig]) -> dict[str, Fixed | Grid]:
-    from trainables.data import task_spec
+    from trainables.data.tasks import task_spec
 
     valid = [k for k in schema.model_fields if k not in MANAGED or k == "model"]
     axes: dict[str, Fixed | Grid] = {}
@@ -261,7 +261,7 @@ def _cells(study: StudyConfig, axes: dict[str, Fixed | Grid]) -> list[dict[str, 
 
 
 def _depth(model: str, key: str) -> int:
-    from trainables.model_files import model_depth
+    from trainables.models.files import model_depth
 
     try:
         return model_depth(model)
@@ -294,7 +294,7 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
 
 
 def _check_task(study: StudyConfig) -> None:
-    from trainables.data import task_spec
+    from trainables.data.tasks import task_spec
 
     if study.task not in _task_names():
         raise _did_you_mean("task", study.task, _task_names())
@@ -303,7 +303,7 @@ def _check_task(study: StudyConfig) -> None:
 
 
 def _check_language(study: StudyConfig, axes: dict) -> None:
-    from trainables.data import resolve_language, task_spec
+    from trainables.data.tasks import resolve_language, task_spec
 
     if "language" not in axes:
         try:
@@ -400,7 +400,7 @@ def _check_trials(kind: TrainableKind, cells: tuple[Cell, ...], base: dict, tune
 
 def _check_data(study: StudyConfig, cells: tuple[Cell, ...], data_dir: str | None) -> None:
     """Every (task, language) the cells train on loads."""
-    from trainables.data import load_task
+    from trainables.data.tasks import load_task
 
     checked = {(c.values.get("task", study.task), c.values.get("language", study.language)) for c in cells}
     for task, language in sorted(checked, key=str):
@@ -408,7 +408,7 @@ def _check_data(study: StudyConfig, cells: tuple[Cell, ...], data_dir: str | Non
 
 
 def _task_names() -> list[str]:
-    from trainables.data import TASKS
+    from trainables.data.tasks import TASKS
 
     return [name for name, spec in TASKS.items() if spec.kind != "unlabeled" and not spec.eval_only]
 

@@ -21,7 +21,7 @@ from orchestrator.config import flatten
 from orchestrator.journal import Outcome, TrialRecord, remove_checkpoint
 from reports.record import RECORD_FILE, StudyRecord
 from reports.store import BOOKKEEPING_TAGS, CONSTANT_PARAMS, open_store, search_all
-from trainables.checkpoints import ARTIFACTS
+from trainables.training.checkpoints import ARTIFACTS
 
 log = logging.getLogger("orchestrator.tracking")
 

@@ -22,8 +22,8 @@ from rich.live import Live
 from orchestrator.journal import Outcome, remove_checkpoint
 from orchestrator.progress import duration, eta_seconds, status_table, trial_line, work_units
 from orchestrator.study_state import FINISHED, StudyState
-from trainables.checkpoints import ARTIFACTS, MODEL_DIR
 from trainables.errors import storage_full
+from trainables.training.checkpoints import ARTIFACTS, MODEL_DIR
 
 RAY_RESULT_KEYS = {"timestamp", "checkpoint_dir_name", "done", "training_iteration", "trial_id", "date",
                    "time_this_iter_s", "time_total_s", "pid", "hostname", "node_ip", "config", "time_since_restore",
@@ -205,7 +205,7 @@ def run_trial(config: dict) -> None:
 
     from trainables.errors import TrainingDivergedError
     from trainables.kinds import load_kind
-    from trainables.runtime import release_memory
+    from trainables.training.runtime import release_memory
 
     run = load_kind(config["kind"]).run
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BertConfig, BertModel
 
-from trainables.packaged import packaged_model_path
+from trainables.models.packaged import packaged_model_path
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 REPO = Path(__file__).resolve().parents[1]

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import torch
 
-from trainables.batching import TokenCache, encode_tokens, length_chunks, pad
-from trainables.models import build_sentence_encoder, load_tokenizer
+from trainables.models.batching import TokenCache, encode_tokens, length_chunks, pad
+from trainables.models.encoder import build_sentence_encoder, load_tokenizer
 
 
 def test_length_chunks_respect_the_token_budget_and_cover_every_row():

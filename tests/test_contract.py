@@ -112,7 +112,7 @@ def test_a_damaged_checkpoint_restarts_the_trial_to_the_uninterrupted_numbers(co
     """A checkpoint cut short (a crash or a full disk mid-write) is discarded like a deleted one: the
     trial starts again from round 1 and, seeded the same, reaches the same numbers; it used to fail
     for good with a SafetensorError."""
-    from trainables.checkpoints import WEIGHTS
+    from trainables.training.checkpoints import WEIGHTS
 
     name, config = configs[case]
     kind = kind_of(name)

@@ -8,19 +8,19 @@ import re
 import pytest
 import torch
 
-from trainables.batching import pad
 from trainables.contract import collect
-from trainables.contrastive_objectives import (
+from trainables.errors import UserInputError
+from trainables.kinds import get_kind
+from trainables.kinds.contrastive import ContrastiveConfig, resolve_attention_layers
+from trainables.models.batching import pad
+from trainables.models.encoder import build_sentence_encoder, load_tokenizer
+from trainables.objectives.contrastive import (
     ContrastiveModel,
     attention_correlation,
     attention_mutual_information,
     info_nce,
     step_batches,
 )
-from trainables.errors import UserInputError
-from trainables.kinds import get_kind
-from trainables.kinds.contrastive import ContrastiveConfig, resolve_attention_layers
-from trainables.models import build_sentence_encoder, load_tokenizer
 
 contrastive = get_kind("contrastive")
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from trainables.data import STSB_LANGUAGES, TASKS, load_task
+from trainables.data.tasks import STSB_LANGUAGES, TASKS, load_task
 from trainables.errors import DataNotFoundError, UserInputError
 
 # (task, language, train, dev, test): the published split sizes of every data set

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from trainables.contract import collect
-from trainables.cross import CrossEncoder, PairTokens, cross_loss, predict
-from trainables.data import unlabeled_pairs
+from trainables.data.tasks import unlabeled_pairs
 from trainables.errors import UserInputError
 from trainables.kinds import get_kind
 from trainables.kinds.distill import DistillConfig
 from trainables.learners import distill as distill_module
-from trainables.models import load_tokenizer
+from trainables.models.encoder import load_tokenizer
+from trainables.training.cross_encoder import CrossEncoder, PairTokens, cross_loss, predict
 
 cross_encoder, distill = get_kind("cross_encoder"), get_kind("distill")
 
@@ -48,8 +48,8 @@ def test_cross_encoder_reads_both_sentences_in_one_input(tiny_bert):
 def test_the_second_sentence_is_segment_b_as_the_tokenizer_says(tiny_bert):
     """BERT-family encoders embed segments: the cross-encoder must feed the tokenizer's segment ids
     (a random token-type table makes segment A and B embeddings differ, as in MiniLM by up to 0.12)."""
-    from trainables.batching import pad
-    from trainables.models import last_hidden_state, pool, segment_ids
+    from trainables.models.batching import pad
+    from trainables.models.encoder import last_hidden_state, pool, segment_ids
 
     tokenizer = load_tokenizer(tiny_bert)
     first, second = ["a man plays the guitar", "word " * 40, "b"], ["a guitar", "other " * 40, "c d e f"]
@@ -72,7 +72,7 @@ def test_the_second_sentence_is_segment_b_as_the_tokenizer_says(tiny_bert):
 def test_encoders_without_segment_embeddings_get_no_segment_ids(tiny_bert):
     from transformers import BertConfig, RobertaConfig
 
-    from trainables.models import pair_separator
+    from trainables.models.encoder import pair_separator
 
     tokenizer = load_tokenizer(tiny_bert)
     assert pair_separator(tokenizer, RobertaConfig(type_vocab_size=1)) is None  # RoBERTa, MPNet: one segment

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from trainables.dropout import (
+from trainables.models.dropout import (
     ATTENTION,
     FastDropout,
     attention,
@@ -20,7 +20,7 @@ from trainables.dropout import (
     keep_mask,
     use_fast_dropout,
 )
-from trainables.models import build_sentence_encoder, load_encoder
+from trainables.models.encoder import build_sentence_encoder, load_encoder
 
 
 def test_the_rate_is_p_rounded_to_a_multiple_of_1_32768():

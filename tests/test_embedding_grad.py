@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trainables.embedding_grad import RowGradEmbedding, use_row_gradients
-from trainables.models import load_encoder
+from trainables.models.embedding_grad import RowGradEmbedding, use_row_gradients
+from trainables.models.encoder import load_encoder
 
 
 def step_grads(embedding: nn.Module, batches: list[list[torch.Tensor]]) -> list[torch.Tensor]:

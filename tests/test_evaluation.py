@@ -6,15 +6,15 @@ import pytest
 import torch
 from scipy.stats import pearsonr, spearmanr
 
-from trainables.batching import TokenCache
-from trainables.evaluation import (
+from trainables.evaluation.evaluators import (
     Embedder,
     PairClassificationEvaluator,
     STSEvaluator,
     best_accuracy_threshold,
     best_f1_threshold,
 )
-from trainables.models import build_sentence_encoder, load_tokenizer
+from trainables.models.batching import TokenCache
+from trainables.models.encoder import build_sentence_encoder, load_tokenizer
 
 VECTORS = {"a": [1.0, 0.0], "b": [0.8, 0.6], "c": [0.0, 1.0], "d": [-1.0, 0.1], "e": [0.6, 0.8]}
 
@@ -74,7 +74,7 @@ def test_f1_threshold_maximizes_f1_where_accuracy_would_cut_elsewhere():
 def test_select_f1_makes_f1_the_primary_metric_and_tunes_its_threshold():
     import pandas as pd
 
-    from trainables.evaluation import make_evaluator
+    from trainables.evaluation.evaluators import make_evaluator
 
     dev = pd.DataFrame({"sentence1": list("abcde"), "sentence2": list("vwxyz"), "label": [1, 0, 0, 1, 1]})
     cosines = dict(zip("abcde", [0.9, 0.8, 0.7, 0.6, 0.5], strict=True))
@@ -125,7 +125,7 @@ def test_sts_evaluator_agrees_with_sentence_transformers(data_dir, minilm_path):
     from sentence_transformers.evaluation import EmbeddingSimilarityEvaluator
 
     from tests.conftest import MINILM
-    from trainables.data import load_task
+    from trainables.data.tasks import load_task
 
     dev = load_task("stsb", None, data_dir).dev
     ours = STSEvaluator({"dev": dev}).evaluate(

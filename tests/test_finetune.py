@@ -9,7 +9,7 @@ from scipy.stats import spearmanr
 from trainables.contract import collect
 from trainables.errors import TrainingDivergedError, UserInputError
 from trainables.kinds import get_kind
-from trainables.objectives import CosineMSELoss
+from trainables.objectives.pairs import CosineMSELoss
 
 finetune = get_kind("finetune")
 
@@ -125,8 +125,8 @@ def test_bf16_autocast_path_runs_on_cpu_close_to_fp32(config):
 
 @pytest.mark.slow
 def test_short_finetune_of_minilm_improves_dev_over_the_untrained_truncated_model(data_dir, minilm_path):
+    from trainables.evaluation.probe import probe_layers
     from trainables.kinds.probe import ProbeConfig
-    from trainables.probe import probe_layers
 
     common = {"model": "sentence-transformers/all-MiniLM-L6-v2", "task": "stsb", "data_dir": str(data_dir),
               "max_eval_samples": 300}

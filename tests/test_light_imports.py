@@ -14,8 +14,8 @@ import yaml
 from orchestrator.plan import MANAGED
 from trainables.errors import UserInputError
 from trainables.kinds import KINDS, get_kind
-from trainables.model_files import model_depth, model_type
-from trainables.models import encoder_depth, load_config
+from trainables.models.encoder import encoder_depth, load_config
+from trainables.models.files import model_depth, model_type
 
 HEAVY = ("torch", "transformers", "sentence_transformers", "ray", "mlflow")
 PROBE = f"""

@@ -17,7 +17,7 @@ from transformers import (
 
 from tests.conftest import MINILM
 from trainables.errors import UserInputError
-from trainables.models import (
+from trainables.models.encoder import (
     SentenceEncoder,
     build_sentence_encoder,
     count_parameters,
@@ -147,7 +147,7 @@ def test_a_model_folder_that_asks_to_run_its_own_code_is_refused_before_loading(
     import shutil
 
     from trainables.errors import UserInputError
-    from trainables.models import load_config, load_tokenizer
+    from trainables.models.encoder import load_config, load_tokenizer
 
     hostile = tmp_path / "hostile"
     shutil.copytree(tiny_bert, hostile)

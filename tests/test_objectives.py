@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from trainables.errors import UserInputError
-from trainables.objectives import LOSSES, build_loss
+from trainables.objectives.pairs import LOSSES, build_loss
 
 
 def _vectors():

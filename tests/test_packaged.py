@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from trainables.errors import UserInputError
-from trainables.models import load_config
-from trainables.packaged import ASSEMBLED, SPLIT_MODELS, SplitZip, assemble, packaged_model_path, split_pieces
+from trainables.models.encoder import load_config
+from trainables.models.packaged import ASSEMBLED, SPLIT_MODELS, SplitZip, assemble, packaged_model_path, split_pieces
 
 MPNET = "sentence-transformers/all-mpnet-base-v2"
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from trainables.contract import collect
-from trainables.data import corpus_sentences
+from trainables.data.tasks import corpus_sentences
 from trainables.errors import UserInputError
 from trainables.kinds import get_kind
 from trainables.kinds.finetune import FinetuneConfig

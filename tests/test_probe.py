@@ -3,14 +3,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainables.batching import TokenCache
 from trainables.contract import collect
 from trainables.errors import UserInputError
-from trainables.evaluation import Embedder, STSEvaluator
+from trainables.evaluation.evaluators import Embedder, STSEvaluator
+from trainables.evaluation.probe import probe_layers
 from trainables.kinds import get_kind
 from trainables.kinds.probe import ProbeConfig
-from trainables.models import build_sentence_encoder, load_tokenizer
-from trainables.probe import probe_layers
+from trainables.models.batching import TokenCache
+from trainables.models.encoder import build_sentence_encoder, load_tokenizer
 
 
 def test_every_layer_is_scored_like_the_model_cut_there(tiny_bert, synthetic_data_dir):
@@ -18,7 +18,7 @@ def test_every_layer_is_scored_like_the_model_cut_there(tiny_bert, synthetic_dat
                                     precision="fp32", device="cpu"))
     assert [r["layer"] for r in rows] == [0, 1, 2, 3]
     assert [r["params"] for r in rows] == sorted(r["params"] for r in rows)
-    from trainables.data import load_task
+    from trainables.data.tasks import load_task
 
     dev = load_task("stsb", None, synthetic_data_dir).dev
     for k in (0, 2):

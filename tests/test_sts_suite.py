@@ -12,7 +12,7 @@ from scipy.stats import spearmanr
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from trainables.sts_suite import score_suite, suite_metrics
+from trainables.evaluation.sts_suite import score_suite, suite_metrics
 
 runner = CliRunner()
 
@@ -48,8 +48,8 @@ def test_probe_suite_prints_one_row_per_layer(tiny_bert, data_dir):
     rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert [r["layer"] for r in rows] == [0, 2]
     sets = ["sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sick"]
+    from trainables.evaluation.probe import probe_layers
     from trainables.kinds.probe import ProbeConfig
-    from trainables.probe import probe_layers
 
     single = probe_layers(ProbeConfig(model=tiny_bert, task="stsb", layers=[0, 2], splits=["test"],
                                       max_eval_samples=60, data_dir=str(data_dir)))
@@ -71,8 +71,8 @@ def test_minilm_suite_table_at_the_last_layer(data_dir, minilm_path):
                                  "--layers", "6", "--data-dir", str(data_dir), "--json"])
     assert result.exit_code == 0, result.output
     (row,) = [json.loads(line) for line in result.stdout.splitlines()]
+    from trainables.evaluation.probe import probe_layers
     from trainables.kinds.probe import ProbeConfig
-    from trainables.probe import probe_layers
 
     (alone,) = probe_layers(ProbeConfig(model="sentence-transformers/all-MiniLM-L6-v2", task="stsb", layers=[6],
                                         splits=["test"], data_dir=str(data_dir)))

@@ -3,7 +3,7 @@
 A kind says what the orchestrator may ask without running a trial (its config schema, the metric
 that selects rounds, trials and layers, how many reports a trial makes, the shared stages it uses,
 a deep check of a resolved config). A training kind builds a `Learner` (models, one round of
-training, evaluation of a split); `trainables.loop` runs the protocol around it, the same way for
+training, evaluation of a split); `trainables.training.loop` runs the protocol around it, the same way for
 every kind.
 """
 
@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainables.contract import Report, TrialConfig, parse_config
 from trainables.errors import UserInputError, one_of
-from trainables.learner import Learner
-from trainables.model_files import model_depth
+from trainables.learners.base import Learner
+from trainables.models.files import model_depth
 from trainables.names import DROPOUT_MASKS, EVAL_PRECISIONS, PRECISIONS, primary_metric
 from trainables.stages.fields import stage_params, uses_stage
 
@@ -85,7 +85,7 @@ class TrainableKind(ABC):
 
     def metric(self, cfg) -> tuple[str, str]:
         """The dev metric and mode that select rounds, trials and layers: the evaluator's own."""
-        from trainables.data import task_spec
+        from trainables.data.tasks import task_spec
 
         name, greater_is_better = primary_metric(task_spec(cfg.task).kind, getattr(cfg, "select", None))
         return f"dev_{name}", "max" if greater_is_better else "min"
@@ -185,7 +185,7 @@ class TrainingKind(TrainableKind):
         import tempfile
         import time
 
-        from trainables.runtime import prepare, seed_everything
+        from trainables.training.runtime import prepare, seed_everything
 
         with tempfile.TemporaryDirectory(prefix="orchestrator-pilot-") as scratch:
             scratch_dirs = {"cache_dir": scratch} if "cache_dir" in self.Config.model_fields else {}
@@ -219,6 +219,6 @@ class TrainingKind(TrainableKind):
         return getattr(importlib.import_module(module), name)(cfg, device, dtype)
 
     def run(self, config: dict, report: Report, checkpoint_dir: str | None = None) -> dict:
-        from trainables.loop import train
+        from trainables.training.loop import train
 
         return train(self, self.parse(config), report, checkpoint_dir)[1]

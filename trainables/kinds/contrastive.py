@@ -1,5 +1,5 @@
 """`contrastive`: unsupervised SimCSE and miCSE on a (truncated) encoder (see
-`trainables.contrastive_objectives`). A round is `eval_every` optimizer steps, so ASHA can act
+`trainables.objectives.contrastive`). A round is `eval_every` optimizer steps, so ASHA can act
 between rounds. Training truncates sentences at `max_seq_length` (SimCSE: 32); dev, test and the
 STS suite are encoded untruncated (up to the model's limit), as SimCSE evaluates, unless
 `eval_max_seq_length` says otherwise. With `suite: true` the STS suite is scored once with test.
@@ -14,7 +14,7 @@ from pydantic import Field
 from trainables.contract import TrainingConfig
 from trainables.errors import UserInputError, one_of
 from trainables.kinds.base import PILOT_STEPS, PilotSpec, TrainingKind
-from trainables.model_files import model_depth
+from trainables.models.files import model_depth
 from trainables.names import ATTENTION_LOSSES, METHODS, POOLINGS
 
 MODEL_MAX_LENGTH = 512

@@ -36,6 +36,6 @@ class CrossEncoderKind(TrainingKind):
     names = {"pooling": POOLINGS, "loss": CROSS_LOSSES}
 
     def pilot(self, cfg):
-        from trainables.data import load_task
+        from trainables.data.tasks import load_task
 
         return self.epoch_pilot(cfg, len(load_task(cfg.task, cfg.language, cfg.data_dir, cfg.max_train_samples).train))

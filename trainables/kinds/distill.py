@@ -77,7 +77,7 @@ class DistillKind(TrainingKind):
         the teacher stage, trained on every train pair: the pilot is that round."""
         if cfg.mode == "teacher":
             return super().pilot(cfg)
-        from trainables.data import unlabeled_pairs  # the pairs a trial would see
+        from trainables.data.tasks import unlabeled_pairs  # the pairs a trial would see
 
         pairs = len(unlabeled_pairs(cfg.pairs, cfg.task, cfg.language, cfg.data_dir, cfg.transductive,
                                     cfg.max_train_samples))

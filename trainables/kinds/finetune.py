@@ -46,12 +46,12 @@ class FinetuneKind(TrainingKind):
     names = {"pooling": POOLINGS}
 
     def pilot(self, cfg):
-        from trainables.data import load_task
+        from trainables.data.tasks import load_task
 
         return self.epoch_pilot(cfg, len(load_task(cfg.task, cfg.language, cfg.data_dir, cfg.max_train_samples).train))
 
     def check_names(self, cfg, key_of) -> None:
-        from trainables.data import task_spec
+        from trainables.data.tasks import task_spec
 
         super().check_names(cfg, key_of)
         kind = task_spec(cfg.task).kind

@@ -38,7 +38,7 @@ class ProbeKind(TrainableKind):
         return [("layers", cfg.layers, cfg.model)]
 
     def run(self, config: dict, report: Report, checkpoint_dir: str | None = None) -> dict:
-        from trainables.probe import probe_layers
+        from trainables.evaluation.probe import probe_layers
 
         cfg = self.parse({**config, "splits": ["dev", "test"]})
         rows = probe_layers(cfg)

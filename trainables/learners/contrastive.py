@@ -5,22 +5,22 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trainables.batching import TokenCache
-from trainables.bi_encoder import build_optimizer, check_finite
-from trainables.contrastive_objectives import ContrastiveModel, contrastive_step, step_batches
-from trainables.data import corpus_sentences, load_sts_task
+from trainables.data.tasks import corpus_sentences, load_sts_task
 from trainables.errors import UserInputError, one_of
-from trainables.evaluation import Embedder, make_evaluator
+from trainables.evaluation.evaluators import Embedder, make_evaluator
+from trainables.evaluation.sts_suite import load_suite, score_suite, suite_metrics
 from trainables.kinds.contrastive import (
     MODEL_MAX_LENGTH,
     ContrastiveConfig,
     resolve_attention_layers,
 )
-from trainables.learner import Learner
-from trainables.models import build_sentence_encoder, count_parameters, encoder_depth, load_tokenizer
+from trainables.learners.base import Learner
+from trainables.models.batching import TokenCache
+from trainables.models.encoder import build_sentence_encoder, count_parameters, encoder_depth, load_tokenizer
 from trainables.names import ATTENTION_LOSSES
-from trainables.runtime import linear_schedule, scoring_dtype
-from trainables.sts_suite import load_suite, score_suite, suite_metrics
+from trainables.objectives.contrastive import ContrastiveModel, contrastive_step, step_batches
+from trainables.training.bi_encoder import build_optimizer, check_finite
+from trainables.training.runtime import linear_schedule, scoring_dtype
 
 
 def evaluation_length(cfg: ContrastiveConfig, tokenizer) -> int:

@@ -7,15 +7,15 @@ import math
 import numpy as np
 import torch
 
-from trainables.bi_encoder import build_optimizer, epoch_batches
-from trainables.cross import CROSS_LOSSES, CrossEncoder, PairTokens, score_split, train_cross_epoch
-from trainables.data import load_sts_task
+from trainables.data.tasks import load_sts_task
 from trainables.errors import one_of
 from trainables.kinds.cross_encoder import CrossEncoderConfig
-from trainables.learner import Learner
-from trainables.models import count_parameters, load_tokenizer
-from trainables.runtime import linear_schedule, scoring_dtype
+from trainables.learners.base import Learner
+from trainables.models.encoder import count_parameters, load_tokenizer
 from trainables.stages.pretrain import pretrained_start
+from trainables.training.bi_encoder import build_optimizer, epoch_batches
+from trainables.training.cross_encoder import CROSS_LOSSES, CrossEncoder, PairTokens, score_split, train_cross_epoch
+from trainables.training.runtime import linear_schedule, scoring_dtype
 
 
 class CrossEncoderLearner(Learner):

@@ -8,10 +8,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from trainables.batching import TokenCache
-from trainables.bi_encoder import fit_bi_encoder
-from trainables.checkpoints import PSEUDO_LABELS
-from trainables.cross import (
+from trainables.data.tasks import load_sts_task, unlabeled_pairs
+from trainables.errors import one_of
+from trainables.evaluation.evaluators import Embedder, STSEvaluator, pair_cosines
+from trainables.kinds.distill import MODES, DistillConfig
+from trainables.learners.base import Learner
+from trainables.models.batching import TokenCache
+from trainables.models.encoder import SentenceEncoder, build_sentence_encoder, count_parameters, load_tokenizer
+from trainables.stages.pretrain import pretrained_start
+from trainables.stages.teacher import teacher_labels
+from trainables.training.bi_encoder import fit_bi_encoder
+from trainables.training.checkpoints import PSEUDO_LABELS
+from trainables.training.cross_encoder import (
     CROSS_LOSSES,
     CrossEncoder,
     PairTokens,
@@ -20,15 +28,7 @@ from trainables.cross import (
     score_both_orders,
     score_split,
 )
-from trainables.data import load_sts_task, unlabeled_pairs
-from trainables.errors import one_of
-from trainables.evaluation import Embedder, STSEvaluator, pair_cosines
-from trainables.kinds.distill import MODES, DistillConfig
-from trainables.learner import Learner
-from trainables.models import SentenceEncoder, build_sentence_encoder, count_parameters, load_tokenizer
-from trainables.runtime import scoring_dtype, seed_everything
-from trainables.stages.pretrain import pretrained_start
-from trainables.stages.teacher import teacher_labels
+from trainables.training.runtime import scoring_dtype, seed_everything
 
 
 @dataclass

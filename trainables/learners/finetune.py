@@ -7,17 +7,17 @@ import time
 
 import torch
 
-from trainables.batching import TokenCache
-from trainables.bi_encoder import build_optimizer, check_finite, epoch_batches, pair_lengths, train_step
-from trainables.data import load_task
+from trainables.data.tasks import load_task
 from trainables.errors import UserInputError
-from trainables.evaluation import Embedder, make_evaluator
+from trainables.evaluation.evaluators import Embedder, make_evaluator
 from trainables.kinds.finetune import FinetuneConfig
-from trainables.learner import Learner
-from trainables.models import build_sentence_encoder, count_parameters, load_tokenizer
-from trainables.objectives import build_loss
-from trainables.runtime import linear_schedule, scoring_dtype
+from trainables.learners.base import Learner
+from trainables.models.batching import TokenCache
+from trainables.models.encoder import build_sentence_encoder, count_parameters, load_tokenizer
+from trainables.objectives.pairs import build_loss
 from trainables.stages.pretrain import pretrained_start
+from trainables.training.bi_encoder import build_optimizer, check_finite, epoch_batches, pair_lengths, train_step
+from trainables.training.runtime import linear_schedule, scoring_dtype
 
 
 class FinetuneLearner(Learner):

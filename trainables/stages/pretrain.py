@@ -19,12 +19,11 @@ from pathlib import Path
 
 import torch
 
-from trainables.batching import tokenize
 from trainables.contract import collect
-from trainables.data import corpus_sentences
+from trainables.data.tasks import corpus_sentences
 from trainables.errors import TrainingDivergedError, UserInputError, one_of
-from trainables.models import load_config, load_tokenizer, resolve_model_path
-from trainables.runtime import linear_schedule, resolve_device, seed_everything
+from trainables.models.batching import tokenize
+from trainables.models.encoder import load_config, load_tokenizer, resolve_model_path
 from trainables.stages import get_or_build
 from trainables.stages.fields import (  # noqa: F401 (re-exported)
     OBJECTIVES,
@@ -35,6 +34,7 @@ from trainables.stages.fields import (  # noqa: F401 (re-exported)
     stage_seed_of,
     uses_stage,
 )
+from trainables.training.runtime import linear_schedule, resolve_device, seed_everything
 
 
 def schedule(optimizer: torch.optim.Optimizer, steps: int, warmup_ratio: float):
@@ -147,7 +147,7 @@ def contrastive_pretrain(cfg, seed: int, pooling: str, folder: Path) -> dict:
     """SimCSE / miCSE on the whole encoder with the trial's pooling, run by the `contrastive` kind
     (the task's dev split picks the best of four evaluation points); saves encoder and tokenizer."""
     from trainables.kinds.contrastive import ContrastiveKind  # its declaration, not the registry
-    from trainables.loop import train
+    from trainables.training.loop import train
 
     kind = ContrastiveKind()
     stage = kind.parse({

@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from trainables.batching import EVAL_TOKENS_PER_CHUNK, TokenCache, encode_tokens
 from trainables.errors import one_of
+from trainables.models.batching import EVAL_TOKENS_PER_CHUNK, TokenCache, encode_tokens
 from trainables.names import SELECTS
-from trainables.runtime import autocast
+from trainables.training.runtime import autocast
 
 Embed = Callable[[Sequence[str]], torch.Tensor]
 

@@ -23,10 +23,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trainables.batching import pad
-from trainables.models import SentenceEncoder, pool
+from trainables.models.batching import pad
+from trainables.models.encoder import SentenceEncoder, pool
 from trainables.names import ATTENTION_LOSSES, METHODS  # noqa: F401 (re-exported)
-from trainables.runtime import autocast
+from trainables.training.runtime import autocast
 
 MI_SAMPLES = 150  # entries drawn per row, as the reference does
 

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from trainables.errors import UserInputError
-from trainables.packaged import install_hint, packaged_model_path
+from trainables.models.packaged import install_hint, packaged_model_path
 
 DEPTH_KEYS = ("num_hidden_layers", "n_layers", "n_layer", "num_layers")  # BERT & co., DistilBERT, GPT-2, T5
 

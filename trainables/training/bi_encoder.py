@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from trainables.batching import TokenCache, encode_tokens
 from trainables.errors import TrainingDivergedError
-from trainables.objectives import CosineMSELoss
-from trainables.runtime import autocast, linear_schedule
+from trainables.models.batching import TokenCache, encode_tokens
+from trainables.objectives.pairs import CosineMSELoss
+from trainables.training.runtime import autocast, linear_schedule
 
 
 def epoch_batches(lengths: list[int], batch_size: int, seed: int, group_by_length: bool) -> list[list[int]]:

@@ -1,4 +1,4 @@
-"""What one trial of a training kind is made of: the `Learner` that `trainables.loop` drives.
+"""What one trial of a training kind is made of: the `Learner` that `trainables.training.loop` drives.
 A kind names its learner's class (`TrainingKind.learner`); the loop builds it through the kind."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 class Learner(ABC):
-    """What one trial of a training kind is made of; `trainables.loop` drives it.
+    """What one trial of a training kind is made of; `trainables.training.loop` drives it.
 
     `metric` and `greater_is_better` come from the evaluator; `test_frame` holds the test pairs'
     gold column for the per-pair predictions; `info` is reported with every round."""

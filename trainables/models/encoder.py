@@ -13,14 +13,14 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 from trainables.errors import UserInputError, one_of
-from trainables.model_files import (  # noqa: F401 (re-exported)
+from trainables.models.files import (  # noqa: F401 (re-exported)
     encoder_depth,
     refuse_custom_code,
     refuse_unsafe_weights,
     resolve_model_path,
 )
+from trainables.models.packaged import install_hint
 from trainables.names import DROPOUT_MASKS, POOLINGS  # noqa: E402,F401 (closed names live apart from torch)
-from trainables.packaged import install_hint
 
 
 def load_config(name: str) -> PretrainedConfig:
@@ -37,7 +37,7 @@ def load_tokenizer(name: str):
 def load_encoder(name: str, random_init: bool = False, seed: int = 0,
                  dropout_masks: str = "torch") -> PreTrainedModel:
     """The bare encoder (no task head); `random_init` keeps the architecture with fresh weights;
-    `dropout_masks`: "fast" draws training's dropout masks with trainables.dropout."""
+    `dropout_masks`: "fast" draws training's dropout masks with trainables.models.dropout."""
     from transformers import AutoModel  # its modeling code costs ~1.5 s: only when an encoder is built
 
     if dropout_masks not in DROPOUT_MASKS:
@@ -49,10 +49,10 @@ def load_encoder(name: str, random_init: bool = False, seed: int = 0,
     else:
         model = AutoModel.from_pretrained(resolve_model_path(name), trust_remote_code=False)
     if dropout_masks == "fast":
-        from trainables.dropout import use_fast_dropout
+        from trainables.models.dropout import use_fast_dropout
 
         use_fast_dropout(model)
-    from trainables.embedding_grad import use_row_gradients
+    from trainables.models.embedding_grad import use_row_gradients
 
     use_row_gradients(model)  # the same gradient, without a dense zero-fill per chunk
     return model

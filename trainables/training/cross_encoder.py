@@ -14,10 +14,9 @@ import pandas as pd
 import torch
 from torch import nn
 
-from trainables.batching import EVAL_TOKENS_PER_CHUNK, length_chunks, pad
-from trainables.bi_encoder import build_optimizer, check_finite, epoch_batches
 from trainables.errors import one_of
-from trainables.models import (
+from trainables.models.batching import EVAL_TOKENS_PER_CHUNK, length_chunks, pad
+from trainables.models.encoder import (
     POOLINGS,
     last_hidden_state,
     load_encoder,
@@ -28,7 +27,8 @@ from trainables.models import (
     truncate_encoder,
 )
 from trainables.names import CROSS_LOSSES  # noqa: F401 (re-exported)
-from trainables.runtime import autocast, linear_schedule
+from trainables.training.bi_encoder import build_optimizer, check_finite, epoch_batches
+from trainables.training.runtime import autocast, linear_schedule
 
 
 class CrossEncoder(nn.Module):

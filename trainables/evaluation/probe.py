@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from trainables.batching import TokenCache
-from trainables.data import load_task
+from trainables.data.tasks import load_task
 from trainables.errors import UserInputError, one_of
-from trainables.evaluation import Embedder, make_evaluator
-from trainables.models import (
+from trainables.evaluation.evaluators import Embedder, make_evaluator
+from trainables.evaluation.sts_suite import load_suite, score_suite, suite_sentences
+from trainables.models.batching import TokenCache
+from trainables.models.encoder import (
     POOLINGS,
     encoder_depth,
     load_encoder,
@@ -26,8 +27,7 @@ from trainables.models import (
     truncate_encoder,
     truncated_parameter_count,
 )
-from trainables.runtime import resolve_device, resolve_precision
-from trainables.sts_suite import load_suite, score_suite, suite_sentences
+from trainables.training.runtime import resolve_device, resolve_precision
 
 if TYPE_CHECKING:  # the config is the probe kind's declaration
     from trainables.kinds.probe import ProbeConfig
@@ -107,7 +107,7 @@ def probe_layers(cfg: ProbeConfig) -> list[dict]:
 
 def probe_suite(cfg: ProbeConfig, suite: str = "sts") -> list[dict]:
     """One row per layer: `layer`, `params` and the suite's Spearman per set and on average (test
-    splits; see trainables.sts_suite for the aggregation)."""
+    splits; see trainables.evaluation.sts_suite for the aggregation)."""
     frames = load_suite(suite, cfg.data_dir, cfg.max_eval_samples)
     table = LayerTable(cfg, suite_sentences(frames))
     return [{"layer": layer, "params": table.params[layer], **score_suite(table.embedder(j), frames)}

@@ -22,13 +22,19 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trainables.bi_encoder import write_predictions
-from trainables.checkpoints import MODEL_DIR, PREDICTIONS, DamagedCheckpointError, load_checkpoint, save_checkpoint
 from trainables.contract import Report
 from trainables.errors import TrainingDivergedError
-from trainables.learner import Learner
-from trainables.models import save_sentence_transformer
-from trainables.runtime import prepare, seed_everything
+from trainables.learners.base import Learner
+from trainables.models.encoder import save_sentence_transformer
+from trainables.training.bi_encoder import write_predictions
+from trainables.training.checkpoints import (
+    MODEL_DIR,
+    PREDICTIONS,
+    DamagedCheckpointError,
+    load_checkpoint,
+    save_checkpoint,
+)
+from trainables.training.runtime import prepare, seed_everything
 
 if TYPE_CHECKING:  # the kind calls the loop; the loop only calls back into it
     from trainables.kinds.base import TrainingKind

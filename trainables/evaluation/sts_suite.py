@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
-from trainables.data import load_task
+from trainables.data.tasks import load_task
 from trainables.errors import one_of
-from trainables.evaluation import Embed, pair_cosines
+from trainables.evaluation.evaluators import Embed, pair_cosines
 
 SUITES = {"sts": ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sick")}
 LABELS = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",

@@ -1,0 +1,1 @@
+"""Evaluation: evaluators (STS, pair classification), the STS suite and the layer probe."""
