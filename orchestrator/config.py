@@ -92,6 +92,9 @@ class ReportSection(Section):
     rows: list[str] | None = Field(None, description="ablated axes down the tables (default: all but columns)")
     columns: str | None = Field(None, description="the ablated axis across (default: layer)")
     decimals: int = Field(2, ge=0, le=6)
+    notes: Literal["short", "full"] = Field(
+        "short", description="the footnotes under each table: short (a few lines: what the marks mean; report.md "
+                             "keeps every detail under 'Notes in full') or full (every detail under the table)")
     correction: Literal["holm", "bonferroni", "none"] = Field(
         "holm", description="multiple-comparison correction of the marks within each table")
     alpha: float = Field(0.05, gt=0, lt=1, description="significance level of the marks")

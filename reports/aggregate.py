@@ -160,14 +160,15 @@ def dev_selected(summary: pd.DataFrame, row_axes: list[str], column_axis: str,
 
 
 def best_per_column(summary: pd.DataFrame, row_axes: list[str], column_axis: str) -> set[str]:
-    """Cells holding the best test mean of their column; with a single row, the best of the row."""
+    """Cells holding the best test mean of their column; with a single row, the best of the row. A
+    column with one filled cell has no best (a layer only the deeper model has)."""
     rows = list(row_groups(summary, row_axes))
     valid = summary.dropna(subset=["mean"])
     if not len(valid):
         return set()
     if len(rows) == 1:
         return {valid.loc[valid["mean"].idxmax(), "cell"]}
-    return {group.loc[group["mean"].idxmax(), "cell"] for _, group in valid.groupby(column_axis)}
+    return {group.loc[group["mean"].idxmax(), "cell"] for _, group in valid.groupby(column_axis) if len(group) > 1}
 
 
 def row_groups(summary: pd.DataFrame, row_axes: list[str]):

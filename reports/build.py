@@ -25,9 +25,22 @@ from reports.aggregate import (
     tuning_skip_reason,
     usable_tuning,
 )
+from reports.captions import (
+    axes_label,
+    caption,
+    cell_labels,
+    collapse_n,
+    constants_phrase,
+    shows_n,
+    values_label,
+    varying,
+)
+from reports.captions import labels as report_labels
 from reports.collect import StudyRuns
+from reports.labels import axis_label, in_sentence, metric_label, value_label
+from reports.latex import latex_document, to_latex
 from reports.plots import layer_plot, pareto_plot
-from reports.render import BEST_NOTE, N_NOTE, Cell, Grid, latex_document, to_latex, to_markdown
+from reports.render import N_NOTE, Cell, Grid, Note, markdown_notes, to_markdown
 from reports.significance import (
     BOOTSTRAP_SAMPLES,
     CORRECTIONS,
@@ -41,24 +54,29 @@ from reports.significance import (
     smallest_p,
 )
 
+BEST_NOTE = "bold: the best test mean of the column"
 PROVENANCE = "provenance.json"  # what produced the report and from which store: for verify
 FORMATS = ("markdown", "latex", "csv")
 
 
 def layout(runs: StudyRuns) -> tuple[list[str], str | None]:
-    """(row axes, column axis): `report.columns` or `layer` across, the other axes down."""
+    """(row axes, column axis): `report.columns` or `layer` across, the other axes down; an axis
+    with one value is no row (the caption names it)."""
     column = runs.report.get("columns") or ("layer" if "layer" in runs.axes else (runs.axes[-1] if runs.axes else None))
     rows = runs.report.get("rows") or [a for a in runs.axes if a != column]
-    return rows, column
+    return varying(runs, rows), column
 
 
 def label_of(runs: StudyRuns, name) -> str:
-    """An axis or value as tables and plots show it (`report.labels`), else as the study names it."""
-    return str((runs.report.get("labels") or {}).get(str(name), name))
+    """An axis as tables and plots show it (`report.labels`, else `Layer` for `layer`)."""
+    return axis_label(name, report_labels(runs))
 
 
 def row_label(runs: StudyRuns, group: pd.DataFrame, rows: list[str]) -> str:
-    return ", ".join(label_of(runs, group.iloc[0][axis]) for axis in rows) if rows else "all"
+    """A row's label: its axis values (`all-MiniLM-L6-v2`), or the metric when there is one row."""
+    if rows:
+        return values_label(runs, group.iloc[0], rows)
+    return metric_label(runs.test_metric, report_labels(runs), split=False)
 
 
 def _sort_key(value):
@@ -90,36 +108,64 @@ def ablation_grid(runs: StudyRuns, summary: pd.DataFrame, stats: pd.DataFrame, r
                               note=row["missing"] if isinstance(row["missing"], str) else None,
                               n=int(row["n"]), planned=runs.planned_seeds))
         grid_rows.append((row_label(runs, group, rows), cells))
-    metric = runs.test_metric.replace("test_", "test ")
-    title = f"{runs.name}: {metric} ×100 by {label_of(runs, column)} (mean ± std over seeds)"
-    across = label_of(runs, column)
-    down = ", ".join(label_of(runs, r) for r in rows)
-    best_note = (f"bold: the best test mean for each {across}" if rows else "bold: the best test mean")
-    selected_note = (f"underlined: the dev-selected {across}" + (f" for each {down}" if rows else "") +
-                     " (selection uses dev only)")
-    notes = [best_note, selected_note, N_NOTE] + _significance_notes(runs, stats) + [
-        note for note in (rising_note(runs, summary), seed_rule_note(runs), stage_seed_note(runs)) if note]
-    return Grid(title, ", ".join(label_of(runs, r) for r in rows) or "",
-                [f"{label_of(runs, column)} {label_of(runs, c)}" for c in columns], grid_rows, notes, decimals,
-                transposable=True)
+    grid_rows, seeds = collapse_n(grid_rows)
+    across, down = in_sentence(label_of(runs, column)), in_sentence(axes_label(runs, rows))
+    title = caption(f"{metric_label(runs.test_metric, report_labels(runs))} ×100 by {across}, mean ± std {seeds}",
+                    constants_phrase(runs, column))
+    one_row = len(grid_rows) == 1
+    notes = [Note("bold: the best test mean" + (f" (the best {across})" if one_row else
+                                                f" of each {across} (the best {down} there)"),
+                  f"bold: best {across}" if one_row else f"bold: best per {across}"),
+             Note(f"underlined: the dev-selected {across}" + ("" if one_row else f" for each {down}") +
+                  " (selection uses dev only)", "underlined: dev-selected")]
+    if shows_n(grid_rows):
+        notes.append(Note(N_NOTE, "n: seeds completed"))
+    notes += _significance_notes(runs, stats, significant, rows, column)
+    notes += [note for note in (rising_note(runs, summary), _short(seed_rule_note(runs), "n: adaptive seeds per cell"),
+                                _short(stage_seed_note(runs), "pretraining/teacher stage shared by the seeds"))
+              if note]
+    return Grid(title, axes_label(runs, rows), [value_label(c, report_labels(runs)) for c in columns], grid_rows, notes,
+                decimals, transposable=True, column_axis=label_of(runs, column))
 
 
 RISING = "↑"
 
 
-def rising_note(runs: StudyRuns, summary: pd.DataFrame) -> str | None:
+def _short(full: str | None, short: str) -> Note | None:
+    """A footnote of aggregate's with its short line (the stage line only for a shared stage)."""
+    if not full:
+        return None
+    return Note(full, short if "shared" not in short or "stage_seed: shared" in full else None)
+
+
+def rising_note(runs: StudyRuns, summary: pd.DataFrame) -> Note | None:
     """Counts the cells whose dev score was still rising at their last round (not converged)."""
     rising = summary[summary.get("rising", pd.Series(dtype=float)) > 0.5] if "rising" in summary else summary.iloc[:0]
     if not len(rising):
         return None
     round_ = runs.round_name
     single = "epoch" in runs.runs and runs.replicates().get("epoch", pd.Series(dtype=float)).max() == 1
-    return (f"{RISING} not converged: in most seeds the best dev {round_} was the last {round_}, so dev was still "
-            f"rising when training stopped ({len(rising)} of {len(summary)} cells); more {round_}s may change these "
-            "numbers" + (f" (with one {round_} per trial convergence cannot be seen)" if single else ""))
+    return Note(f"{RISING} not converged: in most seeds the best dev {round_} was the last {round_}, so dev was "
+                f"still rising when training stopped ({len(rising)} of {len(summary)} cells); more {round_}s may "
+                "change these numbers" + (f" (with one {round_} per trial convergence cannot be seen)" if single
+                                          else ""),
+                f"{RISING} not converged")
 
 
-def _significance_notes(runs: StudyRuns, stats: pd.DataFrame) -> list[str]:
+def baseline_phrase(runs: StudyRuns, rows: list[str], column: str) -> str:
+    """`layer 6`, `the last layer`, `the last layer of the same model`: what a row is tested against."""
+    wanted = (runs.report.get("baseline") or {}).get(column)
+    across = in_sentence(label_of(runs, column))
+    if wanted != "last":
+        return f"{across} {value_label(wanted, report_labels(runs))}"
+    return f"the last {across}"  # of the row's own model: where rows differ in depth, each its own
+
+
+SHORT_TESTS = {"t": "t-test", "wilcoxon": "Wilcoxon test", "permutation": "sign-flip test"}
+
+
+def _significance_notes(runs: StudyRuns, stats: pd.DataFrame, significant: dict[str, str], rows: list[str],
+                        column: str) -> list[Note | str]:
     baseline = runs.report.get("baseline")
     if not baseline or stats.empty:
         return []
@@ -131,22 +177,31 @@ def _significance_notes(runs: StudyRuns, stats: pd.DataFrame) -> list[str]:
     resampled = int(stats.bootstrap_p.notna().sum())
     corrected = (f"{CORRECTIONS[correction]}-corrected over the table's comparisons ({paired} paired, "
                  f"{resampled} bootstrap)" if correction != "none" else "uncorrected")
-    notes = [f"† p < {alpha:g} against the baseline ({what}) of the row, {SEED_TESTS[test]} over seeds; ‡ p < "
-             f"{alpha:g}, paired bootstrap over test pairs ({BOOTSTRAP_SAMPLES} resamples); p-values {corrected}; "
-             "raw and corrected ones (t-test, Wilcoxon, permutation) in stats.csv"]
+    shown = [mark for mark in "†‡" if any(mark in m for m in significant.values())]
+    tests = {"†": f"seed {SHORT_TESTS[test]}", "‡": "test-pair bootstrap"}
+    against = baseline_phrase(runs, rows, column)
+    short = (f"{'/'.join(shown)} p\u00a0<\u00a0{alpha:g} vs. {against} ({' / '.join(tests[m] for m in shown)}"
+             + (", " + CORRECTIONS[correction].split("–")[0] if correction != "none" else "") + ")" if shown else
+             f"no cell differs from {against} at p\u00a0<\u00a0{alpha:g}")
+    notes: list[Note | str] = [Note(
+        f"† p < {alpha:g} against the baseline ({what}) of the row, {SEED_TESTS[test]} over seeds; ‡ p < "
+        f"{alpha:g}, paired bootstrap over test pairs ({BOOTSTRAP_SAMPLES} resamples); p-values {corrected}; "
+        "raw and corrected ones (t-test, Wilcoxon, permutation) in stats.csv", short)]
     few = stats[(stats.n_seeds > 0) & (stats.n_seeds < MIN_SEEDS)]
     if len(few):
         counts = ", ".join(str(n) for n in sorted(set(few.n_seeds)))
-        notes.append(f"no † for {len(few)} of {len(stats)} cells: fewer than {MIN_SEEDS} seeds pair with the "
-                     f"baseline (n = {counts}), too few for a test over seeds")
+        notes.append(Note(f"no † for {len(few)} of {len(stats)} cells: fewer than {MIN_SEEDS} seeds pair with the "
+                          f"baseline (n = {counts}), too few for a test over seeds",
+                          f"no † below {MIN_SEEDS} seeds"))
     family = max(1, paired)
     for n in sorted(set(stats.n_seeds[stats.n_seeds >= MIN_SEEDS])):
         if not reachable(test, int(n), family, correction, alpha):
             smallest = min(1.0, comparisons_factor(correction, family) * smallest_p(test, int(n)))
-            notes.append(f"{SEED_TESTS[test]} cannot reach p < {alpha:g} with n = {int(n)}"
-                         + (f" and {family} comparisons" if correction != "none" else "")
-                         + f" (smallest possible {'corrected ' if correction != 'none' else ''}p {smallest:.3g}): no "
-                         "† is possible at this n; use report.seed_test: t or more seeds")
+            notes.append(Note(f"{SEED_TESTS[test]} cannot reach p < {alpha:g} with n = {int(n)}"
+                              + (f" and {family} comparisons" if correction != "none" else "")
+                              + f" (smallest possible {'corrected ' if correction != 'none' else ''}p "
+                                f"{smallest:.3g}): no † is possible at this n; use report.seed_test: t or more seeds",
+                              f"no † possible with the {SHORT_TESTS[test]} at n = {int(n)}"))
     refused = stats.dropna(subset=["bootstrap_refused"]) if "bootstrap_refused" in stats else stats.iloc[:0]
     if len(refused):
         notes.append(f"no bootstrap for {', '.join(refused.cell)}: {refused.bootstrap_refused.iloc[0]}")
@@ -166,7 +221,7 @@ def headline_grid(runs: StudyRuns, summary: pd.DataFrame, rows: list[str], decim
         at_k = group[group.layer == selected[key]].iloc[0]
         last = group[group.layer == group.layer.max()].iloc[0]
         delta = at_k["mean"] - last["mean"]
-        out.append((row_label(runs, group, rows), [Cell(text=str(selected[key])),
+        out.append((values_label(runs, group.iloc[0], rows) if rows else "", [Cell(text=str(selected[key])),
                           Cell(text="—" if math.isnan(at_k["params"]) else f"{at_k['params'] / 1e6:.1f}"),
                           Cell(mean=at_k["mean"], std=at_k["std"], n=int(at_k["n"]), planned=runs.planned_seeds),
                           Cell(mean=at_k.get("pearson_mean", math.nan), std=at_k.get("pearson_std", math.nan)),
@@ -175,10 +230,13 @@ def headline_grid(runs: StudyRuns, summary: pd.DataFrame, rows: list[str], decim
                           Cell(text="—" if math.isnan(delta) else f"{delta:+.{decimals}f}")]))
     if not out:
         return None
-    return Grid(f"{runs.name}: dev-selected layer against the last layer (test ×100)",
-                ", ".join(label_of(runs, r) for r in rows) or "",
-                ["k (dev)", "params (M)", "Spearman at k", "Pearson at k", "last", "Spearman at last", "Δ"],
-                out, [N_NOTE], decimals)
+    out, seeds = collapse_n(out)
+    title = caption(f"The dev-selected layer k (its parameters in millions, test Spearman and Pearson ×100) against "
+                    f"the last layer (test Spearman; Δ: k minus last), mean ± std {seeds}",
+                    constants_phrase(runs, "layer"))
+    notes = [Note(N_NOTE, "n: seeds completed")] if shows_n(out) else []
+    return Grid(title, axes_label(runs, rows), ["k", "Params (M)", "Spearman", "Pearson", "Last", "Spearman (last)",
+                                                "Δ"], out, notes, decimals)
 
 
 def suite_grid(runs: StudyRuns, decimals: int) -> Grid | None:
@@ -186,15 +244,22 @@ def suite_grid(runs: StudyRuns, decimals: int) -> Grid | None:
     suite = suite_summary(runs)
     if suite.empty:
         return None
-    labels = [label for label, _ in SUITE_METRICS]
+    sets = [label for label, _ in SUITE_METRICS]
+    axes = varying(runs, runs.axes)
+    shown = cell_labels(runs, axes)
     rows = []
     for cell, group in suite.groupby("cell", sort=False):
         by_set = {r["set"]: r for _, r in group.iterrows()}
-        rows.append((cell, [Cell(mean=by_set[label]["mean"], std=by_set[label]["std"], bold=bool(by_set[label]["best"]),
-                                 n=int(by_set[label]["n"]), planned=runs.planned_seeds) for label in labels]))
-    return Grid(f"{runs.name}: STS suite, test Spearman ×100 of cosine (mean ± std over seeds)", "cell", labels,
-                rows, [BEST_NOTE, N_NOTE, "STS12-16: all subsets of a year pooled (SentEval's \"all\"); STS-B and "
-                       "SICK-R: test splits"], decimals)
+        rows.append((shown.get(cell, cell), [Cell(mean=by_set[s]["mean"], std=by_set[s]["std"],
+                                                  bold=bool(by_set[s]["best"]), n=int(by_set[s]["n"]),
+                                                  planned=runs.planned_seeds) for s in sets]))
+    rows, seeds = collapse_n(rows)
+    notes = [Note(BEST_NOTE, "bold: best of each set")]
+    notes += [Note(N_NOTE, "n: seeds completed")] if shows_n(rows) else []
+    notes.append(Note("STS12-16: all subsets of a year pooled (SentEval's \"all\"); STS-B and SICK-R: test splits",
+                      "STS12-16: a year's subsets pooled"))
+    return Grid(caption(f"STS suite: test Spearman ×100 of cosine, mean ± std {seeds}", constants_phrase(runs)),
+                axes_label(runs, axes), sets, rows, notes, decimals)
 
 
 def cycle_grid(runs: StudyRuns, decimals: int) -> Grid | None:
@@ -204,17 +269,23 @@ def cycle_grid(runs: StudyRuns, decimals: int) -> Grid | None:
     if cycles.empty:
         return None
     numbers = sorted(cycles["cycle"].unique())
+    axes = varying(runs, runs.axes)
+    shown = cell_labels(runs, axes)
     rows = []
     for (cell, encoder, split), group in cycles.groupby(["cell", "encoder", "split"], sort=False):
         by_cycle = {r["cycle"]: r for _, r in group.iterrows()}
-        rows.append((f"{cell} · {encoder} · {split}",
+        rows.append((" · ".join(part for part in (shown.get(cell, cell), encoder, split) if part),
                      [Cell(mean=by_cycle[c]["mean"], std=by_cycle[c]["std"], n=int(by_cycle[c]["n"]),
                            planned=runs.planned_seeds) if c in by_cycle else Cell(text="—")
                       for c in numbers]))
-    return Grid(f"{runs.name}: Spearman ×100 after each distillation cycle (mean ± std over seeds)",
-                "cell · encoder · split", [f"cycle {c}" for c in numbers], rows,
-                [N_NOTE, "the run's own test figure is the dev-selected cycle's (best bi-encoder dev), scored once; "
-                 "test rows appear only with the diagnostic test_every_round: true and are never used"], decimals)
+    rows, seeds = collapse_n(rows)
+    notes = [Note(N_NOTE, "n: seeds completed")] if shows_n(rows) else []
+    notes.append(Note("the run's own test figure is the dev-selected cycle's (best bi-encoder dev), scored once; "
+                      "test rows appear only with the diagnostic test_every_round: true and are never used",
+                      "test rows: a diagnostic, never used for selection"))
+    return Grid(caption(f"Spearman ×100 after each distillation cycle, mean ± std {seeds}", constants_phrase(runs)),
+                " · ".join([*([axes_label(runs, axes)] if axes else []), "encoder", "split"]),
+                [str(c) for c in numbers], rows, notes, decimals, column_axis="Cycle")
 
 
 def format_value(value) -> str:
@@ -228,6 +299,9 @@ def format_value(value) -> str:
     return str(value)
 
 
+COUNTS = ("Pruned", "Failed", "Degenerate")  # the tuning table's outcome columns (left out where all 0)
+
+
 def tuning_grid(runs: StudyRuns) -> Grid | None:
     """Per cell: trials, pruned, failed or diverged, degenerate, and the dev-best trial's value of
     every tuned parameter (the plan says which) with its dev score."""
@@ -238,34 +312,47 @@ def tuning_grid(runs: StudyRuns) -> Grid | None:
     dev = f"best_{runs.metric}"
     sign = -1 if runs.mode == "min" else 1
     tuned = [name for name in runs.tuned if name in tuning]
-    notes = []
-    degenerate_total = 0
+    axes = varying(runs, runs.axes) or runs.axes[:1]  # rows are cells: named by an axis even when none varies
+    shown = cell_labels(runs, axes)
+    counts = []
     for cell, group in tuning.groupby("cell", sort=False):
         usable = usable_tuning(group, dev)
         best = usable.loc[(sign * usable[dev].astype(float)).idxmax()] if len(usable) else None
-        degenerate = int((group.outcome == "completed").sum()) - len(usable)
-        cells = [Cell(text=str(len(group))), Cell(text=str(int((group.outcome == "pruned").sum()))),
-                 Cell(text=str(int(group.outcome.isin(["failed", "diverged"]).sum()))), Cell(text=str(degenerate))]
+        counts.append((int((group.outcome == "pruned").sum()), int(group.outcome.isin(["failed", "diverged"]).sum()),
+                       int((group.outcome == "completed").sum()) - len(usable)))
+        cells = [Cell(text=str(len(group))), *[Cell(text=str(count)) for count in counts[-1]]]  # merged below
         cells += [Cell(text="—" if best is None else format_value(best[name])) for name in tuned]
         replicated = bool(len(runs.replicates()[runs.replicates().cell == cell]))
         reason = None if best is not None else ("no tuning trial completed with a dev score" if replicated
                                                 else tuning_skip_reason(group, dev))
-        degenerate_total += degenerate
         cells.append(Cell(mean=math.nan if best is None else float(best[dev]), note=reason))
-        rows.append((cell, cells))
+        rows.append((shown.get(cell, cell), cells))
+    happened = [i for i in range(len(COUNTS)) if any(c[i] for c in counts)]
+    none = [name.lower() for i, name in enumerate(COUNTS) if i not in happened]
+    rows = [(label, [Cell(text=cells[0].text + (" (" + "/".join(cells[1 + i].text for i in happened) + ")"
+                                                 if happened else "")), *cells[1 + len(COUNTS):]])
+            for label, cells in rows]
     tuning_seeds = sorted({int(s) for s in tuning.seed.dropna()})
     replicate_seeds = sorted({int(s) for s in runs.replicates().seed.dropna()})
     overlap = set(tuning_seeds) & set(replicate_seeds)
-    notes.append(f"tuning trials trained with seed {', '.join(map(str, tuning_seeds))}; replicates with "
-                 f"{', '.join(map(str, replicate_seeds)) or 'none yet'}" +
-                 ("; disjoint, so no replicate reruns a tuning trial" if not overlap else
-                  f"; seeds {sorted(overlap)} were used by both (a study launched before tuning seeds were separate)"))
-    if degenerate_total:
-        notes.append("degenerate: finished without a dev score (constant embeddings make the correlation undefined); "
-                     "never selected")
-    return Grid(f"{runs.name}: tuning per cell (dev only)", "cell",
-                ["trials", "pruned", "failed", "degenerate", *[f"best {name}" for name in tuned],
-                 f"best {runs.metric}"], rows, notes, 2)
+    notes: list[Note | str] = [
+        f"tuning trials trained with seed {', '.join(map(str, tuning_seeds))}; replicates with "
+        f"{', '.join(map(str, replicate_seeds)) or 'none yet'}" +
+        ("; disjoint, so no replicate reruns a tuning trial" if not overlap else
+         f"; seeds {sorted(overlap)} were used by both (a study launched before tuning seeds were separate)")]
+    if sum(c[2] for c in counts):
+        notes.append(Note("degenerate: finished without a dev score (constant embeddings make the correlation "
+                          "undefined); never selected", "degenerate: no dev score (constant embeddings)"))
+    metric = metric_label(runs.metric, report_labels(runs))
+    counted = "/".join(COUNTS[i].lower() for i in happened)
+    what = (f"Tuning on dev, per cell: trials{f' ({counted})' if happened else ''}, and the dev-best trial's "
+            f"{', '.join(label_of(runs, t) for t in tuned)}{' and ' if tuned else ''}{in_sentence(metric)} ×100 "
+            "(tuning trials only, not the replicates)")
+    if none:
+        what += "; no trial " + (" or ".join(none) if len(none) < 3 else f"{none[0]}, {none[1]} or {none[2]}")
+    headers = ["Trials", *[label_of(runs, name) for name in tuned], metric]
+    return Grid(caption(what, constants_phrase(runs, axes[0] if axes else None)), axes_label(runs, axes), headers,
+                rows, notes, 2)
 
 
 def producer() -> dict[str, str]:
@@ -355,15 +442,17 @@ def build_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] | None = N
     if not stats.empty:
         stats.to_csv(out / "stats.csv", index=False)
         written.append(out / "stats.csv")
+    notes = runs.report.get("notes", "short")
     if "latex" in formats:
         width = (runs.report.get("latex") or {}).get("width", "auto")
         for name, grid in grids:
             path = out / f"{name}.tex"
-            path.write_text(to_latex(grid, f"{runs.name}-{name}", width))
+            path.write_text(to_latex(grid, f"{runs.name}-{name}", width, notes))
             written.append(path)
-        captions = {"score_by_layer": f"{runs.name}: test score by {label_of(runs, column)}, mean ± std over seeds; "
+        metric = f"{metric_label(runs.test_metric, labels)} ×100"
+        captions = {"score_by_layer": f"{metric} by {in_sentence(label_of(runs, column))}, mean ± std over seeds; "
                                       "circle: the dev-selected cell",
-                    "score_by_params": f"{runs.name}: test score against the truncated model's parameters"}
+                    "score_by_params": f"{metric} against the truncated model's parameters"}
         (out / "report.tex").write_text(latex_document([name for name, _ in grids],
                                                        [(stem.name, captions[stem.name]) for stem in figures],
                                                        runs.name))
@@ -381,7 +470,10 @@ def build_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] | None = N
                 "`cells.csv` (one row per cell)" + (", `stats.csv` (tests against the baseline)." if not stats.empty
                                                     else "."), ""]
     for _, grid in grids:
-        markdown += [to_markdown(grid), ""]
+        markdown += [to_markdown(grid, notes), ""]
+        if notes == "short" and markdown_notes(grid, "full") != markdown_notes(grid, "short"):
+            markdown += ["<details><summary>Notes in full</summary>", "", *markdown_notes(grid, "full"), "",
+                         "</details>", ""]
     for stem in figures:
         markdown += [f"![{stem.name}]({stem.name}.png)", ""]
     if "markdown" in formats:

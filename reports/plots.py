@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from reports.aggregate import row_groups  # noqa: E402
+from reports.labels import axis_label, metric_label, value_label  # noqa: E402
 
 
 def _save(figure, stem: Path) -> Path:
@@ -24,15 +25,15 @@ def _save(figure, stem: Path) -> Path:
 
 
 def _shown(labels: dict | None, group: pd.DataFrame, rows: list[str], key: str) -> str:
-    """A row's legend entry: its axis values through `report.labels`."""
-    if not labels or not rows:
+    """A row's legend entry: its axis values as the tables show them (`report.labels`, else readable)."""
+    if not rows:
         return key
-    return ", ".join(str(labels.get(str(group.iloc[0][a]), group.iloc[0][a])) for a in rows)
+    return ", ".join(value_label(group.iloc[0][a], labels) for a in rows)
 
 
 def _legend_title(labels: dict | None, rows: list[str]) -> str | None:
-    """With `report.labels` the entries are bare values: the title names their axes."""
-    return ", ".join(str(labels.get(a, a)) for a in rows) if labels and rows else None
+    """The entries are bare values: the title names their axes."""
+    return ", ".join(axis_label(a, labels) for a in rows) if rows else None
 
 
 def layer_plot(summary: pd.DataFrame, rows: list[str], column: str, selected: dict, metric: str, stem: Path,
@@ -49,12 +50,12 @@ def layer_plot(summary: pd.DataFrame, rows: list[str], column: str, selected: di
             pick = group[group[column] == selected[label]]
             axis.scatter(pick[column], pick["mean"], s=160, facecolors="none", edgecolors=line.get_color(),
                          linewidths=2, zorder=3)
-    axis.set_xlabel(str((labels or {}).get(column, column)))
+    axis.set_xlabel(axis_label(column, labels))
     values = sorted(float(v) for v in summary[column].unique()
                     if isinstance(v, numbers.Real) and not isinstance(v, bool))
     if values and all(float(v).is_integer() for v in values):
         axis.set_xticks(values)
-    axis.set_ylabel(f"{metric.replace('_', ' ')} ×100")
+    axis.set_ylabel(f"{metric_label(metric, labels)} ×100")
     axis.set_title("mean ± std over seeds; circle: dev-selected")
     axis.grid(alpha=0.3)
     if rows and axis.get_legend_handles_labels()[0]:
@@ -79,7 +80,7 @@ def pareto_plot(summary: pd.DataFrame, rows: list[str], metric: str, stem: Path,
         axis.step(points["params"] / 1e6, points["mean"], where="post", color="black", alpha=0.5, linestyle="--",
                   label="Pareto frontier")
     axis.set_xlabel("parameters of the truncated model (M)")
-    axis.set_ylabel(f"{metric.replace('_', ' ')} ×100")
+    axis.set_ylabel(f"{metric_label(metric, labels)} ×100")
     axis.grid(alpha=0.3)
     if axis.get_legend_handles_labels()[0]:
         axis.legend(fontsize="small", title=_legend_title(labels, rows), title_fontsize="small")

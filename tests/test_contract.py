@@ -208,7 +208,7 @@ def test_a_kind_defined_only_in_the_tests_launches_end_to_end(monkeypatch, tiny_
     assert runs.record.kind.path == TOY and runs.record.kind.round_name == "epoch"
     written = {p.name for p in build_report(runs, tmp_path / "report")}
     assert {"report.md", "ablation.tex", "cells.csv", "runs.csv"} <= written
-    assert "lr" in (tmp_path / "report" / "report.md").read_text()
+    assert "| LR 0.1 | LR 1.0 |" in (tmp_path / "report" / "report.md").read_text()  # the axis, labelled
 
 
 def test_constant_embeddings_are_degenerate_rounds_never_selected_and_never_not_finished(configs):

@@ -174,8 +174,8 @@ def test_a_finished_study_reports_its_tables_from_mlflow(tiny_bert, data_dir, tm
     folder = tmp_path / "reports" / "e2e"
     assert "report: reports/e2e/report.md" in result.stdout
     report = (folder / "report.md").read_text()
-    assert "| layer 1 | layer 3 |" in report
-    assert "dev-selected layer against the last layer" in report and "score_by_layer.png" in report
+    assert "| Layer 1 | Layer 3 |" in report
+    assert "The dev-selected layer k" in report and "score_by_layer.png" in report
     runs = pd.read_csv(folder / "runs.csv")
     assert len(runs) == 4 and set(runs.phase) == {"replicate"}
     stats = pd.read_csv(folder / "stats.csv")
@@ -214,7 +214,7 @@ def test_a_dapt_study_pretrains_once_per_stage_config(tiny_bert, data_dir, tmp_p
     assert len(runs.runs) == 4 and set(runs.runs.phase) == {"replicate"}  # the stage run is not a trial
     build_report(runs, tmp_path / "report")
     report = (tmp_path / "report" / "report.md").read_text()
-    assert "| pretrain_steps | layer 1 | layer 2 |" in report  # axis values stay integers
+    assert "| DAPT steps | Layer 1 | Layer 2 |" in report  # axis values stay integers
 
 
 def test_a_contrastive_study_lands_in_mlflow_and_the_suite_table(tiny_bert, data_dir, tmp_path):
@@ -241,10 +241,10 @@ def test_a_contrastive_study_lands_in_mlflow_and_the_suite_table(tiny_bert, data
     micse = next(c for c in replicas if c.data.params["method"] == "micse")
     assert micse.data.metrics["attention_loss"] < 0  # minus the views' mutual information (the reference)
     report = (tmp_path / "report" / "report.md").read_text()
-    assert "STS suite, test Spearman" in report and "| STS12 | STS13 |" in report
+    assert "STS suite: test Spearman" in report and "| STS12 | STS13 |" in report
     runs = pd.read_csv(tmp_path / "report" / "runs.csv")
     avg = runs[runs.phase == "replicate"].set_index("method")["test_suite_avg_spearman"]
-    table = next(line for line in report.splitlines() if line.startswith("| method=micse"))
+    table = next(line for line in report.splitlines() if line.startswith("| miCSE |"))
     assert f"{avg['micse']:.2f}" in table.split("|")[-2]  # the Avg. column is the run's own average
 
 
@@ -275,7 +275,7 @@ def test_a_distill_study_reaches_every_mode_from_the_study_file(tiny_bert, data_
     artifacts = {a.path for a in client.list_artifacts(by_mode["self"].info.run_id)}
     assert {"pseudo_labels.csv", "test_predictions.csv"} <= artifacts
     report = (tmp_path / "report" / "report.md").read_text()
-    assert "after each distillation cycle" in report and "| mode=self · cross · dev |" in report
+    assert "after each distillation cycle" in report and "| self · cross · dev |" in report
     assert "· test |" not in report  # per-cycle test is an opt-in diagnostic; test is scored once per run
 
 
@@ -383,7 +383,8 @@ def test_an_adaptive_seed_study_runs_end_to_end_and_its_report_says_how_many_see
 
     build_report(collect(f"sqlite:///{tmp_path / 'mlflow.db'}", "e2e"), tmp_path / "report")
     report = (tmp_path / "report" / "report.md").read_text()
-    assert "(n=3)" in report and "seeds: adaptive, per cell, for a 95 % CI of the mean dev score of ±0.001 points, " \
+    assert "mean ± std over 3 seeds" in report
+    assert "seeds: adaptive, per cell, for a 95 % CI of the mean dev score of ±0.001 points, " \
         "at most 3 seeds" in report and "two-stage rule" in report
     cells = pd.read_csv(tmp_path / "report" / "cells.csv")
     assert list(cells.n) == [3, 3] and (cells.dev_ci95 > 0.001).all()
@@ -421,8 +422,8 @@ def test_studies_that_used_to_crash_the_report_launch_report_and_verify(case, ti
     status = run_cli("status", "e2e", "--storage", storage, cwd=tmp_path)
     assert status.returncode == 0
     if case == "tuned_distill":
-        tuning = next(line for line in report.splitlines() if line.startswith("| mode=self | 2 |"))
-        assert "best bi_lr" in report and "e-05" in tuning  # the tuned key the plan names, with its value
+        tuning = next(line for line in report.splitlines() if line.startswith("| self | 2"))
+        assert "| Bi-encoder LR |" in report and "e-05" in tuning  # the tuned key the plan names, with its value
     else:
         assert "finished: 5 completed" in launched.stdout and "(1 replicate skipped" in launched.stdout
         assert "skipped: every tuning trial degenerate" in report

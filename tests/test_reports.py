@@ -120,13 +120,15 @@ def test_markdown_and_latex_match_the_golden_files(store, tmp_path):
     for name in ("report.md", "ablation.tex", "headline.tex", "tuning.tex"):
         assert unversioned((tmp_path / name).read_text()) == (GOLDEN / name).read_text(), name
     report = (tmp_path / "report.md").read_text()
-    row = next(line for line in report.splitlines() if line.startswith("| all |"))
+    row = next(line for line in report.splitlines() if line.startswith("| Spearman |"))
     cells = [c.strip() for c in row.strip("|").split("|")][1:]
-    assert cells[0] == "— (n=0/3) <sup>a</sup>"  # layer 0 failed: shown, with the reason as a footnote
-    assert cells[1] == "75.33 ± 1.53 (n=3)"  # no mark: neither test finds a difference
-    assert cells[2] == "**82.00 ± 2.00 (n=3)**†‡"  # best test, significant by both tests after correction
-    assert cells[3] == "<ins>75.50 ± 0.50 (n=3)</ins>"  # the dev-selected layer, although test prefers layer 2
-    assert "<sup>a</sup> failed: OSError: weights file is corrupt" in report
+    assert cells[0] == "— <sup>a</sup>"  # layer 0 failed: shown, with the reason as a footnote
+    assert cells[1] == "75.33 ± 1.53"  # no mark: neither test finds a difference; n=3 is said once, in the caption
+    assert cells[2] == "**82.00 ± 2.00**†‡"  # best test, significant by both tests after correction
+    assert cells[3] == "<ins>75.50 ± 0.50</ins>"  # the dev-selected layer, although test prefers layer 2
+    assert "mean ± std over 3 seeds." in report
+    assert "<sup>a</sup> failed; bold: best layer;" in report  # the short notes under the table
+    assert "<sup>a</sup> failed: OSError: weights file is corrupt" in report  # and in full below it
 
 
 def test_every_number_in_the_tables_is_recomputed_from_runs_csv(store, tmp_path):
@@ -138,8 +140,9 @@ def test_every_number_in_the_tables_is_recomputed_from_runs_csv(store, tmp_path)
     for layer, row in grouped.iterrows():
         assert f"{row['mean']:.2f} ± {row['std']:.2f}" in report, layer
     chosen = done.groupby("layer").best_dev_spearman.mean().idxmax()
-    headline = [line for line in report.splitlines() if line.startswith("| all |")][1]
-    assert headline.split("|")[2].strip() == str(chosen)
+    headline = report.splitlines()[report.splitlines().index("| k | Params (M) | Spearman | Pearson | Last | "
+                                                             "Spearman (last) | Δ |") + 2]
+    assert headline.split("|")[1].strip() == str(chosen)
 
 
 def compile_latex(folder: Path, document: str) -> str:
@@ -179,19 +182,19 @@ def wide_runs(width: str) -> StudyRuns:
 def test_a_wide_table_fits_its_column_or_page(width, tmp_path):
     build_report(wide_runs(width), tmp_path, ("markdown", "latex"))
     table = (tmp_path / "ablation.tex").read_text()
-    # 13 layers x 2 poolings: a page-wide table; auto turns it round (layers down) to fit a column legibly
-    assert table.startswith("\\begin{table*}" if width == "page" else "\\begin{table}[t]")
-    if width == "auto":
-        assert "Pooling & Mean & CLS" in table and "\nLayer 12 &" in table
-        order = [int(line.split("&")[0].split()[1]) for line in table.splitlines() if line.startswith("Layer ")]
-        assert order == list(range(13))  # numeric order: numpy's integers sorted as numbers, 2 before 10
+    # 13 layers x 2 poolings: wider than the page at 8 pt; turned round (layers down) it fits a column at \small
+    assert table.startswith("\\begin{table*}" if width == "page" else "\\begin{table}[t]\n\\centering\n\\small")
+    assert "& \\multicolumn{2}{c}{Pooling} \\\\" in table and "Layer & Mean & CLS" in table and "\n12 &" in table
+    order = [int(line.split("&")[0]) for line in table.splitlines() if line.split("&")[0].strip().isdigit()]
+    assert order == list(range(13))  # numeric order: numpy's integers sorted as numbers, 2 before 10
+    assert "resizebox" not in table
     assert (tmp_path / "tuning.tex").exists() is False
     assert (tmp_path / "headline.tex").read_text().startswith(
         "\\begin{table}[t]" if width == "column" else "\\begin{table*}")  # 7 columns: auto spans the page too
-    assert width == "auto" or ("Pooling & Layer 0 &" in table and "\nCLS &" in table)  # labels, not internal names
     assert "↑" not in table and "uparrow" in table  # layers 0-3 still rising: marked, escaped for LaTeX
     markdown = (tmp_path / "report.md").read_text()
     assert "(8 of 26 cells)" in markdown  # the not-converged footnote counts them
+    assert "| Pooling | Layer 0 | Layer 1 |" in markdown and "\n| CLS |" in markdown  # labels, not internal names
     log = compile_latex(tmp_path, "report.tex")
     assert "Overfull \\hbox" not in log  # without the shrink, this table runs over a two-column page
 
@@ -216,7 +219,8 @@ def test_report_command_writes_the_folder_and_rejects_bad_formats(store, tmp_pat
 def test_the_suite_table_is_mean_and_std_over_seeds_with_the_best_of_each_set_bold(tmp_path):
     from reports.build import suite_grid
     from reports.collect import StudyRuns
-    from reports.render import to_latex, to_markdown
+    from reports.latex import to_latex
+    from reports.render import to_markdown
 
     rows = []
     for method, base in (("simcse", 70.0), ("micse", 72.0)):
@@ -232,12 +236,12 @@ def test_the_suite_table_is_mean_and_std_over_seeds_with_the_best_of_each_set_bo
     runs = StudyRuns("suite", pd.DataFrame(rows), ["method"], "dev_spearman")
     grid = suite_grid(runs, 2)
     assert grid.columns == ["STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", "Avg."]
-    cells = dict(grid.rows)
-    assert cells["method=micse"][0].mean == 72.5 and cells["method=micse"][0].std == pytest.approx(0.7071, abs=1e-4)
-    assert cells["method=micse"][0].bold and not cells["method=simcse"][0].bold
-    assert cells["method=simcse"][6].bold and cells["method=simcse"][6].mean == 90.5
+    cells = dict(grid.rows)  # rows by the method's readable name (labels.VALUES), not the cell key
+    assert cells["miCSE"][0].mean == 72.5 and cells["miCSE"][0].std == pytest.approx(0.7071, abs=1e-4)
+    assert cells["miCSE"][0].bold and not cells["SimCSE"][0].bold
+    assert cells["SimCSE"][6].bold and cells["SimCSE"][6].mean == 90.5
     markdown = to_markdown(grid)
-    assert "| method=micse | **72.50 ± 0.71 (n=2)** |" in markdown
+    assert "| miCSE | **72.50 ± 0.71** |" in markdown and "mean ± std over 2 seeds." in markdown
     assert suite_grid(StudyRuns("plain", pd.DataFrame(rows).drop(columns=["test_suite_avg_spearman"]), ["method"],
                                 "dev_spearman"), 2) is None
     # the report builds the suite table exactly when the study record lists it (the kind declared it)
@@ -253,7 +257,7 @@ def test_the_suite_table_is_mean_and_std_over_seeds_with_the_best_of_each_set_bo
     assert TABLES["suite"](with_tables(["suite"])) is not None and TABLES["suite"](with_tables([])) is None
     if shutil.which("pdflatex") is None:
         return
-    from reports.render import latex_document
+    from reports.latex import latex_document
 
     (tmp_path / "suite.tex").write_text(to_latex(grid, "suite"))
     (tmp_path / "all.tex").write_text(latex_document(["suite"]))
@@ -273,10 +277,10 @@ def test_the_cycle_table_shows_both_encoders_on_dev_and_test_after_every_cycle()
         rows.append({"run_id": f"r{seed}", "cell": "layer=6", "phase": "replicate", "seed": seed,
                      "outcome": "completed", "layer": 6, "test_spearman": 1.0, "best_dev_spearman": 1.0, **metrics})
     grid = cycle_grid(StudyRuns("d", pd.DataFrame(rows), ["layer"], "dev_spearman"), 2)
-    assert grid.columns == ["cycle 1", "cycle 2"]
-    labels = [label for label, _ in grid.rows]
-    assert labels == ["layer=6 · bi · dev", "layer=6 · bi · test", "layer=6 · cross · dev", "layer=6 · cross · test"]
-    cross_test = dict(grid.rows)["layer=6 · cross · test"]
+    assert grid.columns == ["1", "2"] and grid.headers == ["Cycle 1", "Cycle 2"]
+    labels = [label for label, _ in grid.rows]  # one layer: the caption names it, the rows do not
+    assert labels == ["bi · dev", "bi · test", "cross · dev", "cross · test"] and "(layer: 6)" in grid.title
+    cross_test = dict(grid.rows)["cross · test"]
     assert [c.mean for c in cross_test] == [16.5, 26.5] and cross_test[0].std == pytest.approx(0.7071, abs=1e-4)
     assert cycle_grid(StudyRuns("d", pd.DataFrame(rows).drop(columns=[c for c in rows[0] if c.startswith("cycle")]),
                                 ["layer"], "dev_spearman"), 2) is None
@@ -401,12 +405,12 @@ def test_one_report_across_two_studies_has_the_study_as_an_axis(tmp_path):
                                       "--out", str(tmp_path / "both")])
     assert result.exit_code == 0, result.output
     report = (tmp_path / "both" / "report.md").read_text()
-    assert "**english+german: test spearman ×100 by layer" in report
+    assert "# english+german" in report and "**Test Spearman ×100 by layer, mean ± std over 3 seeds.**" in report
     rows = [line for line in report.splitlines() if line.startswith(("| en |", "| de |"))]
     assert [r.split(" |")[0] for r in rows[:2]] == ["| en", "| de"]
     # each study against its own baseline; Holm over the table's 4 comparisons: the t-test's p (0.017 raw) no
     # longer passes, the bootstrap's does
-    assert all(re.search(r"82\.00 ± 2\.00 \(n=3\)(\*\*)?‡ \|", row) for row in rows[:2])
+    assert all(re.search(r"82\.00 ± 2\.00(\*\*)?‡ \|", row) for row in rows[:2])
     cells = pd.read_csv(tmp_path / "both" / "cells.csv")
     assert len(cells) == 8 and set(cells.study) == {"en", "de"}
     stats = pd.read_csv(tmp_path / "both" / "stats.csv")

@@ -75,7 +75,8 @@ def test_wilcoxon_at_six_seeds_cannot_reach_significance_and_the_footnote_says_s
     report = (tmp_path / "report.md").read_text()
     assert ("Wilcoxon signed-rank cannot reach p < 0.05 with n = 6 and 2 comparisons (smallest possible corrected "
             "p 0.0625)") in report
-    assert "†" not in report.split("**minilm: test spearman")[1].split("\n\n")[1]  # no mark in the table body
+    assert "†" not in report.split("**Test Spearman ×100")[1].split("\n\n")[1]  # no mark in the table body
+    assert "no † possible with the Wilcoxon test at n = 6" in report.split("Notes in full")[0]  # the short note
 
 
 def test_the_permutation_test_is_exact_sign_flips():
