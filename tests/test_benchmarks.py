@@ -48,7 +48,14 @@ def test_the_gpu_benchmark_runs_end_to_end_on_the_cpu(tiny_bert, synthetic_data_
         assert packed.endswith("device utilization n/a")
 
 
-@pytest.mark.parametrize("script", sorted(p.name for p in GPU.parent.glob("*.py")))
+SCRIPTS = sorted(p.name for p in GPU.parent.glob("*.py") if 'if __name__ == "__main__"' in p.read_text())
+
+
+def test_the_benchmark_scripts_are_found():
+    assert {"epoch.py", "gpu.py", "scale.py"} <= set(SCRIPTS)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_every_benchmark_imports_and_answers_help(script):
     """A benchmark whose imports rotted (one still imported `trainables.finetune`, gone since the kinds
     registry) fails here, not the day someone needs its numbers."""
