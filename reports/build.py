@@ -236,7 +236,7 @@ def headline_grid(runs: StudyRuns, summary: pd.DataFrame, rows: list[str], decim
                     constants_phrase(runs, "layer"))
     notes = [Note(N_NOTE, "n: seeds completed")] if shows_n(out) else []
     return Grid(title, axes_label(runs, rows), ["k", "Params (M)", "Spearman", "Pearson", "Last", "Spearman (last)",
-                                                "Δ"], out, notes, decimals)
+                                                "Δ"], out, notes, decimals, transposable=not rows)  # one row: 7 down
 
 
 def suite_grid(runs: StudyRuns, decimals: int) -> Grid | None:

@@ -130,6 +130,9 @@ def _cell_latex(grid: Grid, cell, letters: dict[str, str]) -> str:
 
 
 def _header(grid: Grid, columns: list[int], labelled: bool) -> list[str]:
+    """The header rows above a block (none when no header says anything: a one-row table turned round)."""
+    if not grid.column_axis and not grid.corner and not any(grid.columns[j] for j in columns):
+        return []
     first = 2 if labelled else 1
     lines = []
     if grid.column_axis:
@@ -154,9 +157,10 @@ def to_latex(grid: Grid, label: str, width: str = "auto", notes: str = "short") 
     lines = [rf"\begin{{{environment}}}[t]", r"\centering", rf"\{layout.size}",
              rf"\begin{{tabular}}{{{'l' if labelled else ''}{'r' * widest}}}", r"\toprule"]
     for number, block in enumerate(layout.blocks):
-        if number:
+        if number and not lines[-1].endswith("midrule"):
             lines.append(r"\midrule")
-        lines += _header(grid, block, labelled) + [r"\midrule"]
+        header = _header(grid, block, labelled)
+        lines += header + ([r"\midrule"] if header else [])
         for row_label, cells in grid.rows:
             texts = [_cell_latex(grid, cells[j], letters) for j in block] + [""] * (widest - len(block))
             lines.append(" & ".join(([latex_escape(row_label)] if labelled else []) + texts) + r" \\")
