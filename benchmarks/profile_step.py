@@ -28,7 +28,7 @@ from transformers import get_linear_schedule_with_warmup
 from trainables.data.tasks import load_task
 from trainables.models.batching import EVAL_TOKENS_PER_CHUNK, TokenCache, encode_tokens
 from trainables.models.encoder import build_sentence_encoder, encoder_depth, load_config, load_tokenizer
-from trainables.objectives.pairs import CosineMSELoss
+from trainables.objectives.sts import CosineMSELoss
 from trainables.training.bi_encoder import build_optimizer, epoch_batches, pair_lengths, train_step
 from trainables.training.runtime import autocast, resolve_precision
 

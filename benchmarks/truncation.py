@@ -25,7 +25,7 @@ from trainables.data.tasks import load_task
 from trainables.kinds.finetune import FinetuneConfig
 from trainables.models.batching import TokenCache, pad
 from trainables.models.encoder import SentenceEncoder, load_encoder, load_tokenizer, pool, truncate_encoder
-from trainables.objectives.pairs import CosineMSELoss
+from trainables.objectives.sts import CosineMSELoss
 from trainables.training.bi_encoder import build_optimizer, train_step
 from trainables.training.runtime import bf16_is_fast, resolve_precision
 

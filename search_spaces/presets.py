@@ -6,7 +6,8 @@ from typing import Any
 
 from search_spaces.params import Fixed, Grid, LogUniform, Param
 from trainables.errors import UserInputError
-from trainables.names import POOLINGS
+from trainables.poolings import BUILTIN as BUILTIN_POOLINGS
+from trainables.poolings import POOLINGS
 
 # tune.params presets
 LR_DEFAULT = LogUniform(1e-5, 1e-4)  # the range truncated fine-tuning searches in the reference paper
@@ -28,12 +29,14 @@ def expand_layer(raw: Any, depth: int) -> Fixed | Grid:
 
 
 def expand_pooling(raw: Any) -> Fixed | Grid:
+    """`all` is the built-in poolings (a plugin's are named one by one, so `all` means the same
+    wherever the study runs); names come from the registry, plugins' included."""
     if raw == "all":
-        return Grid(POOLINGS)
+        return Grid(tuple(BUILTIN_POOLINGS))
     names = raw if isinstance(raw, list) else [raw]
     bad = [p for p in names if p not in POOLINGS]
     if bad:
-        raise UserInputError("ablate.pooling", bad[0], "use all or names from: " + ", ".join(POOLINGS))
+        raise UserInputError("ablate.pooling", bad[0], "use all or names from: " + POOLINGS.listing(sort=False))
     return Grid(tuple(names)) if isinstance(raw, list) else Fixed(raw)
 
 

@@ -9,7 +9,7 @@ from scipy.stats import spearmanr
 from trainables.contract import collect
 from trainables.errors import TrainingDivergedError, UserInputError
 from trainables.kinds import get_kind
-from trainables.objectives.pairs import CosineMSELoss
+from trainables.objectives.sts import CosineMSELoss
 
 finetune = get_kind("finetune")
 

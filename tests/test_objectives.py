@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from trainables.errors import UserInputError
-from trainables.objectives.pairs import LOSSES, build_loss
+from trainables.objectives import OBJECTIVES, build_loss
 
 
 def _vectors():
@@ -66,7 +66,7 @@ def test_classification_objectives_train_their_own_parameters():
 
 
 def test_loss_must_suit_the_task_and_exist():
-    assert set(LOSSES) == {"cosine_mse", "cosent", "angle", "softmax", "cosine_bce", "cosine_bce_affine"}
+    assert set(OBJECTIVES) == {"cosine_mse", "cosent", "angle", "softmax", "cosine_bce", "cosine_bce_affine"}
     with pytest.raises(UserInputError, match="train.loss: 'cosine_mse' is not valid; it trains sts tasks; "
                                              "for a classification task use one of: softmax, cosine_bce, "
                                              "cosine_bce_affine"):

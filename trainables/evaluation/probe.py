@@ -14,19 +14,18 @@ import torch
 from torch import nn
 
 from trainables.data.tasks import load_task
-from trainables.errors import UserInputError, one_of
+from trainables.errors import UserInputError
 from trainables.evaluation.evaluators import Embedder, make_evaluator
 from trainables.evaluation.sts_suite import load_suite, score_suite, suite_sentences
 from trainables.models.batching import TokenCache
 from trainables.models.encoder import (
-    POOLINGS,
     encoder_depth,
     load_encoder,
     load_tokenizer,
-    pool,
     truncate_encoder,
     truncated_parameter_count,
 )
+from trainables.poolings import POOLINGS, build_pooling
 from trainables.training.runtime import resolve_device, resolve_precision
 
 if TYPE_CHECKING:  # the config is the probe kind's declaration
@@ -39,11 +38,12 @@ class AllLayers(nn.Module):
     def __init__(self, encoder: nn.Module, layers: Sequence[int], pooling: str):
         super().__init__()
         self.encoder, self.layers, self.pooling = encoder, list(layers), pooling
+        self.pool_layer = build_pooling(pooling, encoder.config.hidden_size)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         states = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
                               output_hidden_states=True).hidden_states
-        return torch.stack([pool(states[k], attention_mask, self.pooling) for k in self.layers], dim=1)
+        return torch.stack([self.pool_layer(states[k], attention_mask) for k in self.layers], dim=1)
 
 
 def resolve_layers(layers: Sequence[int] | None, depth: int) -> list[int]:
@@ -61,8 +61,7 @@ class LayerTable:
     `embedder(j)` is an Embed function for the j-th chosen layer."""
 
     def __init__(self, cfg: ProbeConfig, sentences: Sequence[str]):
-        if cfg.pooling not in POOLINGS:
-            raise one_of("pooling", cfg.pooling, POOLINGS)
+        POOLINGS.entry(cfg.pooling, "pooling")
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         device = resolve_device(cfg.device)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -22,6 +22,7 @@ from trainables.errors import UserInputError, one_of
 from trainables.learners.base import Learner
 from trainables.models.files import model_depth
 from trainables.names import DROPOUT_MASKS, EVAL_PRECISIONS, PRECISIONS, primary_metric
+from trainables.registry import Registry
 from trainables.stages.fields import stage_params, uses_stage
 
 if TYPE_CHECKING:  # the base class imports almost nothing: reading the registry loads no torch
@@ -75,7 +76,8 @@ class TrainableKind(ABC):
     exports_models: ClassVar[bool] = False  # its learner has a sentence encoder that `save:` can keep
     round_name: ClassVar[str] = "epoch"  # what one report covers: an epoch, a cycle, an evaluation round
     round_table: ClassVar[bool] = False  # the last report also carries every round's dev as <round><n>_*
-    names: ClassVar[dict[str, tuple[str, ...]]] = {}  # config fields whose values come from a closed registry
+    # config fields whose values come from a registry (poolings: `trainables.poolings.POOLINGS`) or a closed set
+    names: ClassVar[dict[str, Collection[str]]] = {}
     # a tiny config of this kind, seconds to run: the contract tests run it for every registered kind (a
     # kind without one fails CI); they fill in `model`, `data_dir`, `cache_dir`, `seed` and the device
     example: ClassVar[dict[str, Any] | None] = None
@@ -141,7 +143,9 @@ class TrainableKind(ABC):
         losses, modes, ...); kinds add checks that need more than one field."""
         common = {"precision": PRECISIONS, "eval_precision": EVAL_PRECISIONS, "dropout_masks": DROPOUT_MASKS}
         for field, valid in {**{k: v for k, v in common.items() if hasattr(cfg, k)}, **self.names}.items():
-            if getattr(cfg, field) not in valid:
+            if isinstance(valid, Registry):  # an open registry: its message names each plugin's package
+                valid.entry(getattr(cfg, field), key_of(field))
+            elif getattr(cfg, field) not in valid:
                 raise one_of(key_of(field), getattr(cfg, field), valid)
 
     def pilot(self, cfg) -> PilotSpec | None:

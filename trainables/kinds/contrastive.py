@@ -15,7 +15,8 @@ from trainables.contract import TrainingConfig
 from trainables.errors import UserInputError, one_of
 from trainables.kinds.base import PILOT_STEPS, PilotSpec, TrainingKind
 from trainables.models.files import model_depth
-from trainables.names import ATTENTION_LOSSES, METHODS, POOLINGS
+from trainables.names import ATTENTION_LOSSES, METHODS
+from trainables.poolings import POOLINGS
 
 MODEL_MAX_LENGTH = 512
 

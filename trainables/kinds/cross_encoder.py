@@ -7,7 +7,8 @@ from pydantic import Field
 
 from trainables.contract import TrainingConfig
 from trainables.kinds.base import TrainingKind
-from trainables.names import CROSS_LOSSES, POOLINGS
+from trainables.names import CROSS_LOSSES
+from trainables.poolings import POOLINGS
 from trainables.stages.fields import PretrainFields
 
 

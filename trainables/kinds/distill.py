@@ -19,7 +19,8 @@ from pydantic import Field
 
 from trainables.contract import TrainingConfig
 from trainables.kinds.base import PilotSpec, TrainingKind
-from trainables.names import CROSS_LOSSES, POOLINGS
+from trainables.names import CROSS_LOSSES
+from trainables.poolings import POOLINGS
 from trainables.stages.fields import PretrainFields, stage_seed_of
 
 MODES = ("self", "mutual", "teacher")

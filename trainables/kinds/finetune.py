@@ -13,7 +13,9 @@ from pydantic import Field
 from trainables.contract import TrainingConfig
 from trainables.errors import UserInputError, one_of
 from trainables.kinds.base import TrainingKind
-from trainables.names import LOSS_TASKS, POOLINGS, SELECTS
+from trainables.names import SELECTS
+from trainables.objectives import check_loss
+from trainables.poolings import POOLINGS
 from trainables.stages.fields import OBJECTIVES, PretrainFields, stage_seed_of
 
 
@@ -55,12 +57,7 @@ class FinetuneKind(TrainingKind):
 
         super().check_names(cfg, key_of)
         kind = task_spec(cfg.task).kind
-        if cfg.loss not in LOSS_TASKS:
-            raise one_of(key_of("loss"), cfg.loss, LOSS_TASKS)
-        if LOSS_TASKS[cfg.loss] != kind:
-            fitting = ", ".join(n for n, k in LOSS_TASKS.items() if k == kind)
-            raise UserInputError(key_of("loss"), cfg.loss,
-                                 f"it trains {LOSS_TASKS[cfg.loss]} tasks; task {cfg.task} needs one of: {fitting}")
+        check_loss(cfg.loss, kind, cfg.task, key_of("loss"))
         if cfg.select is not None and (kind != "classification" or cfg.select not in SELECTS):
             raise UserInputError(key_of("select"), cfg.select, f"pair classification selects on one of: "
                                                                f"{', '.join(SELECTS)}; STS tasks select on Spearman")

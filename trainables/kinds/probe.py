@@ -7,7 +7,7 @@ from pydantic import Field
 
 from trainables.contract import Report, TrialConfig
 from trainables.kinds.base import TrainableKind
-from trainables.names import POOLINGS
+from trainables.poolings import POOLINGS
 
 
 class ProbeConfig(TrialConfig):

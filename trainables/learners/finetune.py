@@ -14,7 +14,7 @@ from trainables.kinds.finetune import FinetuneConfig
 from trainables.learners.base import Learner
 from trainables.models.batching import TokenCache
 from trainables.models.encoder import build_sentence_encoder, count_parameters, load_tokenizer
-from trainables.objectives.pairs import build_loss
+from trainables.objectives import build_loss
 from trainables.stages.pretrain import pretrained_start
 from trainables.training.bi_encoder import build_optimizer, check_finite, epoch_batches, pair_lengths, train_step
 from trainables.training.runtime import linear_schedule, scoring_dtype

@@ -20,7 +20,8 @@ from trainables.models.files import (  # noqa: F401 (re-exported)
     resolve_model_path,
 )
 from trainables.models.packaged import install_hint
-from trainables.names import DROPOUT_MASKS, POOLINGS  # noqa: E402,F401 (closed names live apart from torch)
+from trainables.names import DROPOUT_MASKS
+from trainables.poolings import build_pooling, pooling
 
 
 def load_config(name: str) -> PretrainedConfig:
@@ -124,19 +125,9 @@ def truncated_parameter_count(model: PreTrainedModel, num_layers: int) -> int:
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, method: str) -> torch.Tensor:
-    """Sentence vectors from token states (batch, seq, dim) and the attention mask (batch, seq)."""
-    if method == "cls":
-        return hidden[:, 0]
-    weights = mask.unsqueeze(-1).to(hidden.dtype)
-    if method == "max":
-        return hidden.masked_fill(weights == 0, torch.finfo(hidden.dtype).min).amax(dim=1)
-    summed = (hidden * weights).sum(dim=1)
-    lengths = weights.sum(dim=1).clamp(min=1.0)
-    if method == "mean":
-        return summed / lengths
-    if method == "mean_sqrt_len":
-        return summed / lengths.sqrt()
-    raise one_of("pooling", method, POOLINGS)
+    """Sentence vectors from token states (batch, seq, dim) and the attention mask (batch, seq), by a
+    registered pooling without parameters (a module that has some lives in its SentenceEncoder)."""
+    return build_pooling(method, hidden.shape[-1])(hidden, mask)
 
 
 class SentenceEncoder(nn.Module):
@@ -145,16 +136,15 @@ class SentenceEncoder(nn.Module):
 
     def __init__(self, encoder: PreTrainedModel, pooling: str = "mean", projection_dim: int | None = None):
         super().__init__()
-        if pooling not in POOLINGS:
-            raise one_of("pooling", pooling, POOLINGS)
-        self.encoder, self.pooling = encoder, pooling
         hidden = encoder.config.hidden_size
+        self.encoder, self.pooling = encoder, pooling
+        self.pool_layer = build_pooling(pooling, hidden)  # no parameters in the built-ins: the weights stay the same
         self.projection = (nn.Sequential(nn.Linear(hidden, projection_dim), nn.Tanh())
                            if projection_dim else None)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = last_hidden_state(self.encoder, input_ids, attention_mask)
-        vectors = pool(hidden, attention_mask, self.pooling)
+        vectors = self.pool_layer(hidden, attention_mask)
         return self.projection(vectors) if self.projection is not None else vectors
 
 
@@ -168,9 +158,6 @@ def build_sentence_encoder(name: str, layer: int | None = None, pooling: str = "
     return SentenceEncoder(encoder, pooling, projection_dim)
 
 
-ST_POOLING = {"mean": "mean", "cls": "cls", "max": "max", "mean_sqrt_len": "mean_sqrt_len_tokens"}
-
-
 def save_sentence_transformer(encoder: SentenceEncoder, tokenizer, folder: str | Path, max_seq_length: int) -> Path:
     """`encoder` (truncated, pooled, projected) as a sentence-transformers model folder: a user
     loads it with `SentenceTransformer(folder)` and gets the same vectors the trial scored."""
@@ -180,11 +167,15 @@ def save_sentence_transformer(encoder: SentenceEncoder, tokenizer, folder: str |
     from sentence_transformers.sentence_transformer.modules import Dense, Pooling, Transformer
 
     folder = Path(folder)
+    mode = pooling(encoder.pooling).sentence_transformers
+    if mode is None:
+        raise UserInputError("pooling", encoder.pooling, "it has no sentence-transformers equivalent, so the model "
+                                                         "cannot be saved in that format: use save: none")
     with tempfile.TemporaryDirectory(prefix="encoder-") as raw:
         encoder.encoder.save_pretrained(raw, safe_serialization=True)
         tokenizer.save_pretrained(raw)
         modules = [Transformer(raw, max_seq_length=max_seq_length),
-                   Pooling(encoder.encoder.config.hidden_size, pooling_mode=ST_POOLING[encoder.pooling])]
+                   Pooling(encoder.encoder.config.hidden_size, pooling_mode=mode)]
         if encoder.projection is not None:
             linear = encoder.projection[0]
             modules.append(Dense(linear.in_features, linear.out_features, activation_function=nn.Tanh(),

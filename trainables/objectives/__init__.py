@@ -1,2 +1,73 @@
-"""Training objectives: losses on pairs of sentence vectors (`pairs`) and the unsupervised
-contrastive objectives SimCSE and miCSE (`contrastive`)."""
+"""The registry of training objectives (`train.loss` of `finetune`): names -> `Objective`
+declarations (`base.py`), the built-in ones in `builtin.py` with their modules in `sts.py` and
+`classification.py`; an installed package adds objectives under the entry-point group
+`ablation_orchestrator.objectives`. The unsupervised contrastive objectives (SimCSE, miCSE) are the
+`contrastive` kind's own building blocks (`contrastive.py`), not entries of this registry."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from trainables.errors import UserInputError
+from trainables.objectives.base import Objective
+from trainables.registry import Registry
+
+if TYPE_CHECKING:
+    from torch import nn
+
+BUILTIN = {
+    "cosine_mse": "trainables.objectives.builtin:COSINE_MSE",
+    "cosent": "trainables.objectives.builtin:COSENT",
+    "angle": "trainables.objectives.builtin:ANGLE",
+    "softmax": "trainables.objectives.builtin:SOFTMAX",
+    "cosine_bce": "trainables.objectives.builtin:COSINE_BCE",
+    "cosine_bce_affine": "trainables.objectives.builtin:COSINE_BCE_AFFINE",
+}
+OBJECTIVES = Registry("objectives", "objective", BUILTIN)
+
+
+def objective(name: str, key: str = "train.loss") -> Objective:
+    """The declaration registered as `name` (a plugin's: its declaration module is imported, nothing more)."""
+    entry = OBJECTIVES.entry(name, key)
+    try:
+        declared = OBJECTIVES.load(name, key)
+    except Exception as exc:  # a plugin that cannot be imported: one line naming it and why
+        raise UserInputError(key, name, f"{entry.target} ({entry.package}) cannot be imported: "
+                                        f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(declared, Objective):
+        raise UserInputError(key, name, f"{entry.target} ({entry.package}) is not an Objective "
+                                        "(trainables.objectives.base): fix or uninstall the plugin")
+    return declared
+
+
+def loss_tasks() -> dict[str, str]:
+    """Every objective that can be imported -> the task kind it trains (sts or classification)."""
+    out = {}
+    for name in OBJECTIVES:
+        try:
+            out[name] = objective(name).task_kind
+        except UserInputError:
+            continue  # a broken plugin is named where it is used, not in every listing
+    return out
+
+
+def check_loss(name: str, task_kind: str, task: str, key: str = "train.loss") -> Objective:
+    """The objective `name`, which must train tasks of `task_kind` (`task` names the study's task)."""
+    declared = objective(name, key)
+    if declared.task_kind != task_kind:
+        fitting = OBJECTIVES.listing([n for n, k in loss_tasks().items() if k == task_kind], sort=False)
+        raise UserInputError(key, name, f"it trains {declared.task_kind} tasks; task {task} needs one of: {fitting}")
+    return declared
+
+
+def build_loss(name: str, task_kind: str, dim: int, key: str = "train.loss") -> nn.Module:
+    """The objective `name` for vectors of size `dim`; it must suit the task's kind."""
+    declared = objective(name, key)
+    if declared.task_kind != task_kind:
+        fitting = ", ".join(n for n, k in loss_tasks().items() if k == task_kind)
+        raise UserInputError(key, name, f"it trains {declared.task_kind} tasks; for a {task_kind} task use one of: "
+                                        f"{fitting}")
+    return declared.build(dim)
+
+
+__all__ = ["BUILTIN", "OBJECTIVES", "Objective", "build_loss", "check_loss", "loss_tasks", "objective"]

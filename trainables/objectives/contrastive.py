@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from trainables.models.batching import pad
-from trainables.models.encoder import SentenceEncoder, pool
+from trainables.models.encoder import SentenceEncoder
 from trainables.names import ATTENTION_LOSSES, METHODS  # noqa: F401 (re-exported)
 from trainables.training.runtime import autocast
 
@@ -100,7 +100,7 @@ class ContrastiveModel(nn.Module):
         if not attention_layers:
             return self.head(self.sentence_encoder(input_ids, mask)), []
         output = self.sentence_encoder.encoder(input_ids=input_ids, attention_mask=mask, output_attentions=True)
-        vectors = self.head(pool(output.last_hidden_state, mask, self.sentence_encoder.pooling))
+        vectors = self.head(self.sentence_encoder.pool_layer(output.last_hidden_state, mask))
         return vectors, [output.attentions[k] for k in attention_layers]
 
 

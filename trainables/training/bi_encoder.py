@@ -11,7 +11,7 @@ import torch
 
 from trainables.errors import TrainingDivergedError
 from trainables.models.batching import TokenCache, encode_tokens
-from trainables.objectives.pairs import CosineMSELoss
+from trainables.objectives.sts import CosineMSELoss
 from trainables.training.runtime import autocast, linear_schedule
 
 

@@ -14,19 +14,17 @@ import pandas as pd
 import torch
 from torch import nn
 
-from trainables.errors import one_of
 from trainables.models.batching import EVAL_TOKENS_PER_CHUNK, length_chunks, pad
 from trainables.models.encoder import (
-    POOLINGS,
     last_hidden_state,
     load_encoder,
     load_tokenizer,
     pair_separator,
-    pool,
     segment_ids,
     truncate_encoder,
 )
 from trainables.names import CROSS_LOSSES  # noqa: F401 (re-exported)
+from trainables.poolings import POOLINGS, build_pooling
 from trainables.training.bi_encoder import build_optimizer, check_finite, epoch_batches
 from trainables.training.runtime import autocast, linear_schedule
 
@@ -36,12 +34,12 @@ class CrossEncoder(nn.Module):
 
     def __init__(self, name: str, layer: int | None = None, pooling: str = "cls", dropout_masks: str = "torch"):
         super().__init__()
-        if pooling not in POOLINGS:
-            raise one_of("pooling", pooling, POOLINGS)
+        POOLINGS.entry(pooling, "pooling")  # an unknown name is one line before the encoder loads
         self.encoder = load_encoder(name, dropout_masks=dropout_masks)
         if layer is not None:
             truncate_encoder(self.encoder, layer)
         self.pooling = pooling
+        self.pool_layer = build_pooling(pooling, self.encoder.config.hidden_size)
         self.head = nn.Linear(self.encoder.config.hidden_size, 1)
         # the second sentence is segment B, as in pretraining (BERT's next-sentence pairs)
         self.separator = pair_separator(load_tokenizer(name), self.encoder.config)
@@ -49,7 +47,7 @@ class CrossEncoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         segments = None if self.separator is None else segment_ids(input_ids, attention_mask, self.separator)
         hidden = last_hidden_state(self.encoder, input_ids, attention_mask, segments)
-        return self.head(pool(hidden, attention_mask, self.pooling)).squeeze(-1)
+        return self.head(self.pool_layer(hidden, attention_mask)).squeeze(-1)
 
 
 class PairTokens:

@@ -1,0 +1,17 @@
+"""The built-in objectives' declarations (their modules: `sts.py`, `classification.py`)."""
+
+from __future__ import annotations
+
+from trainables.objectives.base import Objective
+
+COSINE_MSE = Objective("sts", "trainables.objectives.sts:CosineMSELoss",
+                       "MSE between cos(u, v) and the gold score (the reference paper's objective)")
+COSENT = Objective("sts", "trainables.objectives.sts:CoSENTLoss", "CoSENT's ranking loss on cosines, scale 20")
+ANGLE = Objective("sts", "trainables.objectives.sts:AnglELoss",
+                  "AnglE: the CoSENT ranking on angle differences in complex space, scale 20")
+SOFTMAX = Objective("pair_classification", "trainables.objectives.classification:SoftmaxClassifierLoss",
+                    "SBERT's classifier on (u, v, |u - v|), cross-entropy")
+COSINE_BCE = Objective("pair_classification", "trainables.objectives.classification:CosineBCELoss",
+                       "BCE with the raw cosine as the logit (the reference paper's MRPC objective)")
+COSINE_BCE_AFFINE = Objective("pair_classification", "trainables.objectives.classification:AffineCosineBCELoss",
+                              "BCE on a learned affine logit of the cosine, w * cos + b")

@@ -1,0 +1,44 @@
+"""The registry of poolings (`pooling:` of every kind with a sentence encoder): names -> `Pooling`
+declarations (`base.py`), the built-in ones in `builtin.py` with their modules in `modules.py`; an
+installed package adds poolings under the entry-point group `ablation_orchestrator.poolings`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from trainables.errors import UserInputError
+from trainables.poolings.base import Pooling
+from trainables.registry import Registry
+
+if TYPE_CHECKING:
+    from torch import nn
+
+BUILTIN = {
+    "mean": "trainables.poolings.builtin:MEAN",
+    "cls": "trainables.poolings.builtin:CLS",
+    "max": "trainables.poolings.builtin:MAX",
+    "mean_sqrt_len": "trainables.poolings.builtin:MEAN_SQRT_LEN",
+}
+POOLINGS = Registry("poolings", "pooling", BUILTIN)
+
+
+def pooling(name: str, key: str = "pooling") -> Pooling:
+    """The declaration registered as `name` (a plugin's: its declaration module is imported, nothing more)."""
+    entry = POOLINGS.entry(name, key)
+    try:
+        declared = POOLINGS.load(name, key)
+    except Exception as exc:  # a plugin that cannot be imported: one line naming it and why
+        raise UserInputError(key, name, f"{entry.target} ({entry.package}) cannot be imported: "
+                                        f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(declared, Pooling):
+        raise UserInputError(key, name, f"{entry.target} ({entry.package}) is not a Pooling "
+                                        "(trainables.poolings.base): fix or uninstall the plugin")
+    return declared
+
+
+def build_pooling(name: str, dim: int, key: str = "pooling") -> nn.Module:
+    """The pooling module `name` for token states of size `dim`."""
+    return pooling(name, key).build(dim)
+
+
+__all__ = ["BUILTIN", "POOLINGS", "Pooling", "build_pooling", "pooling"]

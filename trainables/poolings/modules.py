@@ -1,0 +1,45 @@
+"""The built-in pooling modules: sentence vectors from token states (batch, tokens, dim) and the
+attention mask (batch, tokens). None has parameters."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _weights(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return mask.unsqueeze(-1).to(hidden.dtype)
+
+
+class MeanPooling(nn.Module):
+    def __init__(self, dim: int | None = None):
+        super().__init__()
+
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        weights = _weights(hidden, mask)
+        return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+
+
+class MeanSqrtLenPooling(nn.Module):
+    def __init__(self, dim: int | None = None):
+        super().__init__()
+
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        weights = _weights(hidden, mask)
+        return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0).sqrt()
+
+
+class CLSPooling(nn.Module):
+    def __init__(self, dim: int | None = None):
+        super().__init__()
+
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return hidden[:, 0]
+
+
+class MaxPooling(nn.Module):
+    def __init__(self, dim: int | None = None):
+        super().__init__()
+
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return hidden.masked_fill(_weights(hidden, mask) == 0, torch.finfo(hidden.dtype).min).amax(dim=1)

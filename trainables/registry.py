@@ -1,0 +1,148 @@
+"""The registries a study file names things from — kinds, objectives, poolings — and how installed
+packages add to them.
+
+Every entry is a name and a `module:attribute` reference, imported on first use. The built-in entries
+are this package's table; a plugin declares its entries under an entry-point group
+(`ablation_orchestrator.kinds`, `.objectives`, `.poolings`) in its own `pyproject.toml`, and its names
+become valid in the study file exactly like the built-in ones: the same lookup, the same checks, the
+same contract tests. The study file holds names only, never a dotted path: what is not registered by
+an installed distribution cannot be named. A name that two distributions register is refused where it
+is used, naming both, rather than one of them winning silently.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import metadata
+from typing import Any
+
+from trainables.errors import UserInputError
+
+GROUP_PREFIX = "ablation_orchestrator"
+GROUPS = ("kinds", "objectives", "poolings")
+SELF = "ablation-orchestrator"  # this distribution: its entries are the built-in tables, not entry points
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered name: what it refers to and the distribution that provides it."""
+
+    name: str
+    target: str  # module:attribute
+    distribution: str = SELF
+    version: str = ""
+
+    @property
+    def builtin(self) -> bool:
+        return self.distribution == SELF
+
+    @property
+    def package(self) -> str:
+        """`name version` of the distribution, as an error message or a study record names it."""
+        return f"{self.distribution} {self.version}".strip()
+
+
+@cache
+def _installed_entries() -> dict[str, tuple[Entry, ...]]:
+    """Every installed distribution's entries under this project's groups, read once per process."""
+    found: dict[str, list[Entry]] = {}
+    for point in (p for group in GROUPS for p in metadata.entry_points(group=f"{GROUP_PREFIX}.{group}")):
+        dist = getattr(point, "dist", None)
+        name = dist.metadata["Name"] if dist is not None else "unknown"
+        if _normalized(name) == _normalized(SELF):
+            continue
+        found.setdefault(point.group, []).append(Entry(point.name, point.value, name, dist.version if dist else ""))
+    return {group: tuple(entries) for group, entries in found.items()}
+
+
+def _normalized(distribution: str) -> str:
+    return distribution.lower().replace("_", "-").replace(".", "-")
+
+
+def refresh() -> None:
+    """Forget what was read from the installed distributions (after a plugin is installed in-process)."""
+    _installed_entries.cache_clear()
+    _loaded.clear()
+
+
+_loaded: dict[str, Any] = {}
+
+
+def load_target(target: str) -> Any:
+    """The object a `module:attribute` reference names, imported once per process."""
+    if target not in _loaded:
+        module, _, attribute = target.partition(":")
+        value: Any = importlib.import_module(module)
+        for part in attribute.split(".") if attribute else ():
+            value = getattr(value, part)
+        _loaded[target] = value
+    return _loaded[target]
+
+
+class Registry(MutableMapping[str, str]):
+    """Names -> `module:attribute` references: the built-in table, then what installed plugins
+    declare under `ablation_orchestrator.<group>`. As a mapping it reads like the closed dicts it
+    replaces (`name in KINDS`, `KINDS[name]`, `list(KINDS)`); setting a name registers it in this
+    process only, as a built-in (what tests do with a toy kind)."""
+
+    def __init__(self, group: str, what: str, builtins: dict[str, str]):
+        self.group, self.what, self.builtins = f"{GROUP_PREFIX}.{group}", what, dict(builtins)
+
+    def entries(self) -> dict[str, list[Entry]]:
+        """Every name with the entries that register it (more than one: a clash)."""
+        out: dict[str, list[Entry]] = {name: [Entry(name, target)] for name, target in self.builtins.items()}
+        for entry in _installed_entries().get(self.group, ()):
+            out.setdefault(entry.name, []).append(entry)
+        return out
+
+    def entry(self, name: str, key: str) -> Entry:
+        """The one entry of `name`; an unknown name lists the valid ones (plugins with their
+        package), a name two distributions register names both."""
+        found = self.entries().get(name) if isinstance(name, str) else None
+        if not found:
+            raise self.unknown(key, name)
+        if len(found) > 1:
+            raise UserInputError(key, name, f"{self.what} {name} is registered by " + " and by ".join(
+                e.package for e in found) + f" ({self.group}): uninstall one of them")
+        return found[0]
+
+    def load(self, name: str, key: str) -> Any:
+        return load_target(self.entry(name, key).target)
+
+    def unknown(self, key: str, value: object) -> UserInputError:
+        return UserInputError(key, value, "use one of: " + self.listing())
+
+    def listing(self, names: list[str] | None = None, sort: bool = True) -> str:
+        """The valid names (sorted, or in registry order); a plugin's with the distribution it comes from."""
+        entries = self.entries()
+        shown = []
+        chosen = list(names if names is not None else entries)
+        for name in sorted(chosen) if sort else chosen:
+            plugins = [e.package for e in entries[name] if not e.builtin]
+            shown.append(f"{name} ({', '.join(plugins)})" if plugins else name)
+        return ", ".join(shown)
+
+    def plugins(self) -> list[Entry]:
+        return [e for entries in self.entries().values() for e in entries if not e.builtin]
+
+    def __getitem__(self, name: str) -> str:
+        found = self.entries()[name]
+        return found[0].target
+
+    def __setitem__(self, name: str, target: str) -> None:
+        self.builtins[name] = target
+
+    def __delitem__(self, name: str) -> None:
+        del self.builtins[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.entries())
+
+    def __len__(self) -> int:
+        return len(self.entries())
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self.entries()
