@@ -77,8 +77,9 @@ class BudgetSection(Section):
 
 class LatexSection(Section):
     width: Literal["auto", "column", "page"] = Field(
-        "auto", description="column: a table shrunk to one column of a two-column paper when wider; page: a "
-                            "table* across the page; auto: page for tables of more than 6 data columns")
+        "auto", description="never scaled down: column keeps a table in one column of a two-column paper (at "
+                            "\\small, turned round, or at \\footnotesize), page makes it a table* across the page; "
+                            "auto: the first of those that fits, column first")
 
 
 class ReportSection(Section):
