@@ -415,18 +415,21 @@ def ui(name: str = NAME, storage: str | None = STORAGE, port: int = typer.Option
         return
 
     uri = stored_tracking_uri(name, storage)
-    experiment = runs_path(uri, name)
     if not uri.startswith("sqlite"):
-        typer.echo(f"the study is tracked on {uri}: open {uri.rstrip('/')}/{experiment}")
+        typer.echo(f"the study is tracked on {uri}: open {uri.rstrip('/')}/{runs_path(uri, name)}")
         return
-    from orchestrator.ui_proxy import start_proxy
+    from orchestrator.ui_proxy import sqlite_runs_path, start_proxy
 
     chosen = free_port(port)
     upstream = system_port()  # MLflow itself, behind the proxy that opens runs in the model-training view
     proxy = start_proxy(chosen, upstream)
+    # MLflow's job runner and its huey consumers run GenAI jobs (scorers, prompt optimisation): seven
+    # processes and most of the UI's memory that a runs table does not use
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     try:
         serve([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port",
-               str(upstream), "--workers", "1"], chosen, experiment, f"MLflow UI for {name}")
+               str(upstream), "--workers", "1"], chosen, lambda: sqlite_runs_path(uri, name), f"MLflow UI for {name}",
+              ready=f"http://127.0.0.1:{upstream}/health", env=env)
     finally:
         proxy.shutdown()
 
@@ -443,6 +446,8 @@ def free_port(asked: int) -> int:
     import socket
 
     with socket.socket() as probe:
+        # as the servers bind: a port whose last connections wait out TIME_WAIT (the UI just stopped) is free
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", asked))
             return asked
@@ -462,9 +467,11 @@ def system_port() -> int:
         return probe.getsockname()[1]
 
 
-def serve(command: list[str], port: int, path: str, what: str, start_timeout_s: float = 120.0) -> None:
-    """Run a web server until Ctrl-C or SIGTERM; its URL is printed once it answers, and exit 1 (with its
-    last words) if it ends before that."""
+def serve(command: list[str], port: int, path: str | Callable[[], str], what: str, start_timeout_s: float = 120.0,
+          ready: str | None = None, env: dict | None = None) -> None:
+    """Run a web server until Ctrl-C or SIGTERM; its URL is printed once it (`ready`, when given: a URL
+    that answers once it does) answers, and exit 1 (with its last words) if it ends before that.
+    `path`: the URL's path, or what computes it while the server starts."""
     import signal
     import subprocess
     import tempfile
@@ -479,8 +486,9 @@ def serve(command: list[str], port: int, path: str, what: str, start_timeout_s: 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     with tempfile.TemporaryFile(mode="w+") as errors:
-        server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
+        server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors, env=env)
         try:
+            path = path() if callable(path) else path
             deadline = time.monotonic() + start_timeout_s
             while True:
                 if server.poll() is not None:
@@ -489,7 +497,7 @@ def serve(command: list[str], port: int, path: str, what: str, start_timeout_s: 
                     typer.echo(f"error: {what} could not start (exit {server.returncode}): {last[0][:300]}", err=True)
                     raise typer.Exit(1)
                 try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2):
+                    with urllib.request.urlopen(ready or f"http://127.0.0.1:{port}/", timeout=2):
                         break
                 except OSError:
                     if time.monotonic() > deadline:
@@ -517,13 +525,12 @@ def runs_path(uri: str, name: str) -> str:
     browser (GenAI by default); `workflowType` in the URL opens the model-training runs table."""
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.tracking import SHARED_VIEW, SHARED_VIEW_TAG
+    from orchestrator.ui_proxy import SHARED_VIEW_TAG, experiment_path
 
     experiment = MlflowClient(tracking_uri=uri).get_experiment_by_name(name)
     if experiment is None:
         return ""
-    view = f"&viewStateShareKey={SHARED_VIEW}" if SHARED_VIEW_TAG in experiment.tags else ""
-    return f"#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning{view}"
+    return experiment_path(experiment.experiment_id, SHARED_VIEW_TAG in experiment.tags)
 
 
 @app.command()

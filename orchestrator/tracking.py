@@ -19,6 +19,7 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 
 from orchestrator.config import flatten
 from orchestrator.journal import Outcome, TrialRecord, remove_checkpoint
+from orchestrator.ui_proxy import SHARED_VIEW, SHARED_VIEW_TAG  # noqa: F401 (SHARED_VIEW: the UI's link to the view)
 from reports.record import RECORD_FILE, StudyRecord
 from reports.store import BOOKKEEPING_TAGS, CONSTANT_PARAMS, open_store, search_all
 from trainables.training.checkpoints import ARTIFACTS
@@ -53,10 +54,6 @@ def git_commit(folder: Path) -> str:
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-
-
-SHARED_VIEW = "ablation"  # the runs page at ?viewStateShareKey=ablation opens the view below
-SHARED_VIEW_TAG = f"mlflow.sharedViewState.{SHARED_VIEW}"
 
 
 def shared_view(summary: dict) -> dict:

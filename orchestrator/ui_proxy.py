@@ -1,27 +1,46 @@
-"""MLflow's UI behind a same-origin proxy that opens runs in the model-training view.
+"""MLflow's UI behind a same-origin proxy that opens runs in the model-training view, and lets in
+only the browser tab it serves.
 
 MLflow 3.17 keeps a GenAI / model-training mode per browser in localStorage
 (`mlflow.workflowType_v1`, default `genai`); the runs table's links carry no mode, so in a browser
 that never chose one a clicked run opens in the GenAI view (mlflow/mlflow#24498), whatever the
 experiment's tag or the URL the user started from. `orchestrator ui` serves MLflow through this
 proxy, which adds one line of script to the page's head: the mode is set to model training unless
-the browser already holds a choice. Everything else is passed through unchanged.
+the browser already holds a choice.
+
+The proxy serves MLflow's REST API, which can delete runs, so it keeps the checks MLflow's own server
+would make on its port: a request whose `Host` is not the loopback name the proxy listens on is
+refused (DNS rebinding: a foreign site whose name resolves to 127.0.0.1), and so is a state-changing
+request (POST, PUT, PATCH, DELETE) whose `Origin` (or, without one, `Referer`) is not the proxy's own
+origin (a foreign page's form or fetch). Each refusal is a 403 and one log line. It listens on
+127.0.0.1 only. A client that hangs up before its answer is written (a browser tab closed, a poll
+that timed out) ends that request quietly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import http.server
 import re
+import sys
 import threading
+from collections.abc import Callable
+from urllib.parse import urlsplit
 
 MODE_KEY = "mlflow.workflowType_v1"
 SCRIPT = (f'<script>try{{if(!localStorage.getItem("{MODE_KEY}"))'
           f'localStorage.setItem("{MODE_KEY}",JSON.stringify("machine_learning"))}}catch(e){{}}</script>').encode()
 # per-connection headers, and what the proxy sets itself (the length of a rewritten page; the
-# browser's origin, which MLflow's own cross-origin checks would compare with its port, not ours)
+# browser's origin, which MLflow's own cross-origin checks would compare with its port, not ours:
+# the proxy makes those checks itself, against its own origin)
 DROPPED = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
            "transfer-encoding", "upgrade", "content-length", "host", "accept-encoding", "origin", "referer"}
+WRITES = {"POST", "PUT", "PATCH", "DELETE"}
+LOOPBACK_NAMES = ("127.0.0.1", "localhost")  # what a browser on this machine sends for the printed URL
+HUNG_UP = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError)
+SHARED_VIEW = "ablation"  # the runs page at ?viewStateShareKey=ablation opens the study's view (tracking.py)
+SHARED_VIEW_TAG = f"mlflow.sharedViewState.{SHARED_VIEW}"
 
 
 def inject(page: bytes) -> bytes:
@@ -29,10 +48,42 @@ def inject(page: bytes) -> bytes:
     return re.sub(rb"(<head[^>]*>)", lambda m: m.group(1) + SCRIPT, page, count=1, flags=re.IGNORECASE)
 
 
+def refusal(method: str, headers, port: int) -> str | None:
+    """Why a request may not pass (one line for the log), or None when it may."""
+    hosts = {f"{name}:{port}" for name in LOOPBACK_NAMES}
+    host = (headers.get("Host") or "").strip().lower()
+    if host not in hosts:
+        return f"Host {host or '(none)'!r} is not {' or '.join(sorted(hosts))} (DNS rebinding?)"
+    if method not in WRITES:
+        return None
+    own = {f"http://{h}" for h in hosts}
+    origin = headers.get("Origin")
+    if origin is not None:
+        return None if origin.strip().lower() in own else f"Origin {origin!r} is not this UI's"
+    referer = headers.get("Referer")
+    if referer is None:
+        return "neither Origin nor Referer says it comes from this UI"
+    parts = urlsplit(referer.strip())
+    if f"{parts.scheme}://{parts.netloc}".lower() in own:
+        return None
+    return f"Referer {referer[:100]!r} is not this UI's"
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: ModeProxy
 
     def _forward(self) -> None:
+        try:
+            why = refusal(self.command, self.headers, self.server.server_address[1])
+            if why:
+                self.server.log(f"ui: refused {self.command} {self.path[:100]}: {why} (403)")
+                self.send_error(403, "Forbidden: not a request of this UI")
+                return
+            self._pass_on()
+        except HUNG_UP:
+            self.close_connection = True  # the client went away: nothing to answer, nothing to report
+
+    def _pass_on(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else None
         headers = {k: v for k, v in self.headers.items() if k.lower() not in DROPPED}
@@ -63,16 +114,54 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 class ModeProxy(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, port: int, upstream_port: int):
+    def __init__(self, port: int, upstream_port: int, log: Callable[[str], None] = to_stderr):
         super().__init__(("127.0.0.1", port), _Handler)
         self.upstream_port = upstream_port
+        self.log = log
+
+    def handle_error(self, request, client_address) -> None:
+        """One line instead of socketserver's traceback; a client that hung up is no error at all."""
+        error = sys.exc_info()[1]
+        if not isinstance(error, HUNG_UP):
+            self.log(f"ui: a request failed: {type(error).__name__}: {str(error)[:200]}")
 
 
-def start_proxy(port: int, upstream_port: int) -> ModeProxy:
-    """Serve 127.0.0.1:`port` from 127.0.0.1:`upstream_port` in a daemon thread."""
-    proxy = ModeProxy(port, upstream_port)
+def start_proxy(port: int, upstream_port: int, log: Callable[[str], None] = to_stderr) -> ModeProxy:
+    """Serve 127.0.0.1:`port` from 127.0.0.1:`upstream_port` in a daemon thread; refusals go to `log`."""
+    proxy = ModeProxy(port, upstream_port, log)
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
     return proxy
+
+
+def sqlite_runs_path(uri: str, name: str) -> str:
+    """`runs_path` of a SQLite store, read with sqlite3 (read only): importing MLflow here would cost the
+    UI's start seconds and this process hundreds of MiB."""
+    import sqlite3
+
+    database = uri.removeprefix("sqlite:///")
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as store:
+            found = store.execute("SELECT experiment_id FROM experiments WHERE name = ? AND lifecycle_stage = "
+                                  "'active'", (name,)).fetchone()
+            if found is None:
+                return ""
+            shared = store.execute("SELECT 1 FROM experiment_tags WHERE experiment_id = ? AND key = ?",
+                                   (found[0], SHARED_VIEW_TAG)).fetchone()
+    except sqlite3.Error:
+        return ""
+    return experiment_path(str(found[0]), shared is not None)
+
+
+def experiment_path(experiment_id: str, shared_view: bool) -> str:
+    """The UI path of an experiment's runs table. MLflow 3 keeps a GenAI / model-training mode per
+    browser (GenAI by default); `workflowType` in the URL opens the model-training runs table, and
+    `viewStateShareKey` the study's own view (grouped by the ablation axes) when it has one."""
+    view = f"&viewStateShareKey={SHARED_VIEW}" if shared_view else ""
+    return f"#/experiments/{experiment_id}/runs?workflowType=machine_learning{view}"
