@@ -33,19 +33,37 @@ SUPERSEDED = "orchestrator.superseded"
 EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 TERMINAL = {RunStatus.to_string(s) for s in (RunStatus.FINISHED, RunStatus.FAILED, RunStatus.KILLED)}
 # a pruned trial was stopped early by its cell's pruner: KILLED, so the runs table does not show it as
-# a finished one (its name says `pruned at epoch k`; the `outcome` tag says pruned)
+# a finished one (its name ends `· pruned`; the `outcome` tag says pruned, the `epoch` tag when)
 STATUS_OF = {Outcome.COMPLETED: "FINISHED", Outcome.PRUNED: "KILLED", Outcome.DIVERGED: "FAILED",
              Outcome.FAILED: "FAILED"}
 
 
 def run_name(record: TrialRecord, cell_key: str) -> str:
-    """What the runs table shows first: `layer=2 · seed 1`, `tune 3 · layer=2`, and after a pruned
-    trial ends, `… · pruned at epoch 2`."""
-    name = (f"{cell_key} · seed {record.seed}" if record.phase == "replicate" else
-            f"tune {record.key.rsplit('-t', 1)[-1]} · {cell_key}")
-    if record.outcome == Outcome.PRUNED:
-        name += f" · pruned at epoch {record.rounds_reached}"
-    return name
+    """What the runs table shows first, short enough for its name column: `L2 · s1` (a replicate),
+    `L2 mean · tune 3`, and after a pruned trial ends `L2 · tune 3 · pruned` (the run's tags say
+    everything else: its axes, seed, outcome and epochs)."""
+    what = f"s{record.seed}" if record.phase == "replicate" else f"tune {record.key.rsplit('-t', 1)[-1]}"
+    name = " · ".join(part for part in (short_cell(cell_key), what) if part)
+    return name + " · pruned" if record.outcome == Outcome.PRUNED else name
+
+
+NAMED_BY_VALUE = ("pooling", "language", "task", "loss", "pretrain", "objective", "mode")
+
+
+def short_cell(cell_key: str) -> str:
+    """A cell in a few characters: `layer=2 pooling=mean` is `L2 mean`, a model its folder's name;
+    other axes keep their name (`lr=3e-05`); the one cell of a study without axes is ``."""
+    parts = []
+    for axis, value in _cell_values(cell_key).items():
+        if axis == "layer":
+            parts.append(f"L{value}")
+        elif axis == "model":
+            parts.append(value.rstrip("/").rsplit("/", 1)[-1])
+        elif axis in NAMED_BY_VALUE:
+            parts.append(value)
+        else:
+            parts.append(f"{axis}={value}")
+    return " ".join(parts)
 
 
 def git_commit(folder: Path) -> str:

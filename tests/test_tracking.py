@@ -21,6 +21,23 @@ def started(tmp_path) -> tuple[str, StudyTracker]:
     return uri, tracker
 
 
+@pytest.mark.parametrize(("key", "phase", "seed", "cell", "outcome", "name"), [
+    ("c1-s1", "replicate", 1, "layer=2", None, "L2 · s1"),
+    ("c1-t1", "tune", 10_000, "layer=2", Outcome.PRUNED, "L2 · tune 1 · pruned"),
+    ("c3-t12", "tune", 10_000, "layer=6 pooling=cls", Outcome.COMPLETED, "L6 cls · tune 12"),
+    ("c0-s4", "replicate", 4, "model=sentence-transformers/all-MiniLM-L6-v2 language=de", None,
+     "all-MiniLM-L6-v2 de · s4"),
+    ("c2-s0", "replicate", 0, "lr=3e-05 layer=12", None, "lr=3e-05 L12 · s0"),
+    ("c0-s2", "replicate", 2, "all", None, "s2"),
+])
+def test_run_names_are_short_enough_for_the_runs_table(key, phase, seed, cell, outcome, name):
+    from orchestrator.tracking import run_name
+
+    record = TrialRecord(key, 0, phase, seed, {}, {})
+    record.outcome = outcome
+    assert run_name(record, cell) == name
+
+
 def test_an_epoch_reported_again_is_logged_once_per_run_and_step(tmp_path):
     uri, tracker = started(tmp_path)
     record = TrialRecord("c0-s0", 0, "replicate", 0, {}, {"layer": 1})
@@ -260,18 +277,18 @@ def test_the_ui_link_opens_the_ablation_grouped_and_a_child_run_in_the_model_tra
                 time.sleep(0.5)
         landing = page(runs_path(uri, "s"))
         assert "viewStateShareKey=ablation" in runs_path(uri, "s")
-        for text in ("Group by: ablate.layer", "Group: 1", "Group: 2", "layer=1 · seed 0", "layer=2 · seed 1",
+        for text in ("Group by: ablate.layer", "Group: 1", "Group: 2", "L1 · s0", "L2 · s1",
                      "best_dev_spearman", "test_spearman"):
             assert text in landing, text
         child = tracker.children["c2-s1"]
         run_page = page(f"#/experiments/{tracker.experiment_id}/runs/{child}?workflowType=machine_learning")
-        assert "layer=2 · seed 1" in run_page and "Evaluation runs" not in run_page
+        assert "L2 · s1" in run_page and "Evaluation runs" not in run_page
         plain = f"#/experiments/{tracker.experiment_id}/runs/{child}"  # what a click in the runs table opens
         assert "Evaluation runs" in page(plain)  # the flip, upstream: the mode lives in the browser's localStorage
         proxy = start_proxy(system_port(), port)  # what `orchestrator ui` serves: the mode set in the page's head
         try:
             through = page(plain, proxy.server_address[1])
-            assert "layer=2 · seed 1" in through and "Evaluation runs" not in through
+            assert "L2 · s1" in through and "Evaluation runs" not in through
         finally:
             proxy.shutdown()
     finally:
