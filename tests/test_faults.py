@@ -186,5 +186,6 @@ def test_make_run_leaves_nothing_untracked_and_setup_quiets_the_editable_notice(
             "reports/quickstart/report.md", "mlflow.db.lock"]
     ignored = subprocess.run(["git", "check-ignore", *made], cwd=root, capture_output=True, text=True).stdout.split()
     assert ignored == made
-    editable = [line for line in (root / "Makefile").read_text().splitlines() if "pip install" in line and " -e " in line]
+    editable = [line for line in (root / "Makefile").read_text().splitlines()
+                if "pip install" in line and " -e " in line]
     assert editable and all(line.strip().startswith("$(QUIET_EDITABLE) ") for line in editable)
