@@ -205,11 +205,13 @@ def plan(study_file: str = STUDY_FILE, overrides: Overrides = None, name: NewNam
 
     from orchestrator.config import load_study, models_of
     from orchestrator.plan import build_plan
+    from trainables.data.tasks import task_name
 
     quiet_libraries()
     study = load_study(study_file, overrides or (), name)
     resolved = build_plan(study, Path(study_file).resolve().parent)
-    table = Table(title=f"{study.name}: {study.trainable} on {study.task} · {', '.join(models_of(study))}")
+    table = Table(title=f"{study.name}: {study.trainable} on {task_name(study.task)} · "
+                        f"{', '.join(models_of(study))}")
     table.add_column("#", justify="right")
     table.add_column("cell")
     table.add_column("tuning trials", justify="right")
@@ -223,7 +225,7 @@ def plan(study_file: str = STUDY_FILE, overrides: Overrides = None, name: NewNam
     console.print(f"seeds: {', '.join(map(str, resolved.seeds))} · metric: {resolved.metric} ({resolved.mode})")
     console.print(f"trials: {resolved.tuning_trials} tuning + {resolved.replicate_trials} replicate = "
                   f"{resolved.tuning_trials + resolved.replicate_trials}; at most {resolved.max_trial_epochs} "
-                  f"trial-{resolved.kind.round_name}s ({resolved.epochs} per trial)")
+                  f"trial-{resolved.round_name}s ({resolved.epochs} per trial)")
     if estimate:
         from orchestrator.estimate import estimate as estimate_plan
         from orchestrator.estimate import pilots_per_cell

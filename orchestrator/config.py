@@ -16,7 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trainables.errors import UserInputError, one_of
+from trainables.data.declaration import DataDeclaration, parse_declaration
+from trainables.errors import UserInputError
 from trainables.kinds import KINDS
 
 DAPT_MOVED = ("DAPT is now `trainable: finetune` with `pretrain: mlm` (or rtd, simcse, micse) in train or ablate; "
@@ -114,7 +115,9 @@ class StudyConfig(Section):
     name: str = Field(pattern=f"^{NAME_PATTERN.pattern}$", max_length=100)
     trainable: str = Field("finetune", json_schema_extra={"enum": list(KINDS)},
                            description="a kind from the closed registry trainables.kinds.KINDS")
-    task: str = "stsb"
+    task: str | DataDeclaration = Field("stsb", description="a built-in task (stsb, stsb_multi_mt, korsts, sick, "
+                                                            "sick_full, mrpc) or a data set of your own: a mapping "
+                                                            "with name, type, and files, file or hf")
     model: str | None = Field(None, description="hub id or local folder; may be left out when ablate.model lists "
                                                 "the models")
     language: str | None = None
@@ -182,14 +185,21 @@ def explain(error: dict, schema: type[BaseModel] = StudyConfig) -> UserInputErro
     return UserInputError(key, error.get("input"), message[0].lower() + message[1:])
 
 
-def parse_study(raw: Any, source: str = "study") -> StudyConfig:
+def parse_study(raw: Any, source: str = "study", launched: bool = False) -> StudyConfig:
+    """The study file's structure checked (see orchestrator.plan for the deep checks). `launched`: a
+    launched study's own copy, whose kind may come from a plugin no longer installed (its record says
+    which; status and report need no kind code)."""
     if not isinstance(raw, dict):
         raise UserInputError(source, type(raw).__name__, "a study file is a YAML mapping of keys such as name, model")
     kind = raw.get("trainable", "finetune")
     if kind == "dapt":
         raise UserInputError("trainable", kind, DAPT_MOVED)
-    if not isinstance(kind, str) or kind not in KINDS:
-        raise one_of("trainable", kind, KINDS)
+    if not isinstance(kind, str):
+        raise KINDS.unknown("trainable", kind)
+    if not launched:
+        KINDS.entry(kind, "trainable")  # an unknown name lists the kinds, a plugin's with its package
+    if isinstance(raw.get("task"), dict):  # a declared data set: its own keys, one line each
+        raw = {**raw, "task": parse_declaration(raw["task"])}
     try:
         study = StudyConfig(**raw)
     except ValidationError as exc:
@@ -335,7 +345,8 @@ class StudySpec:
         return self.path.resolve().parent
 
 
-def read_study(path: str | Path, overrides: Iterable[str] = (), name: str | None = None) -> StudySpec:
+def read_study(path: str | Path, overrides: Iterable[str] = (), name: str | None = None,
+               launched: bool = False) -> StudySpec:
     """Read a study file, apply command-line overrides (`train.lr=3e-5`) and a new `name`, validate the
     result (structure only; see orchestrator.plan for the deep checks)."""
     path = Path(path)
@@ -344,7 +355,7 @@ def read_study(path: str | Path, overrides: Iterable[str] = (), name: str | None
     if name is not None and not (NAME_PATTERN.fullmatch(name) and len(name) <= 100):
         raise UserInputError("--name", name, NAME_FIX)
     if not overrides and name is None:
-        return StudySpec(parse_study(raw, str(path)), path, text)
+        return StudySpec(parse_study(raw, str(path), launched), path, text)
     if not isinstance(raw, dict):
         parse_study(raw, str(path))  # the same one line as without overrides
     merged = apply_overrides(raw, overrides)
@@ -355,9 +366,11 @@ def read_study(path: str | Path, overrides: Iterable[str] = (), name: str | None
     return StudySpec(parse_study(merged, str(path)), path, merged_text, overrides)
 
 
-def load_study(path: str | Path, overrides: Iterable[str] = (), name: str | None = None) -> StudyConfig:
-    """Read and validate a study file with any overrides (structure only; see orchestrator.plan)."""
-    return read_study(path, overrides, name).config
+def load_study(path: str | Path, overrides: Iterable[str] = (), name: str | None = None,
+               launched: bool = False) -> StudyConfig:
+    """Read and validate a study file with any overrides (structure only; see orchestrator.plan);
+    `launched`: a study folder's own copy (its kind need not be installed)."""
+    return read_study(path, overrides, name, launched).config
 
 
 def study_json_schema() -> dict:

@@ -96,6 +96,7 @@ def study_checks(study_file: Path) -> list[Check]:
     """The study file, its model (offline or online), its data, and its tracking URI."""
     from orchestrator.config import load_study, models_of
     from orchestrator.plan import build_plan, check_tracking_uri
+    from trainables.data.tasks import task_name
     from trainables.models.encoder import load_config, resolve_model_path
 
     checks = []
@@ -103,7 +104,7 @@ def study_checks(study_file: Path) -> list[Check]:
         study = load_study(study_file)
     except UserInputError as exc:
         return [Check("study file", False, str(exc))]
-    checks.append(Check("study file", True, f"{study_file} ({study.trainable} on {study.task})"))
+    checks.append(Check("study file", True, f"{study_file} ({study.trainable} on {task_name(study.task)})"))
     for model in models_of(study):
         try:
             load_config(model)

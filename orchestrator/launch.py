@@ -27,6 +27,7 @@ from orchestrator.config import StudyConfig, StudySpec, load_study, read_study
 from orchestrator.edits import check_edit
 from orchestrator.journal import Journal, full_disk_fix
 from orchestrator.plan import StudyPlan, build_plan, plan_from_record, plan_record
+from orchestrator.study_data import check_unchanged
 from orchestrator.study_folder import (  # noqa: F401 (DEFAULT_STORAGE: re-exported for the CLI's doctor)
     ARTIFACTS,
     DEFAULT_STORAGE,
@@ -147,6 +148,8 @@ def launch(study_file: StudySpec | str | Path, storage: str | Path | None = None
     stored = load_study(accepted) if resume and accepted.exists() else None
     changed = check_edit(stored, study) if stored is not None else []  # `resume NAME` too: the file may be edited
     plan = build_plan(study, base_dir, stage_root=folder / STAGES)
+    if resume:  # the data it was launched with, or a refusal naming the split that changed
+        check_unchanged(read_record(folder, study.name, study.trainable), plan.data, study.task)
     if study.budget is not None and not resume:  # a pilot on this machine, before anything is written
         from orchestrator.estimate import check_budget, estimate
 
@@ -433,7 +436,7 @@ def open_state(name: str, storage: str | Path | None = None) -> StudyState:
     folder = study_dir(storage, name)
     if not (folder / STUDY_FILE).exists():
         raise UserInputError("NAME", name, f"no study folder {folder}; give --storage where it was launched")
-    study = load_study(folder / STUDY_FILE)
+    study = load_study(folder / STUDY_FILE, launched=True)  # its kind's plugin need not be installed
     record = read_record(folder, study.name, study.trainable)
     if record is not None:
         plan = plan_from_record(study, record)
@@ -500,6 +503,7 @@ def _sync(name: str, storage: str | Path | None) -> dict[str, int]:
 
     state = open_state(name, storage)
     tracker = StudyTracker(stored_tracking_uri(name, storage), name)
+    tracker.data = list(state.plan.data)  # runs sync creates get their dataset inputs too
     try:
         tracker.attach_parent(stored_study_uid(name, storage))
     except RuntimeError as exc:

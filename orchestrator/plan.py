@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import StudyConfig
-from reports.record import KindRecord, StudyRecord
+from orchestrator.plugins import plugins_used
+from orchestrator.study_data import check_task, read_study_data, trial_task
+from reports.record import DataRecord, KindRecord, PluginRecord, StudyRecord
 from search_spaces.params import Choice, Fixed, Grid, IntRange, LogUniform, Param, Uniform, parse_ablated, parse_tuned
 from search_spaces.presets import expand_language, expand_layer, expand_pooling, expand_seeds, expand_tuned_preset
 from trainables.contract import TrialConfig
@@ -57,6 +59,9 @@ class StudyPlan:
     cell_costs: tuple[float, ...] = ()  # a trial's relative cost per cell: the costliest cells start first
     stages: tuple[str, ...] = ()  # the shared stages the plan's trials use (the kind's `stages`)
     tables: tuple[str, ...] = ()  # the extra report tables the plan's trials feed (the kind's `tables`)
+    round_name: str = "epoch"  # what one report covers (the kind's; read from the record without the kind's code)
+    data: tuple[DataRecord, ...] = ()  # each data set the cells read, with its splits' sha256
+    plugins: tuple[PluginRecord, ...] = ()  # the registered names it uses that installed plugins provide
 
     def start_order(self) -> list[Cell]:
         """Cells costliest first (then in index order): long trials start early, so the study's
@@ -115,7 +120,8 @@ def plan_record(plan: StudyPlan, provenance: dict[str, str] | None = None) -> St
         tuned={k: repr(v) for k, v in plan.tuned.items()}, seeds=list(plan.seeds),
         base=json.loads(json.dumps(plan.base, default=str)), origins=plan.origins, epochs=plan.epochs,
         cell_reports=list(plan.cell_reports), cell_costs=list(plan.cell_costs), tuning_trials=plan.tuning_trials,
-        replicate_trials=plan.replicate_trials, provenance=provenance or {})
+        replicate_trials=plan.replicate_trials, provenance=provenance or {}, data=list(plan.data),
+        plugins=list(plan.plugins))
 
 
 def plan_from_record(study: StudyConfig, record: StudyRecord) -> StudyPlan:
@@ -125,7 +131,7 @@ def plan_from_record(study: StudyConfig, record: StudyRecord) -> StudyPlan:
     return StudyPlan(study, tuple(Cell(i, values) for i, values in enumerate(record.cells)), tuned,
                      tuple(record.seeds), record.base, record.metric, record.mode, record.epochs, record.origins,
                      tuple(record.cell_reports), record.kind.path, tuple(record.cell_costs), tuple(record.kind.stages),
-                     tuple(record.kind.tables or ()))
+                     tuple(record.kind.tables or ()), record.kind.round_name, tuple(record.data), tuple(record.plugins))
 
 
 def _did_you_mean(key: str, name: str, valid: list[str]) -> UserInputError:
@@ -218,7 +224,7 @@ def check_tracking_uri(uri: str, base: Path) -> None:
 
 
 def _ablate_axes(study: StudyConfig, schema: type[TrialConfig]) -> dict[str, Fixed | Grid]:
-    from trainables.data.tasks import task_spec
+    from trainables.data.tasks import task_languages
 
     valid = [k for k in schema.model_fields if k not in MANAGED or k == "model"]
     axes: dict[str, Fixed | Grid] = {}
@@ -233,7 +239,7 @@ def _ablate_axes(study: StudyConfig, schema: type[TrialConfig]) -> dict[str, Fix
         if name == "pooling":
             axes[name] = expand_pooling(raw)
         elif name == "language":
-            axes[name] = expand_language(raw, task_spec(study.task).languages)
+            axes[name] = expand_language(raw, task_languages(study.task))
         elif name == "layer":
             axes[name] = Grid(()) if raw in ("all", "last") else parse_ablated(key, raw)  # per model below
         else:
@@ -281,7 +287,7 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
     base, origins = _base_config(study, kind.Config, axes, tuned, study_dir, stage_root)
     cells = tuple(Cell(i, values) for i, values in enumerate(_cells(study, axes)))
     parsed = _check_trials(kind, cells, base, tuned, origins)
-    _check_data(study, cells, base.get("data_dir"))
+    data = read_study_data(_tasks_read(study, cells, base), base.get("data_dir"))
     check_tracking_uri(study.tracking.mlflow_uri, study_dir or Path.cwd())
     _check_baseline(study, cells)
     metric, mode = kind.metric(parsed[0]) if parsed else ("dev_spearman", "max")
@@ -290,22 +296,18 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
     stages = tuple(sorted({name for p in parsed for name in kind.stages(p)}))
     tables = tuple(sorted({name for p in parsed for name in kind.tables(p)}))
     return StudyPlan(study, cells, tuned, seeds, base, metric, mode, epochs, origins, reports,
-                     KINDS[study.trainable], tuple(kind.relative_cost(p) for p in parsed), stages, tables)
+                     KINDS[study.trainable], tuple(kind.relative_cost(p) for p in parsed), stages, tables,
+                     kind.round_name, data, plugins_used(study.trainable, kind, parsed, tuned))
 
 
 def _check_task(study: StudyConfig) -> None:
-    from trainables.data.tasks import task_spec
-
-    if study.task not in _task_names():
-        raise _did_you_mean("task", study.task, _task_names())
-    if task_spec(study.task).kind == "unlabeled":
-        raise UserInputError("task", study.task, f"{study.trainable} needs a labeled pair task")
+    check_task(study, _task_names())
 
 
 def _check_language(study: StudyConfig, axes: dict) -> None:
     from trainables.data.tasks import resolve_language, task_spec
 
-    if "language" not in axes:
+    if "language" not in axes and isinstance(study.task, str):
         try:
             resolve_language(task_spec(study.task), study.language)
         except UserInputError as exc:
@@ -358,7 +360,8 @@ def _base_config(study: StudyConfig, schema: type[TrialConfig], axes: dict, tune
     """What every trial's config starts from (before its cell, tuned values and seed), and the YAML
     key each field came from."""
     origins = {"model": "model", "task": "task", "language": "language", "data_dir": "data_dir"}
-    base: dict[str, Any] = {"task": study.task, **({"model": study.model} if study.model is not None else {})}
+    base: dict[str, Any] = {"task": trial_task(study, study_dir),
+                            **({"model": study.model} if study.model is not None else {})}
     if study.language is not None:
         base["language"] = study.language
     if study.data_dir:  # relative to the study file's folder
@@ -398,13 +401,13 @@ def _check_trials(kind: TrainableKind, cells: tuple[Cell, ...], base: dict, tune
     return parsed
 
 
-def _check_data(study: StudyConfig, cells: tuple[Cell, ...], data_dir: str | None) -> None:
-    """Every (task, language) the cells train on loads."""
-    from trainables.data.tasks import load_task
-
-    checked = {(c.values.get("task", study.task), c.values.get("language", study.language)) for c in cells}
-    for task, language in sorted(checked, key=str):
-        load_task(task, language, data_dir)
+def _tasks_read(study: StudyConfig, cells: tuple[Cell, ...], base: dict) -> list[tuple[Any, str | None]]:
+    """Every (task, language) the cells train on, each once, in a stable order."""
+    seen: dict[str, tuple[Any, str | None]] = {}
+    for cell in cells:
+        pair = (cell.values.get("task", base["task"]), cell.values.get("language", study.language))
+        seen.setdefault(json.dumps(pair, sort_keys=True, default=str), pair)
+    return [seen[k] for k in sorted(seen)]
 
 
 def _task_names() -> list[str]:

@@ -112,7 +112,7 @@ def trial_line(state: StudyState, record: TrialRecord, elapsed: float, eta: floa
         outcome = "degenerate"
     value = state._value(record)
     if outcome == "pruned":
-        what = f"pruned at {state.plan.kind.round_name} {record.rounds_reached}"
+        what = f"pruned at {state.plan.round_name} {record.rounds_reached}"
     elif outcome in ("failed", "diverged"):
         what = outcome + (f": {record.error.splitlines()[0][:80]}" if record.error else "")
     else:

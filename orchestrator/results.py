@@ -201,7 +201,7 @@ def results(name: str, storage: str | Path | None = None, *, phase: str | None =
     folder = study_dir(storage, name)
     if not (folder / STUDY_FILE).exists():
         raise UserInputError("NAME", name, f"no study folder {folder}; give --storage where it was launched")
-    study = load_study(folder / STUDY_FILE)
+    study = load_study(folder / STUDY_FILE, launched=True)
     record = read_record(folder, study.name, study.trainable)
     meta = read_meta(folder)
     if record is None or meta is None:

@@ -20,11 +20,14 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 from orchestrator.config import flatten
 from orchestrator.journal import Outcome, TrialRecord, remove_checkpoint
 from orchestrator.ui_proxy import SHARED_VIEW, SHARED_VIEW_TAG  # noqa: F401 (SHARED_VIEW: the UI's link to the view)
-from reports.record import RECORD_FILE, StudyRecord
+from reports.record import RECORD_FILE, DataRecord, StudyRecord
 from reports.store import BOOKKEEPING_TAGS, CONSTANT_PARAMS, open_store, search_all
 from trainables.training.checkpoints import ARTIFACTS
 
 log = logging.getLogger("orchestrator.tracking")
+
+SPLITS = ("train", "dev", "test")
+DIGEST_CHARS = 32  # MLflow keeps a dataset digest of at most 36 characters: the sha256's first 32 hex digits
 
 ROLE = "orchestrator.role"
 TRIAL_KEY = "orchestrator.trial_key"
@@ -122,6 +125,7 @@ class StudyTracker:
         self.unsure: set[str] = set()
         self.stage_links: dict[tuple[str, str], str] = {}  # (trial key, stage folder) -> stage run
         self.nodes: dict[str, list[str]] = {}
+        self.data: list[DataRecord] = []  # the study's data sets (from its record), logged as dataset inputs
 
     def _runs(self, filter_string: str):
         return search_all(self.client, [self.experiment_id], filter_string)
@@ -151,7 +155,9 @@ class StudyTracker:
                 **({STUDY_UID: study_uid} if study_uid else {})})
             self.parent_id = run.info.run_id
             self.client.log_artifact(self.parent_id, str(study_file))
+            self.log_datasets(self.parent_id, record.data)
         self.client.log_text(self.parent_id, record.to_json(), RECORD_FILE)  # every launch: the latest plan
+        self.data = list(record.data)
         for run in self._runs(f"tags.`mlflow.parentRunId` = '{self.parent_id}'"):
             self.children[run.data.tags.get(TRIAL_KEY, "")] = run.info.run_id
         return self.parent_id
@@ -169,7 +175,48 @@ class StudyTracker:
         self.logged[run.info.run_id] = set()
         self.children[record.key] = run.info.run_id
         self.fill_identity(run.info.run_id, record, cell_key)
+        self.log_trial_datasets(run.info.run_id, record.config)
         return run.info.run_id
+
+    def log_datasets(self, run_id: str, data: list[DataRecord], splits: tuple[str, ...] = SPLITS) -> None:
+        """Each split as an MLflow dataset input of the run (its source, its rows' sha256 as the digest,
+        the split as the context), so the runs page shows which data every run saw; the parent run
+        also carries each split's sha256 as a tag (`data.<name>.<split>.sha256`)."""
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.data.sources import HuggingFaceDatasetSource, LocalArtifactDatasetSource
+        from mlflow.entities import DatasetInput, InputTag
+
+        inputs, tags = [], []
+        names = [d.name for d in data]
+        for d in data:
+            name = d.name if names.count(d.name) == 1 else f"{d.name}-{d.language}"
+            for split in (s for s in splits if s in d.splits):
+                part = d.splits[split]
+                source = (HuggingFaceDatasetSource(part.uri, config_name=part.hub_config, split=part.hub_split)
+                          if part.hub_split else LocalArtifactDatasetSource(part.uri or part.source or name))
+                dataset = MetaDataset(source, name=name, digest=part.sha256[:DIGEST_CHARS])
+                inputs.append(DatasetInput(dataset._to_mlflow_entity(), tags=[
+                    InputTag("mlflow.data.context", split), InputTag("sha256", part.sha256),
+                    InputTag("rows", str(part.rows))]))
+                tags.append(RunTag(f"data.{name}.{split}.sha256", part.sha256))
+        if inputs:
+            self.client.log_inputs(run_id, datasets=inputs)
+        if tags and run_id == self.parent_id:
+            self.client.log_batch(run_id, tags=tags)
+
+    def log_trial_datasets(self, run_id: str, config: dict) -> None:
+        """The data set a trial reads (its task in its language): train and dev, and test where the
+        trial scores it (replicates)."""
+        from trainables.data.tasks import task_name
+
+        task = config.get("task")
+        if task is None or not self.data:
+            return
+        language = config.get("language")
+        matches = [d for d in self.data if d.name == task_name(task) and (language is None or d.language == language)]
+        splits = ("train", "dev", "test") if config.get("score_test", True) else ("train", "dev")
+        if len(matches) == 1:
+            self.log_datasets(run_id, matches, splits)
 
     def fill_identity(self, run_id: str, record: TrialRecord, cell_key: str, params: dict | None = None,
                       tags: dict | None = None) -> int:

@@ -40,6 +40,7 @@ from reports.collect import StudyRuns
 from reports.labels import axis_label, in_sentence, metric_label, value_label
 from reports.latex import latex_document, to_latex
 from reports.plots import layer_plot, pareto_plot
+from reports.provenance import provenance_lines, record_provenance
 from reports.render import N_NOTE, Cell, Grid, Note, markdown_notes, to_markdown
 from reports.significance import (
     BOOTSTRAP_SAMPLES,
@@ -461,14 +462,15 @@ def build_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] | None = N
     sources = runs.sources or [{"study": runs.name, "tracking_uri": runs.tracking_uri, "study_uid": runs.study_uid}]
     (out / PROVENANCE).write_text(json.dumps({**provenance, "study": runs.name, "tracking_uri": runs.tracking_uri,
                                               "study_uid": runs.study_uid, "sources": sources,
-                                              "formats": list(formats)}, indent=1))
+                                              "formats": list(formats), **record_provenance(runs.record)},
+                                             indent=1))
     written.append(out / PROVENANCE)
     markdown = [f"# {runs.name}", "", f"Produced by ablation-orchestrator {provenance['version']} (commit "
                 f"{provenance['commit'][:12]}); `orchestrator verify` recomputes every number from MLflow.", "",
                 f"{len(runs.replicates())} replicate runs, "
                 f"{int((runs.runs.phase == 'tune').sum())} tuning runs. Data: `runs.csv` (one row per run), "
                 "`cells.csv` (one row per cell)" + (", `stats.csv` (tests against the baseline)." if not stats.empty
-                                                    else "."), ""]
+                                                    else "."), "", *provenance_lines(runs.record)]
     for _, grid in grids:
         markdown += [to_markdown(grid, notes), ""]
         if notes == "short" and markdown_notes(grid, "full") != markdown_notes(grid, "short"):

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainables.errors import UserInputError
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # 2: the data (per-split sha256) and the plugins a study uses
 RECORD_FILE = "study_record.json"
 LEGACY_PLAN_FILE = "plan.json"
 
@@ -32,6 +32,47 @@ class KindRecord(BaseModel):
     exports_models: bool = False
     stages: list[str] = Field(default_factory=list)  # shared stages its cells use (dapt, teacher)
     tables: list[str] | None = None  # the extra report tables its cells feed (rounds, suite); None: not recorded
+
+
+class SplitRecord(BaseModel):
+    """One split of a study's data as launched: how many rows, the sha256 of its rows, where they were read."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rows: int
+    sha256: str
+    source: str = ""  # as a person reads it: a file (and its split column's value), or a hub id [split]
+    uri: str = ""  # the file, or the hub id or dataset folder
+    hub_split: str | None = None  # a Hugging Face dataset's split (None: a file)
+    hub_config: str | None = None
+
+
+class DataRecord(BaseModel):
+    """A data set the study trains and scores on (its task, per language), as it was at launch: `resume`
+    refuses data whose sha256 changed, and the report names it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    language: str = "en"
+    kind: str = "sts"  # sts, classification or unlabeled
+    origin: str = ""  # the declaration's files or hub id, or the data folder a built-in task was read from
+    splits: dict[str, SplitRecord] = Field(default_factory=dict)
+    overlap: int = 0  # distinct test pairs that are also train pairs
+
+
+class PluginRecord(BaseModel):
+    """A registered name the study uses that an installed plugin provides, and which distribution
+    provided it, so the record says what to install to run the study again (status and report need
+    none of it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    group: str  # kinds, objectives or poolings
+    name: str  # the name in the study file
+    distribution: str
+    version: str
+    target: str  # its module:attribute
 
 
 class StudyRecord(BaseModel):
@@ -53,6 +94,8 @@ class StudyRecord(BaseModel):
     tuning_trials: int = 0
     replicate_trials: int = 0
     provenance: dict[str, str] = Field(default_factory=dict)  # orchestrator version, python, written at
+    data: list[DataRecord] = Field(default_factory=list)  # empty in records from before data were recorded
+    plugins: list[PluginRecord] = Field(default_factory=list)
 
     @property
     def axes(self) -> list[str]:

@@ -53,11 +53,11 @@ def test_caps_take_the_same_rows_in_their_original_order(synthetic_data_dir):
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"name": "stsbb"}, "task: 'stsbb' is not valid; use one of: korsts, mrpc, sick, sick_full, sts12, sts13, sts14, "
+    ({"task": "stsbb"}, "task: 'stsbb' is not valid; use one of: korsts, mrpc, sick, sick_full, sts12, sts13, sts14, "
                         "sts15, sts16, stsb, stsb_multi_mt, unlabeled_en"),
-    ({"name": "stsb_multi_mt"}, "language: None is not valid; task stsb_multi_mt needs a language, one of: de, en"),
-    ({"name": "stsb_multi_mt", "language": "ko"}, "(Korean STS-B is the task korsts)"),
-    ({"name": "stsb", "language": "de"}, "language: 'de' is not valid; task stsb has the languages: en"),
+    ({"task": "stsb_multi_mt"}, "language: None is not valid; task stsb_multi_mt needs a language, one of: de, en"),
+    ({"task": "stsb_multi_mt", "language": "ko"}, "(Korean STS-B is the task korsts)"),
+    ({"task": "stsb", "language": "de"}, "language: 'de' is not valid; task stsb has the languages: en"),
 ])
 def test_bad_task_arguments_name_the_key_and_the_fix(kwargs, message):
     with pytest.raises(UserInputError) as error:

@@ -1,13 +1,14 @@
 """Task registry: every data set as train/dev/test DataFrames with the same columns.
 
 STS tasks give `sentence1`, `sentence2`, `score` (scaled to [0, 1]); pair classification gives
-`sentence1`, `sentence2`, `label`; unlabeled corpora give `sentence` (train only). Sources, in
-order: the local data folder (the layout of `shared/data`), then the Hugging Face hub.
+`sentence1`, `sentence2`, `label`; unlabeled corpora give `sentence` (train only). A task is a
+built-in name — a declaration of its files in the data folder (the layout of `shared/data`) and,
+for some, of a hub copy read when the folder lacks them — or a study's own declaration
+(`trainables.data.declaration`); both are read by `trainables.data.sources`.
 """
 
 from __future__ import annotations
 
-import csv
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from trainables.data.declaration import DataDeclaration, HubSource, parse_declaration
+from trainables.data.sources import SENTEVAL, DeclaredData, Origin, read_declared, split_sha256
 from trainables.errors import DataNotFoundError, UserInputError, one_of
 
 DATA_DIR_ENV = "ORCHESTRATOR_DATA_DIR"
@@ -43,179 +46,90 @@ class TaskData:
 
 @dataclass(frozen=True)
 class TaskSpec:
+    """A built-in task: where the data folder holds it and, for some, the hub copy — both declarations
+    of the kind a study file may write (`trainables.data.declaration`), read by the same code."""
+
     name: str
     kind: str
-    read_local: Callable[[Path, str], dict[str, pd.DataFrame]]
-    local_files: Callable[[str], list[str]]  # relative paths, for the "put files here" message
-    read_hub: Callable[[str], dict[str, pd.DataFrame]] | None = None
+    local: Callable[[str], DataDeclaration]  # language -> its files, relative to the data folder
+    hub: Callable[[str], DataDeclaration] | None = None  # language -> the hub copy
     languages: tuple[str, ...] = ("en",)
-    hub_id: str | None = None
     eval_only: bool = False  # a test split only (the SentEval STS years): scored, never trained on
+    layout: str | None = None  # the files to put in the data folder, when they are not the declaration's own
+
+    def local_files(self, language: str) -> list[str]:
+        """Relative paths, for the "put files here" message."""
+        if self.layout:
+            return [self.layout]
+        declared = self.local(language)
+        return list(declared.files.values()) if declared.files else [declared.file]
+
+    @property
+    def hub_id(self) -> str | None:
+        return self.hub(self.languages[0]).hf.path if self.hub else None
 
 
-# --- local readers -------------------------------------------------------------------------
-
-
-def _read_rows(path: Path, delimiter: str = "\t", quoting: int = csv.QUOTE_NONE,
-               header: bool = False, encoding: str = "utf-8") -> list[list[str]]:
-    with open(path, encoding=encoding, newline="") as f:
-        rows = [[c.strip("\r") for c in r] for r in csv.reader(f, delimiter=delimiter, quoting=quoting)]
-    rows = [r for r in rows if r]
-    return rows[1:] if header else rows
-
-
-def _sts_frame(rows: list[tuple[str, str, str]], max_score: float, min_score: float = 0.0) -> pd.DataFrame:
-    frame = pd.DataFrame(rows, columns=["sentence1", "sentence2", "score"])
-    frame["score"] = (frame["score"].astype(float) - min_score) / (max_score - min_score)
-    return frame
-
-
-def _stsb_local(root: Path, language: str) -> dict[str, pd.DataFrame]:
-    out = {}
-    for split in SPLITS:
-        rows = _read_rows(root / "stsb" / f"sts-{split}.csv")
-        out[split] = _sts_frame([(r[5], r[6], r[4]) for r in rows], max_score=5.0)
-    return out
-
-
-def _stsb_multi_mt_local(root: Path, language: str) -> dict[str, pd.DataFrame]:
-    out = {}
-    for split in SPLITS:
-        rows = _read_rows(root / "stsb-multi-mt" / f"stsb-{language}-{split}.csv",
-                          delimiter=",", quoting=csv.QUOTE_MINIMAL)
-        out[split] = _sts_frame([(r[0], r[1], r[2]) for r in rows], max_score=5.0)
-    return out
-
-
-def _korsts_local(root: Path, language: str) -> dict[str, pd.DataFrame]:
-    out = {}
-    for split in SPLITS:
-        rows = _read_rows(root / "korsts" / f"sts-{split}.tsv", header=True)
-        out[split] = _sts_frame([(r[5], r[6], r[4]) for r in rows], max_score=5.0)
-    return out
+def _sts_files(name: str, pattern: str, fmt: str, columns: dict, score_range=(0.0, 5.0), **options):
+    """A built-in STS task with one file per split (`pattern` holds {split} and {language})."""
+    return lambda language: DataDeclaration(
+        name=name, type="sts", files={s: pattern.format(split=s, language=language) for s in SPLITS}, format=fmt,
+        columns=columns, score_range=score_range, language=language, **options)
 
 
 _SICK_FILES = {"train": "SICK_train.txt", "dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}
-_SICK_SETS = {"train": "TRAIN", "dev": "TRIAL", "test": "TEST"}
-
-
-def _sick_local(root: Path, language: str) -> dict[str, pd.DataFrame]:
-    """SemEval-2014 Task 1 files (4500/500/4927), the split SentEval and SimCSE report."""
-    out = {}
-    for split, name in _SICK_FILES.items():
-        rows = _read_rows(root / "sick" / "semeval2014" / name, header=True)
-        out[split] = _sts_frame([(r[1], r[2], r[3]) for r in rows], max_score=5.0, min_score=1.0)
-    return out
-
-
-def _sick_full_local(root: Path, language: str) -> dict[str, pd.DataFrame]:
-    """The full SICK release split by its `SemEval_set` column (4439/495/4906)."""
-    rows = _read_rows(root / "sick" / "SICK.txt", header=True)
-    return {
-        split: _sts_frame([(r[1], r[2], r[4]) for r in rows if r[11] == tag], max_score=5.0, min_score=1.0)
-        for split, tag in _SICK_SETS.items()
-    }
-
-
-def _mrpc_local(root: Path, language: str) -> dict[str, pd.DataFrame]:
-    """GLUE's MRPC split (3668/408/1725) with test labels kept."""
-    out = {}
-    for split in SPLITS:
-        rows = _read_rows(root / "mrpc" / "glue" / f"{split}.tsv", header=True, encoding="utf-8-sig")
-        out[split] = pd.DataFrame({"sentence1": [r[3] for r in rows], "sentence2": [r[4] for r in rows],
-                                   "label": [int(r[0]) for r in rows]})
-    return out
-
-
-def _unlabeled_en_local(root: Path, language: str) -> dict[str, pd.DataFrame]:
-    folder = root / "unlabeled-en"
-    files = sorted(folder.glob("wiki1m_for_simcse*.txt"))
-    if not files:
-        raise FileNotFoundError(folder / "wiki1m_for_simcse.txt")
-    lines = [line.strip() for line in files[0].read_text(encoding="utf-8").splitlines()]
-    return {"train": pd.DataFrame({"sentence": [s for s in lines if s]})}
-
-
+_SICK_COLUMNS = {"sentence1": "sentence_A", "sentence2": "sentence_B", "score": "relatedness_score"}
 SENTEVAL_YEARS = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16"}
 
 
-def _senteval_subsets(folder: Path) -> list[str]:
-    return sorted(p.name.removeprefix("STS.input.").removesuffix(".txt") for p in folder.glob("STS.input.*.txt"))
-
-
-def _senteval_local(year: str) -> Callable[[Path, str], dict[str, pd.DataFrame]]:
-    """A SemEval STS year in SentEval's layout: every subset's pairs with a gold score (0-5; an
-    empty gold line is an unscored pair and is dropped, as SentEval does), with a `subset` column."""
-
-    def read(root: Path, language: str) -> dict[str, pd.DataFrame]:
-        folder = root / "sts12-16" / f"{year}-en-test"
-        subsets = _senteval_subsets(folder)
-        if not subsets:
-            raise FileNotFoundError(folder)
-        frames = []
-        for subset in subsets:
-            pairs = (folder / f"STS.input.{subset}.txt").read_text(encoding="utf-8").split("\n")
-            gold = (folder / f"STS.gs.{subset}.txt").read_text(encoding="utf-8").split("\n")
-            rows = [(*pair.split("\t")[:2], score) for pair, score in zip(pairs, gold, strict=False)
-                    if score.strip()]
-            frame = _sts_frame([(a.strip(), b.strip(), s) for a, b, s in rows], max_score=5.0)
-            frames.append(frame.assign(subset=subset))
-        return {"test": pd.concat(frames, ignore_index=True)}
-
-    return read
-
-
-# --- hub readers (used only when the data folder lacks the files) --------------------------
-
-
-def _hub(dataset_id: str, config: str | None, splits: dict[str, str],
-         columns: dict[str, str], max_score: float | None) -> dict[str, pd.DataFrame]:
-    from datasets import load_dataset
-
-    out = {}
-    for split, hub_split in splits.items():
-        frame = load_dataset(dataset_id, config, split=hub_split).to_pandas()
-        frame = frame.rename(columns=columns)[list(columns.values())]
-        if max_score is not None:
-            frame["score"] = frame["score"].astype(float) / max_score
-        out[split] = frame
-    return out
-
-
-def _stsb_hub(language: str) -> dict[str, pd.DataFrame]:
-    return _hub("sentence-transformers/stsb", None, {"train": "train", "dev": "validation", "test": "test"},
-                {"sentence1": "sentence1", "sentence2": "sentence2", "score": "score"}, max_score=None)
-
-
-def _stsb_multi_mt_hub(language: str) -> dict[str, pd.DataFrame]:
-    return _hub("PhilipMay/stsb_multi_mt", language, {s: s for s in SPLITS},
-                {"sentence1": "sentence1", "sentence2": "sentence2", "similarity_score": "score"}, max_score=5.0)
+def _senteval(name: str, year: str) -> Callable[[str], DataDeclaration]:
+    """A SemEval STS year in SentEval's layout (a test split of every subset): declared like the rest,
+    read by the same code, in a format only the built-ins use (no train or dev split to declare)."""
+    return lambda language: DataDeclaration.model_construct(
+        name=name, type="sts", files={"test": f"sts12-16/{year}-en-test"}, format=SENTEVAL, columns={},
+        score_range=(0.0, 5.0), header=True, quoting="minimal", encoding="utf-8", language="en", hf=None, file=None)
 
 
 TASKS: dict[str, TaskSpec] = {
     spec.name: spec
     for spec in [
-        TaskSpec("stsb", "sts", _stsb_local, lambda lang: [f"stsb/sts-{s}.csv" for s in SPLITS],
-                 read_hub=_stsb_hub, hub_id="sentence-transformers/stsb"),
-        TaskSpec("stsb_multi_mt", "sts", _stsb_multi_mt_local,
-                 lambda lang: [f"stsb-multi-mt/stsb-{lang}-{s}.csv" for s in SPLITS],
-                 read_hub=_stsb_multi_mt_hub, languages=STSB_LANGUAGES, hub_id="PhilipMay/stsb_multi_mt"),
-        TaskSpec("korsts", "sts", _korsts_local, lambda lang: [f"korsts/sts-{s}.tsv" for s in SPLITS],
+        TaskSpec("stsb", "sts", _sts_files("stsb", "stsb/sts-{split}.csv", "tsv", {"sentence1": 5, "sentence2": 6,
+                                                                                   "score": 4},
+                                           header=False, quoting="none"),
+                 hub=lambda language: DataDeclaration(name="stsb", type="sts", score_range=(0.0, 1.0),
+                                                      hf=HubSource(path="sentence-transformers/stsb"))),
+        TaskSpec("stsb_multi_mt", "sts",
+                 _sts_files("stsb_multi_mt", "stsb-multi-mt/stsb-{language}-{split}.csv", "csv",
+                            {"sentence1": 0, "sentence2": 1, "score": 2}, header=False),
+                 hub=lambda language: DataDeclaration(
+                     name="stsb_multi_mt", type="sts", score_range=(0.0, 5.0), language=language,
+                     columns={"score": "similarity_score"},
+                     hf=HubSource(path="PhilipMay/stsb_multi_mt", config=language, splits={s: s for s in SPLITS})),
+                 languages=STSB_LANGUAGES),
+        TaskSpec("korsts", "sts", _sts_files("korsts", "korsts/sts-{split}.tsv", "tsv", {}, quoting="none"),
                  languages=("ko",)),
-        TaskSpec("sick", "sts", _sick_local,
-                 lambda lang: [f"sick/semeval2014/{f}" for f in _SICK_FILES.values()]),
-        TaskSpec("sick_full", "sts", _sick_full_local, lambda lang: ["sick/SICK.txt"]),
-        TaskSpec("mrpc", "classification", _mrpc_local, lambda lang: [f"mrpc/glue/{s}.tsv" for s in SPLITS]),
-        *[TaskSpec(name, "sts", _senteval_local(year),
-                   lambda lang, year=year: [f"sts12-16/{year}-en-test/STS.input.<subset>.txt and STS.gs.<subset>.txt"],
-                   eval_only=True) for name, year in SENTEVAL_YEARS.items()],
-        TaskSpec("unlabeled_en", "unlabeled", _unlabeled_en_local,
-                 lambda lang: ["unlabeled-en/wiki1m_for_simcse.txt"]),
+        TaskSpec("sick", "sts", lambda language: DataDeclaration(  # SemEval-2014 Task 1's files (4500/500/4927)
+            name="sick", type="sts", files={s: f"sick/semeval2014/{f}" for s, f in _SICK_FILES.items()},
+            format="tsv", quoting="none", columns=_SICK_COLUMNS, score_range=(1.0, 5.0))),
+        TaskSpec("sick_full", "sts", lambda language: DataDeclaration(  # the release by SemEval_set (4439/495/4906)
+            name="sick_full", type="sts", file="sick/SICK.txt", split_column="SemEval_set",
+            split_values={"train": "TRAIN", "dev": "TRIAL", "test": "TEST"}, format="tsv", quoting="none",
+            columns=_SICK_COLUMNS, score_range=(1.0, 5.0))),
+        TaskSpec("mrpc", "classification", lambda language: DataDeclaration(  # GLUE's split (3668/408/1725)
+            name="mrpc", type="pair_classification", files={s: f"mrpc/glue/{s}.tsv" for s in SPLITS}, format="tsv",
+            quoting="none", encoding="utf-8-sig",
+            columns={"sentence1": "#1 String", "sentence2": "#2 String", "label": "Quality"})),
+        *[TaskSpec(name, "sts", _senteval(name, year), eval_only=True,
+                   layout=f"sts12-16/{year}-en-test/STS.input.<subset>.txt and STS.gs.<subset>.txt")
+          for name, year in SENTEVAL_YEARS.items()],
+        TaskSpec("unlabeled_en", "unlabeled", lambda language: DataDeclaration(
+            name="unlabeled_en", type="unlabeled", files={"train": "unlabeled-en/wiki1m_for_simcse*.txt"},
+            format="text"), layout="unlabeled-en/wiki1m_for_simcse.txt"),
     ]
 }
 
 
 def task_spec(name: str) -> TaskSpec:
+    """A built-in task's entry (a declared one has no entry: `task_kind` and `load_task` read either)."""
     if name not in TASKS:
         raise one_of("task", name, TASKS)
     return TASKS[name]
@@ -255,39 +169,112 @@ def _hub_offline() -> bool:
         os.environ.get("HF_DATASETS_OFFLINE", "0").lower() in ("1", "true", "yes")
 
 
-def load_task(name: str, language: str | None = None, data_folder: str | os.PathLike | None = None,
-              max_train_samples: int | None = None, max_eval_samples: int | None = None) -> TaskData:
-    """Load a task's splits from the data folder, else from the hub; a clear error when neither has it."""
-    spec = task_spec(name)
+TaskRef = str | dict | DataDeclaration  # a built-in task's name, or a declaration (a study's `task:` mapping)
+
+
+def task_name(task: TaskRef) -> str:
+    """How reports and messages name a task: its registry name, or its declaration's `name`."""
+    if isinstance(task, str):
+        return task
+    return task.name if isinstance(task, DataDeclaration) else str(task.get("name", "task"))
+
+
+def task_kind(task: TaskRef) -> str:
+    """sts, classification or unlabeled, read from the registry or the declaration (no data read)."""
+    return task_spec(task).kind if isinstance(task, str) else parse_declaration(task).kind
+
+
+def task_languages(task: TaskRef) -> tuple[str, ...]:
+    return task_spec(task).languages if isinstance(task, str) else (parse_declaration(task).language,)
+
+
+@dataclass(frozen=True)
+class SplitSource:
+    """One split as read: its rows, where they came from and the sha256 of its rows."""
+
+    rows: int
+    sha256: str
+    origin: Origin
+
+
+@dataclass(frozen=True)
+class TaskSource:
+    """What a study's data is, as its record keeps it: each split's rows, origin and sha256."""
+
+    name: str
+    language: str
+    kind: str
+    origin: str  # the declaration's files or hub id, or the data folder a built-in task was read from
+    splits: dict[str, SplitSource]
+    overlap: int = 0  # distinct test pairs also in train
+
+
+@dataclass(frozen=True)
+class _Read:
+    name: str
+    kind: str
+    language: str
+    origin: str
+    data: DeclaredData
+
+
+def _read_task(task: TaskRef, language: str | None, data_folder: str | os.PathLike | None,
+               key: str = "task") -> _Read:
+    """A built-in task from the data folder, else the hub; a declaration from what it names."""
+    if not isinstance(task, str):
+        declared = parse_declaration(task, key)
+        if language is not None and language != declared.language:
+            raise UserInputError("language", language, f"task {declared.name} is in {declared.language}: set "
+                                                        "task.language instead")
+        return _Read(declared.name, declared.kind, declared.language, declared.describe(),
+                     read_declared(declared, key=key))
+    spec = task_spec(task)
     lang = resolve_language(spec, language)
     root = data_dir(data_folder)
-    frames = None
     if root is not None:
         try:
-            frames = spec.read_local(root, lang)
+            return _Read(spec.name, spec.kind, lang, f"data folder {root}",
+                         read_declared(spec.local(lang), root, builtin=True))
         except FileNotFoundError:
-            frames = None
-    if frames is None:
-        frames = _load_from_hub(spec, lang, root)
+            pass
+    return _Read(spec.name, spec.kind, lang, f"hub {spec.hub_id}", _load_from_hub(spec, lang, root))
+
+
+def load_task(task: TaskRef, language: str | None = None, data_folder: str | os.PathLike | None = None,
+              max_train_samples: int | None = None, max_eval_samples: int | None = None) -> TaskData:
+    """A task's splits: a built-in task's from the data folder, else from the hub (a clear error when
+    neither has it); a declared data set's from its files or its Hugging Face dataset."""
+    read = _read_task(task, language, data_folder)
+    frames = dict(read.data.frames)
     if "train" not in frames:  # an evaluation-only set: an empty train split with its columns
         frames["train"] = frames["test"].iloc[:0]
     return TaskData(
-        name=name, kind=spec.kind, language=lang,
+        name=read.name, kind=read.kind, language=read.language,
         train=_cap(frames["train"], max_train_samples),
         dev=_cap(frames["dev"], max_eval_samples) if "dev" in frames else None,
         test=_cap(frames["test"], max_eval_samples) if "test" in frames else None,
     )
 
 
-def _load_from_hub(spec: TaskSpec, language: str, root: Path | None) -> dict[str, pd.DataFrame]:
+def task_source(task: TaskRef, language: str | None = None, data_folder: str | os.PathLike | None = None,
+                key: str = "task") -> TaskSource:
+    """The task's data read in full and checked, with each split's sha256 (what `validate` runs and
+    the study record keeps, so that `resume` can refuse data that changed)."""
+    read = _read_task(task, language, data_folder, key)
+    splits = {split: SplitSource(len(frame), split_sha256(frame), read.data.sources[split])
+              for split, frame in read.data.frames.items()}
+    return TaskSource(read.name, read.language, read.kind, read.origin, splits, read.data.overlap)
+
+
+def _load_from_hub(spec: TaskSpec, language: str, root: Path | None) -> DeclaredData:
     where = f"the data folder {root}" if root else f"a data folder (--data-dir or ${DATA_DIR_ENV})"
     files = ", ".join(spec.local_files(language))
     missing = DataNotFoundError("task", spec.name, f"put {files} under {where}"
                                 + (f", or go online for the hub copy {spec.hub_id}" if spec.hub_id else ""))
-    if spec.read_hub is None or _hub_offline():
+    if spec.hub is None or _hub_offline():
         raise missing
     try:
-        return spec.read_hub(language)
+        return read_declared(spec.hub(language))
     except Exception as exc:  # network, auth or schema failure: the local layout is the fix
         raise missing from exc
 
@@ -295,7 +282,7 @@ def _load_from_hub(spec: TaskSpec, language: str, root: Path | None) -> dict[str
 TASK_SOURCES = ("task", "task+dev", "task+test")  # a task's own splits as an unlabeled source
 
 
-def task_splits(source: str, task: str, language: str | None, data_folder: str | os.PathLike | None,
+def task_splits(source: str, task: TaskRef, language: str | None, data_folder: str | os.PathLike | None,
                 transductive: bool, key: str, what: str) -> list[pd.DataFrame]:
     """The task's splits a `task`, `task+dev` or `task+test` source names (test only when transductive)."""
     if source == "task+test" and not transductive:
@@ -304,7 +291,7 @@ def task_splits(source: str, task: str, language: str | None, data_folder: str |
     return [data.train] + ([data.dev] if source != "task" else []) + ([data.test] if source == "task+test" else [])
 
 
-def corpus_sentences(source: str, task: str, language: str | None, data_folder: str | os.PathLike | None,
+def corpus_sentences(source: str, task: TaskRef, language: str | None, data_folder: str | os.PathLike | None,
                      transductive: bool, key: str = "corpus") -> list[str]:
     """Distinct non-empty sentences of an unlabeled corpus: `unlabeled_en`, `task` (the task's train
     sentences), `task+dev`, `task+test` (only with `transductive`) or a text file, one sentence a line."""
@@ -321,17 +308,17 @@ def corpus_sentences(source: str, task: str, language: str | None, data_folder: 
     return list(dict.fromkeys(s.strip() for s in sentences if s.strip()))
 
 
-def load_sts_task(name: str, language: str | None, data_folder: str | os.PathLike | None, who: str,
+def load_sts_task(task: TaskRef, language: str | None, data_folder: str | os.PathLike | None, who: str,
                   max_train_samples: int | None = None, max_eval_samples: int | None = None) -> TaskData:
     """An STS task with a dev split (what selects epochs, steps, cycles and trials for `who`)."""
-    data = load_task(name, language, data_folder, max_train_samples, max_eval_samples)
+    data = load_task(task, language, data_folder, max_train_samples, max_eval_samples)
     if data.kind != "sts" or data.dev is None:
-        raise UserInputError("task", name, f"{who} selects on an STS dev split: use stsb, sick, korsts, "
-                                           "stsb_multi_mt or sick_full")
+        raise UserInputError("task", data.name, f"{who} selects on an STS dev split: use stsb, sick, korsts, "
+                                                "stsb_multi_mt, sick_full or an sts data set of your own")
     return data
 
 
-def unlabeled_pairs(source: str, task: str, language: str | None, data_dir: str | None, transductive: bool,
+def unlabeled_pairs(source: str, task: TaskRef, language: str | None, data_dir: str | None, transductive: bool,
                     max_samples: int | None = None, key: str = "pairs") -> pd.DataFrame:
     """Distinct (sentence1, sentence2) pairs without labels: the task's train pairs (`task`), with
     dev (`task+dev`) or test (`task+test`, transductive only), or a TSV file of two sentence

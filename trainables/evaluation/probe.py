@@ -87,7 +87,7 @@ def probe_layers(cfg: ProbeConfig) -> list[dict]:
     """One row per layer: `layer`, `params` (of the model cut there) and the metrics of each split."""
     data = load_task(cfg.task, cfg.language, cfg.data_dir, max_eval_samples=cfg.max_eval_samples)
     if data.kind == "unlabeled":
-        raise UserInputError("task", cfg.task, "probe scores labeled pair tasks (stsb, sick, mrpc, ...)")
+        raise UserInputError("task", data.name, "probe scores labeled pair tasks (stsb, sick, mrpc, ...)")
     for split in cfg.splits:
         data.split(split)
     needed = {"dev", *cfg.splits} if data.kind == "classification" else set(cfg.splits)

@@ -87,9 +87,9 @@ class TrainableKind(ABC):
 
     def metric(self, cfg) -> tuple[str, str]:
         """The dev metric and mode that select rounds, trials and layers: the evaluator's own."""
-        from trainables.data.tasks import task_spec
+        from trainables.data.tasks import task_kind
 
-        name, greater_is_better = primary_metric(task_spec(cfg.task).kind, getattr(cfg, "select", None))
+        name, greater_is_better = primary_metric(task_kind(cfg.task), getattr(cfg, "select", None))
         return f"dev_{name}", "max" if greater_is_better else "min"
 
     def num_reports(self, cfg) -> int:

@@ -12,6 +12,7 @@ import math
 from pydantic import Field
 
 from trainables.contract import TrainingConfig
+from trainables.data.declaration import TaskRef
 from trainables.errors import UserInputError, one_of
 from trainables.kinds.base import PILOT_STEPS, PilotSpec, TrainingKind
 from trainables.models.files import model_depth
@@ -24,7 +25,7 @@ MODEL_MAX_LENGTH = 512
 class ContrastiveConfig(TrainingConfig):
     model: str
     method: str = Field("simcse", description="simcse, or micse (plus attention alignment of the two views)")
-    task: str = Field("stsb", description="the STS task whose dev split selects steps, trials and layers")
+    task: TaskRef = Field("stsb", description="the STS task whose dev split selects steps, trials and layers")
     language: str | None = None
     corpus: str = Field("unlabeled_en", description="unlabeled_en, task (the task's train sentences), task+dev, "
                                                     "task+test (transductive only), or a text file")

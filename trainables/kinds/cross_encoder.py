@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from trainables.contract import TrainingConfig
+from trainables.data.declaration import TASK_HELP, TaskRef
 from trainables.kinds.base import TrainingKind
 from trainables.names import CROSS_LOSSES
 from trainables.poolings import POOLINGS
@@ -14,7 +15,7 @@ from trainables.stages.fields import PretrainFields
 
 class CrossEncoderConfig(TrainingConfig, PretrainFields):
     model: str
-    task: str = "stsb"
+    task: TaskRef = Field("stsb", description=TASK_HELP)
     language: str | None = None
     layer: int | None = Field(None, ge=0, description="keep the first k layers; null keeps all")
     pooling: str = "cls"

@@ -18,6 +18,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from trainables.contract import TrainingConfig
+from trainables.data.declaration import TaskRef
 from trainables.kinds.base import PilotSpec, TrainingKind
 from trainables.names import CROSS_LOSSES
 from trainables.poolings import POOLINGS
@@ -34,7 +35,7 @@ class DistillConfig(TrainingConfig, PretrainFields):
     partner_model: str | None = Field(None, description="mutual: the second bi-encoder; null is `model`")
     partner_layer: int | None = Field(None, ge=0, description="mutual: the second bi-encoder's layer")
     partner_cross_model: str | None = Field(None, description="mutual: the second cross backbone")
-    task: str = Field("stsb", description="the STS task: its dev split selects cycles; its pairs are unlabeled")
+    task: TaskRef = Field("stsb", description="the STS task: its dev split selects cycles; its pairs are unlabeled")
     language: str | None = None
     pairs: str = Field("task", description="task (train pairs, labels dropped), task+dev, task+test "
                                            "(transductive), or a TSV file of two sentence columns")

@@ -11,17 +11,19 @@ from __future__ import annotations
 from pydantic import Field
 
 from trainables.contract import TrainingConfig
+from trainables.data.declaration import TASK_HELP, TaskRef
 from trainables.errors import UserInputError, one_of
 from trainables.kinds.base import TrainingKind
 from trainables.names import SELECTS
-from trainables.objectives import check_loss
+from trainables.objectives import OBJECTIVES, check_loss
 from trainables.poolings import POOLINGS
-from trainables.stages.fields import OBJECTIVES, PretrainFields, stage_seed_of
+from trainables.stages.fields import OBJECTIVES as PRETRAIN_OBJECTIVES
+from trainables.stages.fields import PretrainFields, stage_seed_of
 
 
 class FinetuneConfig(TrainingConfig, PretrainFields):
     model: str
-    task: str = "stsb"
+    task: TaskRef = Field("stsb", description=TASK_HELP)
     language: str | None = None
     layer: int | None = Field(None, ge=0, description="keep the first k layers; null keeps all")
     pooling: str = "mean"
@@ -45,7 +47,7 @@ class FinetuneKind(TrainingKind):
     Config = FinetuneConfig
     learner = "trainables.learners.finetune:FinetuneLearner"
     exports_models = True
-    names = {"pooling": POOLINGS}
+    names = {"pooling": POOLINGS, "loss": OBJECTIVES}
 
     def pilot(self, cfg):
         from trainables.data.tasks import load_task
@@ -53,14 +55,14 @@ class FinetuneKind(TrainingKind):
         return self.epoch_pilot(cfg, len(load_task(cfg.task, cfg.language, cfg.data_dir, cfg.max_train_samples).train))
 
     def check_names(self, cfg, key_of) -> None:
-        from trainables.data.tasks import task_spec
+        from trainables.data.tasks import task_kind, task_name
 
         super().check_names(cfg, key_of)
-        kind = task_spec(cfg.task).kind
-        check_loss(cfg.loss, kind, cfg.task, key_of("loss"))
+        kind = task_kind(cfg.task)
+        check_loss(cfg.loss, kind, task_name(cfg.task), key_of("loss"))
         if cfg.select is not None and (kind != "classification" or cfg.select not in SELECTS):
             raise UserInputError(key_of("select"), cfg.select, f"pair classification selects on one of: "
                                                                f"{', '.join(SELECTS)}; STS tasks select on Spearman")
-        if cfg.pretrain is not None and cfg.pretrain not in OBJECTIVES:
-            raise one_of(key_of("pretrain"), cfg.pretrain, OBJECTIVES)
+        if cfg.pretrain is not None and cfg.pretrain not in PRETRAIN_OBJECTIVES:
+            raise one_of(key_of("pretrain"), cfg.pretrain, PRETRAIN_OBJECTIVES)
         stage_seed_of(cfg)

@@ -6,13 +6,14 @@ from __future__ import annotations
 from pydantic import Field
 
 from trainables.contract import Report, TrialConfig
+from trainables.data.declaration import TASK_HELP, TaskRef
 from trainables.kinds.base import TrainableKind
 from trainables.poolings import POOLINGS
 
 
 class ProbeConfig(TrialConfig):
     model: str
-    task: str = "stsb"
+    task: TaskRef = Field("stsb", description=TASK_HELP)
     language: str | None = None
     layers: list[int] | None = Field(None, description="layers to score; null scores 0..L")
     pooling: str = "mean"

@@ -25,7 +25,7 @@ class FinetuneLearner(Learner):
         self.cfg, self.device, self.dtype = cfg, device, dtype
         data = load_task(cfg.task, cfg.language, cfg.data_dir, cfg.max_train_samples, cfg.max_eval_samples)
         if data.kind == "unlabeled":
-            raise UserInputError("task", cfg.task, "finetune needs a labeled pair task (stsb, sick, mrpc, ...)")
+            raise UserInputError("task", data.name, "finetune needs a labeled pair task (stsb, sick, mrpc, ...)")
         start, stage = pretrained_start(cfg, cfg.pooling)
         self.model = build_sentence_encoder(start, cfg.layer, cfg.pooling, cfg.projection_dim, cfg.random_init,
                                             cfg.seed, cfg.dropout_masks).to(device)

@@ -1,0 +1,39 @@
+"""Which installed plugins a study uses, as its record keeps them: the kind, and every value of a
+config field whose names come from a registry (`TrainableKind.names`: poolings, objectives) that a
+plugin's distribution provides — so the record says what to install to run the study again, while
+`status`, `report` and `verify` read the record and need none of it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reports.record import PluginRecord
+from search_spaces.params import Choice, Fixed, Grid, Param
+from trainables.kinds import KINDS, TrainableKind
+from trainables.registry import Registry
+
+
+def _values(param: Param) -> list[Any]:
+    """The names a tuned field can take (a range holds numbers, no names)."""
+    return [param.value] if isinstance(param, Fixed) else list(param.values) if isinstance(param, Grid | Choice) \
+        else []
+
+
+def plugins_used(trainable: str, kind: TrainableKind, parsed: list,
+                 tuned: dict[str, Param]) -> tuple[PluginRecord, ...]:
+    """The plugin entries behind the study's kind and the registered names its trial configs use."""
+    uses: list[tuple[Registry, str]] = [(KINDS, trainable)]
+    for field, registry in kind.names.items():
+        if not isinstance(registry, Registry):
+            continue
+        uses += [(registry, getattr(cfg, field)) for cfg in parsed if isinstance(getattr(cfg, field, None), str)]
+        uses += [(registry, value) for value in _values(tuned.get(field, Fixed(None))) if isinstance(value, str)]
+    found: dict[tuple[str, str], PluginRecord] = {}
+    for registry, name in uses:
+        entries = registry.entries().get(name, [])
+        if len(entries) == 1 and not entries[0].builtin:
+            entry = entries[0]
+            group = registry.group.rsplit(".", 1)[-1]
+            found.setdefault((group, name), PluginRecord(group=group, name=name, distribution=entry.distribution,
+                                                         version=entry.version, target=entry.target))
+    return tuple(found[key] for key in sorted(found))
