@@ -54,9 +54,7 @@ def cli_reference() -> str:
         rows = []
         for param in command.params:
             record = param.get_help_record(ctx)
-            if isinstance(param, click.Argument):
-                rows.append((f"`{param.human_readable_name}`", record[1] if record else "(argument)"))
-            elif record and "--help" not in record[0]:
+            if record and "--help" not in record[0]:
                 rows.append((f"`{record[0]}`", record[1]))
         if rows:
             out += ["| argument or option | what it does |", "|---|---|",

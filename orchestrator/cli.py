@@ -10,6 +10,7 @@ import math
 import os
 import shutil
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Annotated
 import typer
 
 from orchestrator.cli_usage import OrchestratorTyper
-from trainables.errors import UserInputError
+from trainables.errors import UserInputError, UserInputErrors
 
 app = OrchestratorTyper(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Ablation and hyperparameter studies of sentence encoders on Ray Tune, tracked in MLflow.")
@@ -53,7 +54,8 @@ def user_errors(command: Callable) -> Callable:
         except UserInputError as exc:
             if kwargs.get("debug"):
                 traceback.print_exc()
-            typer.echo(f"error: {exc}", err=True)
+            for line in exc.lines() if isinstance(exc, UserInputErrors) else [str(exc)]:  # every problem found
+                typer.echo(f"error: {line}", err=True)
             raise typer.Exit(getattr(exc, "exit_code", 2)) from None
 
     return wrapper
@@ -115,7 +117,8 @@ def probe(
     split: Annotated[str, typer.Option(help="dev or test.")] = "test",
     pooling: Annotated[str, typer.Option(help="mean, cls, max or mean_sqrt_len.")] = "mean",
     layers: Annotated[str, typer.Option(help="`all` or a comma list such as 0,3,6.")] = "all",
-    data_dir: Annotated[str | None, typer.Option(help="Data folder (default: $ORCHESTRATOR_DATA_DIR).")] = None,
+    data_dir: Annotated[str | None, typer.Option(help="Data folder (default: $ORCHESTRATOR_DATA_DIR, else "
+                                                      "../shared/data beside the checkout, else the hub).")] = None,
     max_seq_length: Annotated[int, typer.Option(min=2, help="Tokens per sentence (at least 2: the special "
                                                            "tokens).")] = 128,
     precision: Annotated[str, typer.Option(help="auto, fp32 or bf16.")] = "auto",
@@ -167,6 +170,9 @@ STORAGE = typer.Option(None, "--storage", help="Folder of study folders (default
                                                  "or ./studies).")
 ADDRESS = typer.Option(None, "--address", help="Ray cluster: local (default), auto, or host:port; also RAY_ADDRESS.")
 MAX_CONCURRENT = typer.Option(None, "--max-concurrent", min=1, help="At most this many trials at once.")
+DATA_DIR = typer.Option(None, "--data-dir", help="Data folder in the layout of shared/data (default: "
+                                                   "$ORCHESTRATOR_DATA_DIR, else ../shared/data beside the checkout, "
+                                                   "else the hub); a study's own data_dir: must name the same.")
 STUDY_FILE = typer.Argument(help="The study's YAML file (`orchestrator schema` prints its keys).")
 NAME = typer.Argument(help="The study's name (its folder under --storage).")
 Overrides = Annotated[list[str] | None, typer.Argument(
@@ -177,17 +183,36 @@ NewName = Annotated[str | None, typer.Option("--name", help="Run the study under
                                                             "file, in its own study folder and MLflow experiment).")]
 
 
+def use_data_dir(folder: str | None, study=None, study_file: str | Path | None = None) -> None:
+    """`--data-dir`: the data folder of this command and of the trials it starts ($ORCHESTRATOR_DATA_DIR for
+    them). A study file that names a folder of its own must name the same one, so the option is never
+    silently ignored."""
+    if folder is None:
+        return
+    path = Path(folder).expanduser().resolve()
+    if not path.is_dir():
+        raise UserInputError("--data-dir", folder, "give an existing folder in the layout of shared/data")
+    if study is not None and study.data_dir and study_file is not None:
+        own = (Path(study_file).resolve().parent / Path(study.data_dir).expanduser()).resolve()
+        if own != path:
+            raise UserInputError("--data-dir", folder, f"the study file sets data_dir: {study.data_dir} ({own}); "
+                                                       "remove one of the two")
+    os.environ["ORCHESTRATOR_DATA_DIR"] = str(path)
+
+
 @app.command()
 @user_errors
 def validate(study_file: str = STUDY_FILE, overrides: Overrides = None, name: NewName = None,
-             debug: bool = DEBUG) -> None:
-    """Check a study file (keys, types, names, layers against the model, data, tracking URI)."""
+             data_dir: str | None = DATA_DIR, debug: bool = DEBUG) -> None:
+    """Check a study file (keys, types, names, layers against the model, data, tracking URI); every problem
+    found is one line."""
     from orchestrator.config import load_study
     from orchestrator.estimate import check_pilot
     from orchestrator.plan import build_plan
 
     quiet_libraries()
     study = load_study(study_file, overrides or (), name)
+    use_data_dir(data_dir, study, study_file)
     plan = build_plan(study, Path(study_file).resolve().parent)
     check_pilot(plan)  # a budget needs a pilot that can time the kind
     typer.echo(f"ok: {study.name}: {len(plan.cells)} cells, {plan.tuning_trials + plan.replicate_trials} trials")
@@ -198,7 +223,7 @@ def validate(study_file: str = STUDY_FILE, overrides: Overrides = None, name: Ne
 def plan(study_file: str = STUDY_FILE, overrides: Overrides = None, name: NewName = None,
          estimate: bool = typer.Option(False, "--estimate", help="Run a short pilot and estimate trial-hours and "
                                                                  "wall time."),
-         debug: bool = DEBUG) -> None:
+         data_dir: str | None = DATA_DIR, debug: bool = DEBUG) -> None:
     """List every ablation cell, the trials per phase and the total trial-rounds (epochs, cycles, ...)."""
     from rich.console import Console
     from rich.table import Table
@@ -209,6 +234,7 @@ def plan(study_file: str = STUDY_FILE, overrides: Overrides = None, name: NewNam
 
     quiet_libraries()
     study = load_study(study_file, overrides or (), name)
+    use_data_dir(data_dir, study, study_file)
     resolved = build_plan(study, Path(study_file).resolve().parent)
     table = Table(title=f"{study.name}: {study.trainable} on {task_name(study.task)} · "
                         f"{', '.join(models_of(study))}")
@@ -259,30 +285,35 @@ def schema() -> None:
 def launch(study_file: str = STUDY_FILE, overrides: Overrides = None, name: NewName = None,
            address: str | None = ADDRESS, storage: str | None = STORAGE, max_concurrent: int | None = MAX_CONCURRENT,
            resume_existing: bool = typer.Option(False, "--resume", help="Continue the study if it exists already."),
-           debug: bool = DEBUG) -> None:
+           data_dir: str | None = DATA_DIR, debug: bool = DEBUG) -> None:
     """Run a study on Ray Tune (a fresh local Ray unless --address), tracked in MLflow."""
     from orchestrator import launch as launcher
     from orchestrator.config import read_study
 
+    started = time.monotonic()
     quiet_libraries()
     spec = read_study(study_file, overrides or (), name)
-    with interrupts(spec.name):
+    use_data_dir(data_dir, spec.config, study_file)
+    with interrupts(spec.name, storage):
         finish(launcher.launch(spec, storage=storage, address=address, max_concurrent=max_concurrent,
-                               resume=resume_existing))
+                               resume=resume_existing), started)
 
 
 @app.command()
 @user_errors
 def resume(name: str = NAME, overrides: Overrides = None, address: str | None = ADDRESS,
-           storage: str | None = STORAGE, max_concurrent: int | None = MAX_CONCURRENT, debug: bool = DEBUG) -> None:
+           storage: str | None = STORAGE, max_concurrent: int | None = MAX_CONCURRENT,
+           data_dir: str | None = DATA_DIR, debug: bool = DEBUG) -> None:
     """Continue an interrupted study: finished trials are kept, interrupted ones continue. Overrides may
     extend it (more seeds, trials or axis values); one that would invalidate finished work is refused."""
     from orchestrator import launch as launcher
 
+    started = time.monotonic()
     quiet_libraries()
-    with interrupts(name):
+    use_data_dir(data_dir)
+    with interrupts(name, storage):
         finish(launcher.resume(name, storage=storage, address=address, max_concurrent=max_concurrent,
-                               overrides=overrides or ()))
+                               overrides=overrides or ()), started)
 
 
 @app.command()
@@ -360,7 +391,7 @@ def sync(name: str = NAME, storage: str | None = STORAGE, debug: bool = DEBUG) -
 @user_errors
 def doctor(address: str | None = ADDRESS, study: Annotated[str | None, typer.Option(
         "--study", help="Also check this study file: model, data, tracking URI, plan.")] = None,
-           storage: str | None = STORAGE, debug: bool = DEBUG) -> None:
+           storage: str | None = STORAGE, data_dir: str | None = DATA_DIR, debug: bool = DEBUG) -> None:
     """Check the cluster (nodes, resources, versions), storage from every node, and a study's model,
     data and tracker: one line per check; exit 1 if any fails."""
     from orchestrator.config import load_study
@@ -368,6 +399,7 @@ def doctor(address: str | None = ADDRESS, study: Annotated[str | None, typer.Opt
     from orchestrator.launch import DEFAULT_STORAGE, connect_ray
 
     quiet_libraries()
+    use_data_dir(data_dir)
     checks: list[Check] = []
     config = None
     if study:
@@ -383,10 +415,16 @@ def doctor(address: str | None = ADDRESS, study: Annotated[str | None, typer.Opt
                                  config.resources.gpu if config else 0.0, config.resources.cpu if config else 1.0)
     except UserInputError as exc:
         checks.append(Check("ray cluster", False, str(exc)))
-    data = os.environ.get("ORCHESTRATOR_DATA_DIR")
-    if data and not study:
-        checks.append(Check("data folder", Path(data).is_dir(), data if Path(data).is_dir() else
-                            f"{data} does not exist; set ORCHESTRATOR_DATA_DIR to the data folder"))
+    if not study:
+        from trainables.data.tasks import data_dir as data_folder
+
+        data = data_folder()
+        if data is None:
+            checks.append(Check("data folder", True, "none here: tasks load from the Hugging Face hub"))
+        else:
+            checks.append(Check("data folder", data.is_dir(), str(data) if data.is_dir() else
+                                f"{data} does not exist; give --data-dir or set ORCHESTRATOR_DATA_DIR to the "
+                                "data folder"))
     for check in checks:
         typer.echo(check.line())
     if not all(c.ok for c in checks):
@@ -578,7 +616,7 @@ def verify(folder: Annotated[str, typer.Argument(help="A folder written by `orch
 
 
 def write_report(names: str | list[str], storage, tracking_uri: str | None = None, out: str | None = None,
-                 formats: tuple[str, ...] | None = None) -> None:
+                 formats: tuple[str, ...] | None = None) -> Path:
     from orchestrator.launch import stored_study_uid, stored_tracking_uri, study_dir
     from reports.build import build_report
     from reports.collect import collect, combine
@@ -593,36 +631,66 @@ def write_report(names: str | list[str], storage, tracking_uri: str | None = Non
     folder = Path(out) if out else Path("reports") / "+".join(names)
     written = build_report(runs, folder, formats)
     typer.echo(f"report: {folder / 'report.md'} ({len(written)} files)")
+    return folder
 
 
 INTERRUPTED = 130  # the shell's code for a process ended by SIGINT; 143 for SIGTERM
 
 
+def cli_name() -> str:
+    """The CLI as the user called it (`.venv/bin/orchestrator`, or `orchestrator` from PATH), so that the
+    commands it suggests paste as they are."""
+    called = sys.argv[0] if sys.argv else ""
+    if Path(called).name != "orchestrator" or not called or shutil.which("orchestrator") == called:
+        return "orchestrator"
+    return called
+
+
+def study_options(storage: str | Path | None) -> str:
+    """`--storage DIR` where the study folder is not under ./studies (which NAME alone finds)."""
+    from orchestrator.study_folder import DEFAULT_STORAGE
+
+    if storage is None or Path(storage).expanduser().resolve() == Path(DEFAULT_STORAGE).resolve():
+        return ""
+    return f" --storage {storage}"
+
+
 @contextlib.contextmanager
-def interrupts(name: str):
+def interrupts(name: str, storage: str | Path | None = None):
     """A second Ctrl-C (Tune handles the first) ends in one line, not a traceback."""
     try:
         yield
     except KeyboardInterrupt:
-        typer.echo(f"interrupted: orchestrator resume {name}", err=True)
+        typer.echo(f"interrupted: {cli_name()} resume {name}{study_options(storage)}", err=True)
         raise typer.Exit(INTERRUPTED) from None
 
 
-def finish(result) -> None:
-    """The summary line, then the report (unless MLflow is down: then how to catch up). A study that
-    did not finish (Ctrl-C, SIGTERM) says how to continue, keeps the report it had, and exits 130."""
+def finish(result, started: float | None = None) -> None:
+    """The summary line, then the report (unless MLflow is down: then how to catch up) and what to do
+    next, with the command's wall time. A study that did not finish (Ctrl-C, SIGTERM) says how to
+    continue, keeps the report it had, and exits 130."""
     from orchestrator.launch import TERMINATED
+    from orchestrator.progress import duration
 
     summarize(result)
     name = result.study_dir.name
+    cli, options = cli_name(), study_options(result.study_dir.parent)
     if not result.finished:
-        typer.echo(f"interrupted: orchestrator resume {name}", err=True)
+        typer.echo(f"interrupted: {cli} resume {name}{options}", err=True)
         raise typer.Exit(128 + TERMINATED["signal"] if TERMINATED["signal"] else INTERRUPTED)
     if result.reconciled.get("unsynced"):
-        typer.echo(f"MLflow is unreachable: no report yet; when it is back run `orchestrator sync {name}` and "
-                   f"`orchestrator report {name}`", err=True)
+        typer.echo(f"MLflow is unreachable: no report yet; when it is back run `{cli} sync {name}{options}` and "
+                   f"`{cli} report {name}{options}`", err=True)
         return
-    write_report(name, result.study_dir.parent)
+    folder = write_report(name, result.study_dir.parent)
+    took = f" in {duration(time.monotonic() - started)}" if started is not None else ""
+    steps = [(f"{cli} ui {name}{options}", "the runs in the MLflow UI"),
+             (f"{cli} verify {folder}", "every number of the report checked against MLflow"),
+             (f"{cli} report {name}{options}", "the report written again (after editing report: in the study file)")]
+    width = max(len(command) for command, _ in steps)
+    typer.echo(f"{name}: done{took}. Next:")
+    for command, what in steps:
+        typer.echo(f"  {command.ljust(width)}  # {what}")
 
 
 def summarize(result) -> None:

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainables.data.declaration import DataDeclaration, parse_declaration
-from trainables.errors import UserInputError
+from trainables.errors import Problems, UserInputError
 from trainables.kinds import KINDS
 
 DAPT_MOVED = ("DAPT is now `trainable: finetune` with `pretrain: mlm` (or rtd, simcse, micse) in train or ablate; "
@@ -186,27 +186,32 @@ def explain(error: dict, schema: type[BaseModel] = StudyConfig) -> UserInputErro
 
 
 def parse_study(raw: Any, source: str = "study", launched: bool = False) -> StudyConfig:
-    """The study file's structure checked (see orchestrator.plan for the deep checks). `launched`: a
-    launched study's own copy, whose kind may come from a plugin no longer installed (its record says
-    which; status and report need no kind code)."""
+    """The study file's structure checked, every problem at once (UserInputErrors when there are several;
+    see orchestrator.plan for the deep checks). `launched`: a launched study's own copy, whose kind may
+    come from a plugin no longer installed (its record says which; status and report need no kind code)."""
     if not isinstance(raw, dict):
         raise UserInputError(source, type(raw).__name__, "a study file is a YAML mapping of keys such as name, model")
+    found = Problems()
     kind = raw.get("trainable", "finetune")
     if kind == "dapt":
-        raise UserInputError("trainable", kind, DAPT_MOVED)
-    if not isinstance(kind, str):
-        raise KINDS.unknown("trainable", kind)
-    if not launched:
-        KINDS.entry(kind, "trainable")  # an unknown name lists the kinds, a plugin's with its package
+        found.add(UserInputError("trainable", kind, DAPT_MOVED))
+    elif not isinstance(kind, str):
+        found.add(KINDS.unknown("trainable", kind))
+    elif not launched:
+        found.check(KINDS.entry, kind, "trainable")  # an unknown name lists the kinds, a plugin's with its package
     if isinstance(raw.get("task"), dict):  # a declared data set: its own keys, one line each
-        raw = {**raw, "task": parse_declaration(raw["task"])}
+        declared = found.check(parse_declaration, raw["task"])
+        raw = {**raw, "task": declared} if declared is not None else {k: v for k, v in raw.items() if k != "task"}
+    study = None
     try:
-        study = StudyConfig(**raw)
-    except ValidationError as exc:
-        raise explain(exc.errors()[0]) from None
-    if study.model is None and "model" not in study.ablate:
-        raise UserInputError("model", None, "this key is required: a hub id or a model folder (or list the models "
-                                            "under ablate.model)")
+        study = StudyConfig.model_validate(raw)
+    except ValidationError as exc:  # pydantic collects every one of them
+        found.add(*(explain(error) for error in exc.errors()))
+    ablate = raw.get("ablate")
+    if raw.get("model") is None and not (isinstance(ablate, dict) and "model" in ablate):
+        found.add(UserInputError("model", None, "this key is required: a hub id or a model folder (or list the "
+                                                "models under ablate.model)"))
+    found.raise_any()
     return study
 
 

@@ -338,7 +338,7 @@ def run_tuner(plan: StudyPlan, state: StudyState, tracker, storage: Path, name: 
     logging.getLogger("ray.tune.tune").setLevel(logging.ERROR)
     banner = [*(banner or []), f"{count} trial{'s' if count != 1 else ''} at a time on "
               f"{ray.cluster_resources().get('CPU', 0):g} CPUs; Ctrl-C stops at the trials' last checkpoints "
-              "(`orchestrator resume` continues)"]
+              f"(`orchestrator resume {plan.study.name}` continues)"]
     tuner = tune.Tuner(
         tune.with_resources(run_trial, resources),
         tune_config=tune.TuneConfig(search_alg=PlanSearcher(state, count), scheduler=CellScheduler(state),

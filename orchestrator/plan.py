@@ -12,7 +12,6 @@ from __future__ import annotations
 import difflib
 import itertools
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from reports.record import DataRecord, KindRecord, PluginRecord, StudyRecord
 from search_spaces.params import Choice, Fixed, Grid, IntRange, LogUniform, Param, Uniform, parse_ablated, parse_tuned
 from search_spaces.presets import expand_language, expand_layer, expand_pooling, expand_seeds, expand_tuned_preset
 from trainables.contract import TrialConfig
-from trainables.errors import UserInputError
+from trainables.errors import Problems, UserInputError
 from trainables.kinds import KINDS, TrainableKind, load_kind
 from trainables.kinds.base import TrainingKind
 
@@ -223,28 +222,34 @@ def check_tracking_uri(uri: str, base: Path) -> None:
     raise UserInputError(key, uri, "use sqlite:///path/to/mlflow.db (the default) or an http(s):// tracking server")
 
 
-def _ablate_axes(study: StudyConfig, schema: type[TrialConfig]) -> dict[str, Fixed | Grid]:
-    from trainables.data.tasks import task_languages
-
+def _ablate_axes(study: StudyConfig, schema: type[TrialConfig], found: Problems) -> dict[str, Fixed | Grid]:
+    """The ablated axes that parse; the problems of the others go to `found`."""
     valid = [k for k in schema.model_fields if k not in MANAGED or k == "model"]
     axes: dict[str, Fixed | Grid] = {}
     for name, raw in study.ablate.items():
-        key = f"ablate.{name}"
-        if name == "seed":
-            raise UserInputError(key, raw, "seeds are never ablated: list them under replicate.seeds")
-        if name not in valid:
-            raise _did_you_mean(key, name, valid)
-        if isinstance(raw, list):
-            parse_ablated(key, raw)  # empty lists and repeated values
-        if name == "pooling":
-            axes[name] = expand_pooling(raw)
-        elif name == "language":
-            axes[name] = expand_language(raw, task_languages(study.task))
-        elif name == "layer":
-            axes[name] = Grid(()) if raw in ("all", "last") else parse_ablated(key, raw)  # per model below
-        else:
-            axes[name] = parse_ablated(key, raw)
+        axis = found.check(_ablate_axis, study, name, raw, valid)
+        if axis is not None:
+            axes[name] = axis
     return axes
+
+
+def _ablate_axis(study: StudyConfig, name: str, raw: Any, valid: list[str]) -> Fixed | Grid:
+    from trainables.data.tasks import task_languages
+
+    key = f"ablate.{name}"
+    if name == "seed":
+        raise UserInputError(key, raw, "seeds are never ablated: list them under replicate.seeds")
+    if name not in valid:
+        raise _did_you_mean(key, name, valid)
+    if isinstance(raw, list):
+        parse_ablated(key, raw)  # empty lists and repeated values
+    if name == "pooling":
+        return expand_pooling(raw)
+    if name == "language":
+        return expand_language(raw, task_languages(study.task))
+    if name == "layer":
+        return Grid(()) if raw in ("all", "last") else parse_ablated(key, raw)  # per model, in _cells
+    return parse_ablated(key, raw)
 
 
 def _cells(study: StudyConfig, axes: dict[str, Fixed | Grid]) -> list[dict[str, Any]]:
@@ -276,20 +281,31 @@ def _depth(model: str, key: str) -> int:
 
 
 def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Path | None = None) -> StudyPlan:
-    """Resolve and check everything a launch needs, one step after another; raises UserInputError on
-    the first problem, naming the YAML key it came from."""
+    """Resolve and check everything a launch needs. Every problem is a UserInputError naming the YAML key it
+    came from; the checks that do not depend on a failed one still run, so all of them are reported at once
+    (UserInputErrors when there are several)."""
     kind = load_kind(KINDS[study.trainable])  # config.py checked the name against the registry
-    _check_task(study)
-    axes = _ablate_axes(study, kind.Config)
-    _check_language(study, axes)
-    tuned = _tuned_params(study, kind, axes)
-    seeds = _replicate_seeds(study, kind)
-    base, origins = _base_config(study, kind.Config, axes, tuned, study_dir, stage_root)
-    cells = tuple(Cell(i, values) for i, values in enumerate(_cells(study, axes)))
-    parsed = _check_trials(kind, cells, base, tuned, origins)
-    data = read_study_data(_tasks_read(study, cells, base), base.get("data_dir"))
-    check_tracking_uri(study.tracking.mlflow_uri, study_dir or Path.cwd())
-    _check_baseline(study, cells)
+    found = Problems()
+    found.check(_check_task, study)
+    task_ok = not found.errors
+    seeds = found.check(_replicate_seeds, study, kind)
+    before = len(found.errors)
+    axes = _ablate_axes(study, kind.Config, found)  # the axes that parse: the checks below go on with them
+    axes_ok = len(found.errors) == before
+    if task_ok and (axes_ok or "language" not in study.ablate):
+        found.check(_check_language, study, axes)
+    tuned = found.check(_tuned_params, study, kind, axes)
+    based = found.check(_base_config, study, kind.Config, axes, tuned or {}, study_dir, stage_root)
+    values = found.check(_cells, study, axes)
+    if task_ok and tuned is not None and based is not None and values is not None:  # each trial names the task
+        base, origins = based
+        cells = tuple(Cell(i, v) for i, v in enumerate(values))
+        parsed = found.check(_check_trials, kind, cells, base, tuned, origins)
+        data = found.check(read_study_data, _tasks_read(study, cells, base), base.get("data_dir"))
+        if axes_ok:
+            found.check(_check_baseline, study, cells)
+    found.check(check_tracking_uri, study.tracking.mlflow_uri, study_dir or Path.cwd())
+    found.raise_any()
     metric, mode = kind.metric(parsed[0]) if parsed else ("dev_spearman", "max")
     reports = tuple(kind.num_reports(p) for p in parsed)
     epochs = max(reports, default=1)  # reports per trial; ablating epochs or steps makes them differ by cell
@@ -364,10 +380,9 @@ def _base_config(study: StudyConfig, schema: type[TrialConfig], axes: dict, tune
                             **({"model": study.model} if study.model is not None else {})}
     if study.language is not None:
         base["language"] = study.language
-    if study.data_dir:  # relative to the study file's folder
-        base["data_dir"] = str(((study_dir or Path.cwd()) / Path(study.data_dir).expanduser()).resolve())
-    elif os.environ.get("ORCHESTRATOR_DATA_DIR"):
-        base["data_dir"] = str(Path(os.environ["ORCHESTRATOR_DATA_DIR"]).expanduser().resolve())
+    folder = study_data_dir(study, study_dir)
+    if folder is not None:  # resolved here, so every trial (on any node) reads the folder the driver checked
+        base["data_dir"] = str(folder)
     for name, value in study.train.items():
         if name not in schema.model_fields or name in MANAGED:
             raise _did_you_mean(f"train.{name}", name, [k for k in schema.model_fields if k not in MANAGED])
@@ -387,17 +402,30 @@ def _base_config(study: StudyConfig, schema: type[TrialConfig], axes: dict, tune
     return base, origins
 
 
+def study_data_dir(study: StudyConfig, study_dir: Path | None) -> Path | None:
+    """The study's `data_dir:` (relative to the study file's folder), else $ORCHESTRATOR_DATA_DIR (what
+    `--data-dir` sets), else `../shared/data` beside the checkout when it exists; None: the hub."""
+    from trainables.data.tasks import data_dir
+
+    if study.data_dir:
+        return ((study_dir or Path.cwd()) / Path(study.data_dir).expanduser()).resolve()
+    found = data_dir()
+    return found.resolve() if found is not None else None
+
+
 def _check_trials(kind: TrainableKind, cells: tuple[Cell, ...], base: dict, tuned: dict[str, Param],
                   origins: dict[str, str]) -> list[TrialConfig]:
     """Every cell's trial config parsed and deep-checked, with every tuned value it may meet (one
     parameter at a time); the cells' configs at the first tuned values."""
     covering = {k: covering_values(p) for k, p in tuned.items()}
     sample = {k: values[0] for k, values in covering.items()}
-    parsed = [_check_trial(kind, {**base, **cell.values, **sample}, origins) for cell in cells]
+    found = Problems()  # every cell is checked; a problem that every cell shares is said once
+    parsed = [found.check(_check_trial, kind, {**base, **cell.values, **sample}, origins) for cell in cells]
     for cell in cells:
         for name, values in covering.items():
             for value in values[1:]:
-                _check_trial(kind, {**base, **cell.values, **sample, name: value}, origins)
+                found.check(_check_trial, kind, {**base, **cell.values, **sample, name: value}, origins)
+    found.raise_any()
     return parsed
 
 

@@ -21,28 +21,35 @@ def status_table(state: StudyState, title: str | None = None) -> Table:
                                   f"{counts['failed']} failed, {counts['diverged']} diverged, "
                                   f"{counts['pruned']} pruned · {counts['planned']} planned" +
                                   (f", {counts['skipped']} skipped" if counts["skipped"] else "")))
+    metric = state.plan.metric
+    tunes = state.plan.trials_per_cell > 0
+    table.caption = ((f"tuning's best: the best {metric} of the cell's tuning trials (the report's tuning table); "
+                      if tunes else "") +
+                     f"replicates' mean: the mean over seeds of each replicate's best {metric} (what selects on dev)")
     table.add_column("cell")
     table.add_column("tuning", justify="right")
     table.add_column("replicates", justify="right")
-    table.add_column(f"best {state.plan.metric}", justify="right")
-    best = state.best_per_cell()
+    if tunes:
+        table.add_column(f"tuning's best {metric}", justify="right")
+    table.add_column(f"replicates' mean {metric}", justify="right")
     for cell in state.plan.cells:
         tune = state.issued(cell, "tune")
         reps = state.issued(cell, "replicate")
-        value = best.get(cell.key)
-        degenerate = any(r.finished and r.last.get("degenerate") == 1 for r in tune + reps)
+        degenerate = "degenerate" if any(r.finished and r.last.get("degenerate") == 1 for r in tune + reps) else "—"
         rule = state.seed_rule(cell)[1]
         skipped = state.skip_reason(cell)
+        scores = [state.tuning_best(cell)] if tunes else []
         table.add_row(cell.key, f"{sum(r.finished for r in tune)}/{state.plan.trials_per_cell}",
                       skipped or (f"{sum(r.finished for r in reps)}/{len(state.plan.seeds)}" +
                                   (f" ({rule})" if rule else "")),
-                      f"{value:.2f}" if value is not None else ("degenerate" if degenerate else "—"))
+                      *(f"{v:.2f}" if v is not None else degenerate for v in [*scores, state.replicates_mean(cell)]))
     return table
 
 
 def status_record(state: StudyState) -> dict:
-    """`status --json`: the counts and, per cell, its trials, replicates, best dev score and why it
-    stopped or was skipped."""
+    """`status --json`: the counts and, per cell, its trials, replicates, dev scores (`best_<metric>`: the
+    best of any trial; `tuning_best_<metric>`: of its tuning trials; `replicates_mean_<metric>`: the mean of
+    its replicates' best) and why it stopped or was skipped."""
     best = state.best_per_cell()
     cells = []
     for cell in state.plan.cells:
@@ -53,7 +60,9 @@ def status_record(state: StudyState) -> dict:
                       "replicates_finished": sum(r.finished for r in state.replicates(cell)),
                       "replicates_planned": len(state.plan.seeds), "skipped": state.skip_reason(cell),
                       "seed_rule": state.seed_rule(cell)[1] or None,
-                      f"best_{state.plan.metric}": value if value is None or math.isfinite(value) else None})
+                      f"best_{state.plan.metric}": value if value is None or math.isfinite(value) else None,
+                      f"tuning_best_{state.plan.metric}": state.tuning_best(cell),
+                      f"replicates_mean_{state.plan.metric}": state.replicates_mean(cell)})
     return {"study": state.plan.study.name, "complete": state.is_complete(), **state.counts(), "cells": cells}
 
 

@@ -356,6 +356,19 @@ class StudyState:
         return {cell.key: max((self._value(r) for r in self.issued(cell, "tune") + self.replicates(cell)
                                if _finite(self._value(r))), default=None) for cell in self.plan.cells}
 
+    def tuning_best(self, cell: Cell) -> float | None:
+        """The best dev score of the cell's tuning trials (the report's tuning table shows it)."""
+        values = [v for v in map(self._value, self.issued(cell, "tune")) if _finite(v)]
+        if not values:
+            return None
+        return max(values) if self.plan.mode == "max" else min(values)
+
+    def replicates_mean(self, cell: Cell) -> float | None:
+        """The mean over the cell's finished replicates of each run's best dev score (what the report's dev
+        selection compares)."""
+        values = [v for v in map(self._value, self.replicates(cell)) if _finite(v)]
+        return sum(values) / len(values) if values else None
+
 
 def _finite(value) -> bool:
     return isinstance(value, int | float) and math.isfinite(value)

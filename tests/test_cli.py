@@ -58,7 +58,7 @@ def test_missing_data_offline_is_exit_2_from_the_console_script(tiny_bert, tmp_p
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"error: task: 'stsb' has no data here; put stsb/sts-train.csv, stsb/sts-dev.csv, stsb/sts-test.csv under the "
-        f"data folder {tmp_path}, or go online for the hub copy sentence-transformers/stsb"]
+        f"data folder {tmp_path}, or go online: the hub copy sentence-transformers/stsb cannot be reached from here"]
 
 
 @pytest.mark.slow

@@ -92,6 +92,7 @@ def test_hub_copy_is_used_when_the_folder_lacks_the_files(tmp_path, monkeypatch)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr("trainables.data.tasks.hub_reachable", lambda: True)
     data = load_task("stsb_multi_mt", "de", tmp_path)
     assert calls == [("PhilipMay/stsb_multi_mt", "de", s) for s in ("train", "dev", "test")]
     assert data.test.score.tolist() == [1.0, 0.2]

@@ -246,7 +246,8 @@ def test_list_status_json_and_version(tmp_path):
     assert shown["complete"] is True and shown["completed"] == 1 and shown["running_now"] is False
     assert shown["cells"] == [{"cell": "layer=1", "layer": 1, "tuning_finished": 0, "tuning_planned": 0,
                                "replicates_finished": 1, "replicates_planned": 1, "skipped": None,
-                               "seed_rule": None, "best_dev_spearman": 71.5}]
+                               "seed_rule": None, "best_dev_spearman": 71.5, "tuning_best_dev_spearman": None,
+                               "replicates_mean_dev_spearman": 71.5}]
     version = runner.invoke(app, ["--version"])
     assert version.exit_code == 0 and version.stdout.startswith("orchestrator (ablation-orchestrator) ")
 

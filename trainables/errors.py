@@ -18,6 +18,49 @@ class UserInputError(ValueError):
         super().__init__(f"{key}: {shown} {self.problem}; {fix}")
 
 
+class UserInputErrors(UserInputError):
+    """Several problems of one input, each its own line: `validate` reports every error of a study file at
+    once. Behaves as its first error where one is expected (key, value, fix, message)."""
+
+    def __init__(self, errors: list[UserInputError]) -> None:
+        self.errors = list(errors)
+        first = self.errors[0]
+        super().__init__(first.key, first.value, first.fix)
+        self.args = (str(first),)
+
+    def lines(self) -> list[str]:
+        return [str(e) for e in self.errors]
+
+
+class Problems:
+    """Collects the UserInputErrors of several independent checks, so one pass reports all it can find;
+    the same message twice (a bad key that every cell repeats) is kept once."""
+
+    def __init__(self) -> None:
+        self.errors: list[UserInputError] = []
+
+    def add(self, *errors: UserInputError) -> None:
+        for error in errors:
+            if str(error) not in {str(e) for e in self.errors}:
+                self.errors.append(error)
+
+    def check(self, step, *args, **kwargs):
+        """`step(*args, **kwargs)`, or None with its errors kept."""
+        try:
+            return step(*args, **kwargs)
+        except UserInputErrors as exc:
+            self.add(*exc.errors)
+        except UserInputError as exc:
+            self.add(exc)
+        return None
+
+    def raise_any(self) -> None:
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            raise UserInputErrors(self.errors)
+
+
 class DataNotFoundError(UserInputError):
     """A data set is neither in the data folder nor reachable on the hub."""
 

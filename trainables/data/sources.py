@@ -202,6 +202,9 @@ def _read_hub(d: DataDeclaration, key: str) -> tuple[dict[str, pd.DataFrame], di
             frames[split] = (saved[name] if isinstance(saved, datasets.DatasetDict) else saved).to_pandas()
             sources[split] = Origin(hub.path, name)
         return frames, sources
+    from trainables.hub import offline_unless_reachable
+
+    offline_unless_reachable()  # a hub id: from the local cache only, at once, when the hub cannot be reached
     pinned = {"revision": hub.revision} if hub.revision else {}
     for split, name in hub.splits.items():
         loaded = _hub_call(f"{key}.hf.splits.{split}", name,

@@ -4,7 +4,9 @@ STS tasks give `sentence1`, `sentence2`, `score` (scaled to [0, 1]); pair classi
 `sentence1`, `sentence2`, `label`; unlabeled corpora give `sentence` (train only). A task is a
 built-in name — a declaration of its files in the data folder (the layout of `shared/data`) and,
 for some, of a hub copy read when the folder lacks them — or a study's own declaration
-(`trainables.data.declaration`); both are read by `trainables.data.sources`.
+(`trainables.data.declaration`); both are read by `trainables.data.sources`. The data folder is the
+one given, else `$ORCHESTRATOR_DATA_DIR`, else `../shared/data` beside the checkout; the hub is asked
+only when it is reachable.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pandas as pd
 from trainables.data.declaration import DataDeclaration, HubSource, parse_declaration
 from trainables.data.sources import SENTEVAL, DeclaredData, Origin, read_declared, split_sha256
 from trainables.errors import DataNotFoundError, UserInputError, one_of
+from trainables.hub import hub_reachable
 
 DATA_DIR_ENV = "ORCHESTRATOR_DATA_DIR"
 SPLITS = ("train", "dev", "test")
@@ -149,10 +152,19 @@ def resolve_language(spec: TaskSpec, language: str | None) -> str:
     return language
 
 
+def default_data_dir() -> Path | None:
+    """`../shared/data` beside the checkout this code runs from, when it exists (a source checkout or an
+    editable install; an installed package has no checkout, and reads the hub)."""
+    checkout = Path(__file__).resolve().parents[2]  # trainables/data/tasks.py -> the checkout
+    folder = checkout.parent / "shared" / "data"
+    return folder if (checkout / "pyproject.toml").is_file() and folder.is_dir() else None
+
+
 def data_dir(explicit: str | os.PathLike | None = None) -> Path | None:
-    """The data folder: the explicit argument, else $ORCHESTRATOR_DATA_DIR, else none."""
+    """The data folder: the explicit argument, else $ORCHESTRATOR_DATA_DIR, else `../shared/data` beside
+    the checkout when it exists, else none (the hub)."""
     value = explicit if explicit is not None else os.environ.get(DATA_DIR_ENV)
-    return Path(value).expanduser() if value else None
+    return Path(value).expanduser() if value else default_data_dir()
 
 
 def _cap(frame: pd.DataFrame, limit: int | None) -> pd.DataFrame:
@@ -162,11 +174,6 @@ def _cap(frame: pd.DataFrame, limit: int | None) -> pd.DataFrame:
     if limit < 1:
         raise UserInputError("data.max_samples", limit, "use a positive number of rows, or null for all")
     return frame.sample(n=limit, random_state=SAMPLE_SEED).sort_index().reset_index(drop=True)
-
-
-def _hub_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") or \
-        os.environ.get("HF_DATASETS_OFFLINE", "0").lower() in ("1", "true", "yes")
 
 
 TaskRef = str | dict | DataDeclaration  # a built-in task's name, or a declaration (a study's `task:` mapping)
@@ -267,11 +274,13 @@ def task_source(task: TaskRef, language: str | None = None, data_folder: str | o
 
 
 def _load_from_hub(spec: TaskSpec, language: str, root: Path | None) -> DeclaredData:
+    """The hub's copy, asked only when the hub is reachable (else the one-line error at once)."""
     where = f"the data folder {root}" if root else f"a data folder (--data-dir or ${DATA_DIR_ENV})"
     files = ", ".join(spec.local_files(language))
     missing = DataNotFoundError("task", spec.name, f"put {files} under {where}"
-                                + (f", or go online for the hub copy {spec.hub_id}" if spec.hub_id else ""))
-    if spec.hub is None or _hub_offline():
+                                + (f", or go online: the hub copy {spec.hub_id} cannot be reached from here"
+                                   if spec.hub_id else ""))
+    if spec.hub is None or not hub_reachable():
         raise missing
     try:
         return read_declared(spec.hub(language))

@@ -23,7 +23,12 @@ def resolve_model_path(name: str) -> str:
         refuse_unsafe_weights(Path(name).expanduser(), name)
         return str(Path(name).expanduser())
     packaged = packaged_model_path(name)
-    return str(packaged) if packaged is not None else name
+    if packaged is not None:
+        return str(packaged)
+    from trainables.hub import offline_unless_reachable
+
+    offline_unless_reachable()  # a hub id: from the cache only, at once, when the hub cannot be reached
+    return name
 
 
 def refuse_custom_code(folder: Path, name: str) -> None:
@@ -80,7 +85,7 @@ def config_file(name: str) -> Path:
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError
 
-    try:
+    try:  # offline when the hub is unreachable (resolve_model_path): the cache only, no retries
         return Path(hf_hub_download(name, "config.json"))
     except (OSError, ValueError, EntryNotFoundError) as exc:
         raise UserInputError("model", name, install_hint(name)) from exc
