@@ -83,13 +83,27 @@ def type_of(prop: dict, defs: dict) -> str:
     return {"integer": "int", "number": "float", "string": "str", "boolean": "bool"}.get(kind, kind)
 
 
+def section_of(prop: dict) -> str | None:
+    """The section (a $defs name) a property holds, directly or as `Section or null`."""
+    for option in [prop, *prop.get("anyOf", [])]:
+        if "$ref" in option:
+            return option["$ref"].rsplit("/", 1)[-1]
+    return None
+
+
 def schema_table(schema: dict, defs: dict) -> list[str]:
     required = set(schema.get("required", []))
     rows = ["| key | type | default | what it is |", "|---|---|---|---|"]
     for key, prop in schema.get("properties", {}).items():
-        default = "required" if key in required else f"`{prop['default']!r}`" if "default" in prop else ""
-        what = cell(prop.get("description", ""))
-        rows.append(f"| `{key}` | {cell(type_of(prop, defs))} | {cell(default)} | {what} |")
+        section = section_of(prop)
+        if key in required:
+            default = "required"
+        elif section:  # a section's defaults are in its own table
+            default = f"[below](#{section.lower()})" if prop.get("default") is not None else "`None`"
+        else:
+            default = f"`{prop['default']!r}`" if "default" in prop else ""
+        what = prop.get("description") or (defs.get(section, {}).get("description", "") if section else "")
+        rows.append(f"| `{key}` | {cell(type_of(prop, defs))} | {default} | {cell(what)} |")
     return rows
 
 
@@ -111,7 +125,8 @@ def kind_configs_reference() -> str:
     out = []
     for name, path in KINDS.items():
         kind = load_kind(path)
-        out += [f"### `trainable: {name}`", "", (type(kind).__doc__ or "").strip().split("\n\n")[0], "",
+        about = type(kind).__doc__ or sys.modules[type(kind).__module__].__doc__ or ""
+        out += [f"### `trainable: {name}`", "", " ".join(about.strip().split("\n\n")[0].split()), "",
                 "| key | type | default | what it is |", "|---|---|---|---|"]
         for key, field in kind.Config.model_fields.items():
             if key in MANAGED:

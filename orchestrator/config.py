@@ -29,11 +29,17 @@ class Section(BaseModel):
 
 
 class TuneSection(Section):
-    params: dict[str, Any] = Field(min_length=1)
+    """Nuisance parameters searched by Optuna inside each ablation cell, on the dev split."""
+
+    params: dict[str, Any] = Field(min_length=1, description="the kind's keys to search, each a range "
+                                                              "({loguniform: [1e-5, 1e-4]}, {choice: [...]}, ...) "
+                                                              "or a preset name (lr: default)")
     trials: int = Field(8, ge=1, description="Optuna trials per ablation cell")
     sampler: Literal["tpe", "random"] = Field("tpe", description="tpe: Optuna's TPE after startup_trials random "
                                                                  "trials; random: every trial drawn at random")
-    scheduler: Literal["asha", "none"] = "asha"
+    scheduler: Literal["asha", "none"] = Field("asha", description="asha: stop weak trials early, compared only "
+                                                                   "with trials of the same cell; none: train every "
+                                                                   "trial to the end")
     grace_epochs: int = Field(1, ge=1, description="epochs before ASHA may stop a trial")
     reduction_factor: int = Field(3, ge=2)
     startup_trials: int = Field(3, ge=1, description="random trials per cell before TPE models the space")
@@ -44,6 +50,8 @@ class TuneSection(Section):
 
 
 class UntilSection(Section):
+    """Adaptive seeds: more seeds for a cell until its dev mean is precise enough."""
+
     dev_ci95: float = Field(gt=0, description="stop adding seeds to a cell once the 95 % confidence interval of its "
                                               "mean dev score is at most +- this many points")
     rule: Literal["two_stage", "sequential"] = Field(
@@ -53,30 +61,44 @@ class UntilSection(Section):
 
 
 class ReplicateSection(Section):
+    """The seeds: each cell's best configuration is rerun once per seed, and only these runs score test."""
+
     seeds: Any = Field([0], description="a list of seeds, or a count N meaning 0..N-1")
     max_seeds: int | None = Field(None, ge=2, description="with `until`: at most this many seeds per cell")
     until: UntilSection | None = Field(None, description="add seeds to a cell until its dev mean is this precise")
 
 
 class DataSection(Section):
-    max_train_samples: int | None = Field(None, ge=1)
-    max_eval_samples: int | None = Field(None, ge=1)
+    """Caps for quick studies: a fixed random subset, the same rows for every trial and seed."""
+
+    max_train_samples: int | None = Field(None, ge=1, description="at most this many training pairs (null: all)")
+    max_eval_samples: int | None = Field(None, ge=1, description="at most this many dev and test pairs each "
+                                                                  "(null: all)")
 
 
 class ResourcesSection(Section):
-    cpu: float = Field(1.0, gt=0)
-    gpu: float = Field(0.0, ge=0)
+    """What each trial asks of the cluster; torch threads follow the CPUs granted."""
+
+    cpu: float = Field(1.0, gt=0, description="CPUs per trial")
+    gpu: float = Field(0.0, ge=0, description="GPUs per trial; a fraction packs several trials on one GPU")
 
 
 class TrackingSection(Section):
-    mlflow_uri: str = "sqlite:///mlflow.db"
+    """Where MLflow keeps the runs."""
+
+    mlflow_uri: str = Field("sqlite:///mlflow.db", description="sqlite:///path (relative to the study file's "
+                                                                "folder) or an http(s):// tracking server")
 
 
 class BudgetSection(Section):
+    """A limit on the estimated wall time, checked by a pilot before launch."""
+
     hours: float = Field(gt=0, description="refuse to launch a plan whose estimated wall time exceeds this")
 
 
 class LatexSection(Section):
+    """How the LaTeX tables fit a paper."""
+
     width: Literal["auto", "column", "page"] = Field(
         "auto", description="never scaled down: column keeps a table in one column of a two-column paper (at "
                             "\\small, turned round, or at \\footnotesize), page makes it a table* across the page; "
@@ -84,16 +106,19 @@ class LatexSection(Section):
 
 
 class ReportSection(Section):
+    """What the report writes and how its tables are laid out and tested."""
+
     formats: list[Literal["markdown", "latex", "csv"]] = Field(
         ["markdown", "latex", "csv"], description="what `report` writes by default (--format overrides); runs.csv "
                                                   "is always written: verify recomputes from it")
     latex: LatexSection = LatexSection()
     labels: dict[str, str] = Field({}, description="display names of axes and values in tables and plots, e.g. "
                                                    "{layer: Layer, pooling: Pooling, cls: CLS}")
-    baseline: dict[str, Any] | None = None
+    baseline: dict[str, Any] | None = Field(None, description="the cell every other is tested against, a value of "
+                                                              "the column axis: {layer: last} or {layer: 6}")
     rows: list[str] | None = Field(None, description="ablated axes down the tables (default: all but columns)")
     columns: str | None = Field(None, description="the ablated axis across (default: layer)")
-    decimals: int = Field(2, ge=0, le=6)
+    decimals: int = Field(2, ge=0, le=6, description="decimals of the scores in the tables")
     notes: Literal["short", "full"] = Field(
         "short", description="the footnotes under each table: short (a few lines: what the marks mean; report.md "
                              "keeps every detail under 'Notes in full') or full (every detail under the table)")
@@ -112,7 +137,8 @@ NAME_FIX = "use letters, digits, '_', '.' or '-' (it names folders)"
 
 
 class StudyConfig(Section):
-    name: str = Field(pattern=f"^{NAME_PATTERN.pattern}$", max_length=100)
+    name: str = Field(pattern=f"^{NAME_PATTERN.pattern}$", max_length=100,
+                      description="the study's name: its folder, its MLflow experiment, its report folder")
     trainable: str = Field("finetune", json_schema_extra={"enum": list(KINDS)},
                            description="a kind from the closed registry trainables.kinds.KINDS")
     task: str | DataDeclaration = Field("stsb", description="a built-in task (stsb, stsb_multi_mt, korsts, sick, "
@@ -120,19 +146,26 @@ class StudyConfig(Section):
                                                             "with name, type, and files, file or hf")
     model: str | None = Field(None, description="hub id or local folder; may be left out when ablate.model lists "
                                                 "the models")
-    language: str | None = None
-    ablate: dict[str, Any] = {}
+    language: str | None = Field(None, description="the language of a multilingual task (stsb_multi_mt: de, es, ...)")
+    ablate: dict[str, Any] = Field({}, description="the grid of the paper's table: each key of the kind with a list "
+                                                   "of values (layer: all for every layer); every combination is a "
+                                                   "cell")
     tune: TuneSection | None = None
     replicate: ReplicateSection = ReplicateSection()
-    train: dict[str, Any] = {}
+    train: dict[str, Any] = Field({}, description="the kind's keys fixed for every trial (epochs, batch_size, "
+                                                  "loss, ...)")
     data: DataSection = DataSection()
     resources: ResourcesSection = ResourcesSection()
     tracking: TrackingSection = TrackingSection()
     report: ReportSection = ReportSection()
-    storage_path: str | None = None
-    data_dir: str | None = None
+    storage_path: str | None = Field(None, description="the folder of study folders (default ./studies); on a "
+                                                       "cluster, one every node sees")
+    data_dir: str | None = Field(None, description="the data folder, relative to the study file's folder (default: "
+                                                   "--data-dir or $ORCHESTRATOR_DATA_DIR, else ../shared/data beside "
+                                                   "the checkout, else the hub)")
     max_failures: int = Field(2, ge=0, description="retries of a failed trial from its last checkpoint")
-    max_concurrent: int | None = Field(None, ge=1)
+    max_concurrent: int | None = Field(None, ge=1, description="at most this many trials at once (default: the "
+                                                                "cluster's slots)")
     budget: BudgetSection | None = Field(None, description="a pilot estimates the plan before launch; over budget, "
                                                            "launch refuses")
     save: Literal["none", "best_per_cell", "all_replicates"] = Field(
