@@ -36,6 +36,18 @@ def _extends(key: str, old: Any, new: Any) -> bool:
     return key.split(".")[0] in HARMLESS
 
 
+def _removed(key: str, old: Any, new: Any) -> str | None:
+    """The values an edit removed from an axis or the seeds (`3`, `3, 4`), or None for another change."""
+    if key == "replicate.seeds":
+        old_values, new_values = list(expand_seeds(old)), set(expand_seeds(new))
+    elif key.startswith("ablate.") and old is not None and new is not None:
+        old_values, new_values = _as_list(old), _as_list(new)
+    else:
+        return None
+    gone = [v for v in old_values if v not in new_values]
+    return ", ".join(map(str, gone)) if gone else None
+
+
 def check_edit(stored: StudyConfig, edited: StudyConfig) -> list[str]:
     """The keys that changed, when every change extends the study; a UserInputError naming the
     first change that would invalidate finished work."""
@@ -47,6 +59,11 @@ def check_edit(stored: StudyConfig, edited: StudyConfig) -> list[str]:
         if old == new:
             continue
         if not _extends(key, old, new):
+            removed = _removed(key, old, new)
+            if removed:
+                raise UserInputError(key, new, f"the study was launched with {old!r}; removing {removed} would drop "
+                                               "cells or seeds it has run or started (what ran stays in its journal "
+                                               "and MLflow): restore it, or launch under a new name")
             raise UserInputError(key, new, f"the study was launched with {old!r}; that change would invalidate its "
                                            "finished work: restore it, or launch under a new name")
         changed.append(key)

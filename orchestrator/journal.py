@@ -103,8 +103,10 @@ class JournalError(UserInputError):
 
     def __init__(self, path: Path, number: int, raw: bytes, problem: str):
         shown = raw[:80].decode("utf-8", errors="replace")
-        super().__init__(f"{path}:{number}", shown, f"line {number} is damaged ({problem}); the journal is the "
-                         "study's record, so nothing is guessed: restore the line from a backup, or delete it "
+        newer = ("; a newer orchestrator writes events this one does not know: if a newer version ran this study, "
+                 "upgrade to it" if problem.startswith("unknown event") else "")
+        super().__init__(f"{path}:{number}", shown, f"line {number} is damaged ({problem}){newer}; the journal is "
+                         "the study's record, so nothing is guessed: restore the line from a backup, or delete it "
                          "(a trial whose `finished` line is lost runs again)")
 
 

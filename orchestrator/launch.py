@@ -141,6 +141,8 @@ def launch(study_file: StudySpec | str | Path, storage: str | Path | None = None
     study = spec.config
     folder = study_dir(storage or study.storage_path, study.name)
     refuse_existing(folder, study.name, resume)
+    if resume:  # a folder a newer orchestrator wrote is refused, not rewritten in this version's format
+        read_record(folder, study.name, study.trainable)
     meta = (read_meta(folder) if resume else None) or {"base_dir": str(spec.base_dir),
                                                        "study_uid": unstarted_uid(folder) or uuid.uuid4().hex}
     base_dir = Path(meta["base_dir"])
@@ -352,7 +354,9 @@ def run_tuner(plan: StudyPlan, state: StudyState, tracker, storage: Path, name: 
             + ([ProgressCallback(state, banner)] if progress else []),
         ),
     )
-    with graceful_sigterm(), no_forwarded_secrets():
+    from orchestrator.driver_log import LAUNCH_LOG, ray_logs_to
+
+    with graceful_sigterm(), no_forwarded_secrets(), ray_logs_to(storage.parent / LAUNCH_LOG, f"{study.name}: {name}"):
         tuner.fit()
 
 

@@ -8,6 +8,8 @@ import contextlib
 import os
 import sqlite3
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -189,3 +191,283 @@ def test_make_run_leaves_nothing_untracked_and_setup_quiets_the_editable_notice(
     editable = [line for line in (root / "Makefile").read_text().splitlines()
                 if "pip install" in line and " -e " in line]
     assert editable and all(line.strip().startswith("$(QUIET_EDITABLE) ") for line in editable)
+
+
+def test_rays_own_messages_go_to_the_study_log_not_the_terminal(tmp_path, capfd):
+    """What Tune logs about errors the launch handles (a full disk, Ctrl-C's "Failed to fetch metrics for
+    2 trial(s): FileNotFoundError(...)") reached the terminal above the launch's one line."""
+    import logging
+
+    import ray  # noqa: F401 (its logging setup: a stderr handler on `ray`)
+
+    from orchestrator.driver_log import ray_logs_to
+
+    fetch = logging.getLogger("ray.tune.analysis.experiment_analysis")
+    with ray_logs_to(tmp_path / "launch.log", "s: launch-1"):
+        fetch.warning("Failed to fetch metrics for 2 trial(s):\n- c0-t1: FileNotFoundError('result.json')")
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError:
+            logging.getLogger("ray.tune.execution.tune_controller").exception("Trial task failed for trial c0-s0")
+    written = capfd.readouterr()
+    assert written.err == "" and written.out == ""
+    log = (tmp_path / "launch.log").read_text()
+    assert "INFO ray: s: launch-1 at " in log and "Failed to fetch metrics for 2 trial(s)" in log
+    assert "Traceback (most recent call last)" in log and "No space left on device" in log
+    fetch.warning("after the launch: Ray's own handler again")
+    assert "after the launch" in capfd.readouterr().err
+
+
+def test_a_study_log_that_cannot_be_written_drops_its_lines_quietly(tmp_path, capfd):
+    """On a full disk the log cannot take Ray's lines either: logging's default would print a
+    `--- Logging error ---` traceback for each."""
+    import logging
+
+    from orchestrator.driver_log import ray_logs_to
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    with ray_logs_to(Path("/dev/full"), "s: launch-2"):
+        logging.getLogger("ray.tune").error("Trial task failed: [Errno 28] No space left on device")
+    assert capfd.readouterr().err == ""
+
+
+LAUNCH_WITH_KIND = ("import sys\nfrom trainables.kinds import KINDS\nKINDS[sys.argv[1]] = sys.argv[2]\n"
+                    "sys.argv = ['orchestrator', *sys.argv[3:]]\nfrom orchestrator.cli import main\nmain()\n")
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_ray_is_the_launchs_one_line_and_rays_tracebacks_go_to_the_study_log(
+        tiny_bert, synthetic_data_dir, tmp_path, empty_store):
+    """A trial that hits a full disk: the user saw 127 lines with Ray's two tracebacks above the one line
+    the launch writes. Now: the banner, the progress lines, the one line (exit 1); Ray's own report of
+    the failure is in the study's launch.log; `resume` runs what the disk stopped."""
+    make_store(tmp_path / "mlflow.db", empty_store)
+    study = write_study(tmp_path, tiny_bert, synthetic_data_dir, trainable="toy_full", ablate={"lr": [0.1, 1.0]},
+                        replicate={"seeds": [0, 1]}, train={"epochs": 3}, resources={"cpu": 1})
+    kind = "tests.toy_kind:FullDiskToyKind"
+    command = [sys.executable, "-c", LAUNCH_WITH_KIND, "toy_full", kind, "launch", str(study), "--storage",
+               str(tmp_path / "studies"), "--max-concurrent", "1"]
+    full = tmp_path / "disk-is-full"
+    full.touch()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOY_FULL_DISK": str(full)}
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 1, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1].startswith(f"error: storage: '{tmp_path}/studies/s' has no space left; free space on its disk")
+    assert "Traceback" not in done.stderr and 'File "' not in done.stderr, done.stderr[-3000:]
+    assert len(lines) <= 8, done.stderr  # banner (2), a progress line per trial, the error
+    log = (tmp_path / "studies" / "s" / "launch.log").read_text()
+    assert "No space left on device" in log and "Traceback (most recent call last)" in log
+    full.unlink()  # space again
+    resumed = subprocess.run([*command[:5], "resume", "s", "--storage", str(tmp_path / "studies")], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=600, env=env)
+    assert resumed.returncode == 0 and "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
+    assert "s: finished: 4 completed, 0 pruned, 0 diverged, 0 failed of 4 planned" in resumed.stdout
+
+
+def launched(tmp_path: Path, model: str, data_dir: Path, template: Path, stop_after: int | None = None, **changes):
+    """A study launched with instant trials (no Ray): (study file, storage); `stop_after`: interrupted
+    (as Ctrl-C would) once that many trials finished."""
+    from benchmarks.instant import instant_executor
+    from orchestrator.launch import launch
+
+    make_store(tmp_path / "mlflow.db", template)
+    study = write_study(tmp_path, model, data_dir, **{"replicate": {"seeds": [0, 1]}, "train": {"epochs": 2},
+                                                     **changes})
+
+    def interrupt(finished: int) -> None:
+        if stop_after is not None and finished >= stop_after:
+            raise KeyboardInterrupt
+
+    with contextlib.suppress(KeyboardInterrupt):
+        launch(study, storage=tmp_path / "studies", progress=False,
+               executor=instant_executor(lambda config, seed, epoch: 50.0 + epoch + config.get("layer", 0), slots=2,
+                                         on_finished=interrupt))
+    return study, tmp_path / "studies"
+
+
+def state_files(folder: Path) -> dict[str, bytes]:
+    """The study folder's files (not its lock, which every writer stamps)."""
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != ".lock"}
+
+
+def resume_instant(storage: Path, **kwargs):
+    from benchmarks.instant import instant_executor
+    from orchestrator.launch import resume
+
+    return resume("s", storage, progress=False, **kwargs,
+                  executor=instant_executor(lambda config, seed, epoch: 50.0 + epoch + config.get("layer", 0)))
+
+
+def test_a_study_folder_from_a_newer_version_is_refused_not_rewritten(tiny_bert, synthetic_data_dir, tmp_path,
+                                                                      empty_store):
+    """`resume` of a folder whose record a newer orchestrator wrote rewrote the record in this version's
+    format (and appended this version's events to the journal); every verb now says to upgrade."""
+    import json
+
+    study, storage = launched(tmp_path, tiny_bert, synthetic_data_dir, empty_store, stop_after=2)
+    folder = storage / "s"
+    record = json.loads((folder / "study_record.json").read_text())
+    record["version"] += 1
+    (folder / "study_record.json").write_text(json.dumps(record))
+    before = state_files(folder)
+    expected = (f"error: {folder}/study_record.json: {record['version']} is not valid; written by a newer "
+                f"orchestrator")
+    for args in (["resume", "s"], ["launch", str(study), "--resume"], ["status", "s"], ["sync", "s"]):
+        assert one_error_line(runner.invoke(app, [*args, "--storage", str(storage)])).startswith(expected), args
+    assert state_files(folder) == before
+
+
+def test_a_journal_event_of_a_newer_version_says_so(tiny_bert, synthetic_data_dir, tmp_path, empty_store):
+    study, storage = launched(tmp_path, tiny_bert, synthetic_data_dir, empty_store, stop_after=2)
+    journal = storage / "s" / "journal.jsonl"
+    lines = journal.read_text().splitlines()
+    journal.write_text("\n".join([lines[0], '{"event": "paused", "until": 5, "t": 1.0}', *lines[1:]]) + "\n")
+    line = one_error_line(runner.invoke(app, ["status", "s", "--storage", str(storage)]))
+    assert line.startswith(f"error: {journal}:2: '{{\"event\": \"paused\"") and "unknown event 'paused'" in line
+    assert "a newer orchestrator writes events this one does not know" in line
+
+
+@pytest.mark.parametrize(("edit", "key", "removed"), [
+    ({"ablate": {"layer": [1]}}, "ablate.layer", "2"),
+    ({"replicate": {"seeds": [1]}}, "replicate.seeds", "0"),
+])
+def test_removing_an_ablated_value_or_a_seed_on_resume_is_one_line_and_changes_nothing(
+        tiny_bert, synthetic_data_dir, tmp_path, empty_store, edit, key, removed):
+    study, storage = launched(tmp_path, tiny_bert, synthetic_data_dir, empty_store, stop_after=2)
+    folder = storage / "s"
+    before = state_files(folder)
+    status = runner.invoke(app, ["status", "s", "--storage", str(storage), "--json"]).stdout
+    write_study(tmp_path, tiny_bert, synthetic_data_dir, **{"replicate": {"seeds": [0, 1]}, "train": {"epochs": 2},
+                                                           **edit})
+    line = one_error_line(runner.invoke(app, ["launch", str(study), "--resume", "--storage", str(storage)]))
+    assert line.startswith(f"error: {key}: ") and f"removing {removed} would drop cells or seeds" in line
+    assert line.endswith("(what ran stays in its journal and MLflow): restore it, or launch under a new name")
+    assert state_files(folder) == before
+    assert runner.invoke(app, ["status", "s", "--storage", str(storage), "--json"]).stdout == status
+
+
+@pytest.mark.parametrize(("damage", "problem"), [
+    (lambda f: f.write_bytes(b""), "cannot be read as tsv"),
+    (lambda f: f.write_bytes(bytes(range(256)) * 40), "is not utf-8 text"),
+    (lambda f: (f.unlink(), f.mkdir()), "Is a directory"),
+    (lambda f: f.write_text(f.read_text().replace("\t4.000\t", "\tfour\t", 1)), "'four' is not a number"),
+    (lambda f: f.write_text(f.read_text()[:-30] + "\nmain-captions\tcut\n"), "is empty"),
+])
+def test_a_damaged_data_file_is_one_line_at_validate_and_launch(tiny_bert, synthetic_data_dir, tmp_path, damage,
+                                                                problem):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(synthetic_data_dir, data)
+    damage(data / "stsb" / "sts-train.csv")
+    study = write_study(tmp_path, tiny_bert, data)
+    assert problem in one_error_line(runner.invoke(app, ["validate", str(study)]))
+    assert problem in one_error_line(runner.invoke(app, ["launch", str(study), "--storage", str(tmp_path / "st")]))
+    assert not (tmp_path / "st").exists()
+
+
+def test_a_50000_event_journal_replays_to_the_right_state_and_resumes(tiny_bert, synthetic_data_dir, tmp_path,
+                                                                     empty_store):
+    """A long study's journal (every epoch, retries, checkpoints): status and resume read it whole; the
+    counts, each trial's rounds and the resumed trials must come out as from a short one."""
+    import json
+
+    study, storage = launched(tmp_path, tiny_bert, synthetic_data_dir, empty_store, stop_after=2,
+                              ablate={"layer": [1, 2, 3]})
+    journal = storage / "s" / "journal.jsonl"
+    events = [json.loads(line) for line in journal.read_text().splitlines()]
+    finished = [e["key"] for e in events if e["event"] == "finished"]
+    padded = []
+    for event in events:  # before each `finished`: thousands of reports of a trial retried over and over
+        if event["event"] == "finished":
+            padded += [{"event": "result", "key": event["key"], "t": event["t"],
+                        "metrics": {"epoch": 1 + i % 2, "dev_spearman": 40.0 + i % 7}} for i in range(25_000)]
+        padded.append(event)
+    journal.write_text("".join(json.dumps(e) + "\n" for e in padded))
+    assert len(padded) > 50_000
+    shown = json.loads(runner.invoke(app, ["status", "s", "--storage", str(storage), "--json"]).stdout)
+    assert (shown["completed"], shown["planned"], shown["complete"]) == (len(finished), 6, False)
+    result = resume_instant(storage)
+    assert result.finished and result.counts["completed"] == 6
+    from orchestrator.journal import Journal
+
+    records = Journal(journal).records()
+    assert sorted(records) == ["c0-s0", "c0-s1", "c1-s0", "c1-s1", "c2-s0", "c2-s1"]
+    assert all(records[k].rounds_reached == 2 for k in records)
+
+
+def hold_lock(folder: Path, what: str) -> subprocess.Popen:
+    """Another process that holds the study folder's lock (a launch, a resume, a sync) until killed."""
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\nfrom pathlib import Path\nfrom orchestrator.study_folder import exclusive\n"
+        f"with exclusive(Path({str(folder)!r}), 's', {what!r}):\n    print('holding', flush=True)\n"
+        "    time.sleep(120)\n")], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "holding"
+    return holder
+
+
+def test_resume_or_launch_while_another_runs_the_study_is_one_line_and_a_killed_holders_lock_is_taken_over(
+        tiny_bert, synthetic_data_dir, tmp_path, empty_store):
+    """Concurrent `resume` and `launch`: the second is refused in one line naming the first (nothing
+    written); once the first is killed (SIGKILL: no cleanup, its lock file stays) the study resumes."""
+    import signal
+
+    study, storage = launched(tmp_path, tiny_bert, synthetic_data_dir, empty_store, stop_after=2)
+    folder = storage / "s"
+    holder = hold_lock(folder, "launch")
+    try:
+        before = state_files(folder)
+        for args in (["resume", "s"], ["launch", str(study), "--resume"], ["sync", "s"]):
+            line = one_error_line(runner.invoke(app, [*args, "--storage", str(storage)]))
+            assert line == (f"error: NAME: 's' is not valid; pid {holder.pid}, launch is running this study now; wait "
+                            "for it to end or stop it (Ctrl-C); `orchestrator status s` works meanwhile"), args
+        assert one_error_line(runner.invoke(app, ["launch", str(study), "--storage", str(storage)])).startswith(
+            "error: name: 's' is not valid; a study of that name exists in ")
+        assert runner.invoke(app, ["status", "s", "--storage", str(storage)]).exit_code == 0
+        assert state_files(folder) == before
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert (folder / ".lock").read_text() == f"pid {holder.pid}, launch"  # the stale lock file stays
+    result = resume_instant(storage)
+    assert result.finished and result.counts["completed"] == 4
+
+
+def test_report_during_a_running_launch_shows_what_finished_and_leaves_the_launch_alone(
+        tiny_bert, synthetic_data_dir, tmp_path, empty_store):
+    """`report` while a launch writes the same SQLite store and journal: the report names what is not
+    finished, the launch goes on to the end undisturbed, and a later report has every number."""
+    make_store(tmp_path / "mlflow.db", empty_store)
+    study = write_study(tmp_path, tiny_bert, synthetic_data_dir, replicate={"seeds": [0, 1]}, train={"epochs": 2})
+    halfway, go = tmp_path / "halfway", tmp_path / "go"
+    script = ("import sys, time\nfrom pathlib import Path\nfrom benchmarks.instant import instant_executor\n"
+              "from orchestrator.launch import launch\n"
+              "def pause(n):\n    if n == 2:\n        Path(sys.argv[2]).touch()\n"
+              "        while not Path(sys.argv[3]).exists(): time.sleep(0.1)\n"
+              "r = launch(sys.argv[1], storage=sys.argv[4], progress=False, executor=instant_executor(\n"
+              "    lambda c, s, e: 50.0 + e + c.get('layer', 0), slots=1, on_finished=pause))\n"
+              "print(r.counts['completed'], r.finished)\n")
+    root = Path(__file__).resolve().parents[1]
+    launching = subprocess.Popen([sys.executable, "-c", script, str(study), str(halfway), str(go),
+                                  str(tmp_path / "studies")], cwd=root, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = 120
+        while not halfway.exists() and deadline > 0 and launching.poll() is None:
+            time.sleep(0.2)
+            deadline -= 0.2
+        assert halfway.exists(), launching.stderr.read() if launching.poll() is not None else "launch too slow"
+        during = runner.invoke(app, ["report", "s", "--storage", str(tmp_path / "studies"), "--out",
+                                     str(tmp_path / "during")])
+        assert during.exit_code == 0 and "Traceback" not in during.output, during.output
+        shown = (tmp_path / "during" / "report.md").read_text()
+        assert "<sup>a</sup> not started" in shown or "<sup>a</sup> not finished" in shown
+    finally:
+        go.touch()
+        out, err = launching.communicate(timeout=120)
+    assert out.split() == ["4", "True"], err[-2000:]
+    after = runner.invoke(app, ["report", "s", "--storage", str(tmp_path / "studies"), "--out", str(tmp_path / "a")])
+    shown = (tmp_path / "a" / "report.md").read_text()
+    assert after.exit_code == 0 and "not started" not in shown and "not finished" not in shown

@@ -7,6 +7,7 @@ fixed functions of it, so the loop's protocol (selection on dev, one test, resum
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 from pydantic import Field
@@ -51,3 +52,18 @@ class ToyKind(TrainingKind):
 
     def build(self, cfg, device, dtype) -> Learner:
         return ToyLearner(cfg)
+
+
+class FullDiskLearner(ToyLearner):
+    def train_round(self, round_: int) -> dict[str, float]:
+        full = os.environ.get("TOY_FULL_DISK", "")  # a file that says the disk is full (the driver's env)
+        if round_ == 2 and self.cfg.lr >= 1.0 and full and os.path.exists(full):
+            raise OSError(28, "No space left on device")
+        return super().train_round(round_)
+
+
+class FullDiskToyKind(ToyKind):
+    """The toy whose trials of lr >= 1 fail on their second round with ENOSPC while $TOY_FULL_DISK exists."""
+
+    def build(self, cfg, device, dtype) -> Learner:
+        return FullDiskLearner(cfg)
