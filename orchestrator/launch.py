@@ -387,9 +387,10 @@ TERMINATED = {"signal": None}  # the stop signal a launch received, for the CLI'
 
 @contextlib.contextmanager
 def graceful_sigterm():
-    """SIGTERM (a scheduler's or `kill`'s stop) takes the path of Ctrl-C: Tune stops the trials at
-    their last checkpoints and returns, so the runs are closed and `resume` continues. A SIGINT is
-    remembered too; Tune's own handler does the stopping."""
+    """SIGTERM (a scheduler's or `kill`'s stop) and SIGHUP (the terminal closed) take the path of
+    Ctrl-C: Tune stops the trials at their last checkpoints and returns, so the runs are closed and
+    `resume` continues. A SIGHUP that is ignored (`nohup`) stays ignored. A SIGINT is remembered too;
+    Tune's own handler does the stopping."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -398,11 +399,13 @@ def graceful_sigterm():
         TERMINATED["signal"] = signum
         os.kill(os.getpid(), signal.SIGINT)
 
-    previous = signal.signal(signal.SIGTERM, on_term)
+    stops = [signal.SIGTERM] + [signal.SIGHUP] * (signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN)
+    previous = {stop: signal.signal(stop, on_term) for stop in stops}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for stop, handler in previous.items():
+            signal.signal(stop, handler)
 
 
 def slots(study: StudyConfig, total: dict[str, float], max_concurrent: int | None = None) -> int:

@@ -255,8 +255,13 @@ class ProgressCallback(Callback):
         return {}  # driver-only: a terminal view does not travel with Tune's experiment pickle
 
     def _print(self, line: str) -> None:
-        print(line, file=self.stream, flush=True)
         self.last_line = time.monotonic()
+        if self.stream is None:
+            return
+        try:
+            print(line, file=self.stream, flush=True)
+        except (OSError, ValueError):  # the terminal is gone (SIGHUP, a closed pipe): the study goes on
+            self.stream = None
 
     def _eta(self, now: float) -> float | None:
         """The time left, recomputed at most once a second (it reads every trial of the study)."""
@@ -276,7 +281,14 @@ class ProgressCallback(Callback):
         for line in self.banner:
             self._print(line)
         if self.live is not None:
-            self.live.start()
+            self._on_terminal(self.live.start)
+
+    def _on_terminal(self, draw, *args, **kwargs) -> None:
+        """Draw the live table; a terminal that is gone ends the view, not the study."""
+        try:
+            draw(*args, **kwargs)
+        except (OSError, ValueError):
+            self.live = self.stream = None
 
     def poll(self) -> None:
         """New lines for trials that ended since the last poll; a heartbeat when none did for a while."""
@@ -284,7 +296,7 @@ class ProgressCallback(Callback):
         if self.live is not None:
             if now - self.last_update >= 1.0:
                 self.last_update = now
-                self.live.update(status_table(self.state, self._title()), refresh=True)
+                self._on_terminal(self.live.update, status_table(self.state, self._title()), refresh=True)
             return
         for key in self.state.finished_keys[self.reported:]:
             self.reported += 1
@@ -299,4 +311,4 @@ class ProgressCallback(Callback):
         self.last_update = 0.0
         self.poll()
         if self.live is not None:
-            self.live.stop()
+            self._on_terminal(self.live.stop)

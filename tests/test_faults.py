@@ -471,3 +471,58 @@ def test_report_during_a_running_launch_shows_what_finished_and_leaves_the_launc
     after = runner.invoke(app, ["report", "s", "--storage", str(tmp_path / "studies"), "--out", str(tmp_path / "a")])
     shown = (tmp_path / "a" / "report.md").read_text()
     assert after.exit_code == 0 and "not started" not in shown and "not finished" not in shown
+
+
+def test_sighup_stops_a_launch_like_ctrl_c_unless_nohup_ignores_it():
+    """A closed terminal (SIGHUP) killed the driver mid-step: the runs stayed RUNNING in MLflow until a
+    resume. Now it takes Ctrl-C's path (Tune stops at the last checkpoints, the runs are closed, exit
+    129); under `nohup` (SIGHUP ignored) the launch goes on."""
+    import signal
+
+    from orchestrator.launch import TERMINATED, graceful_sigterm
+
+    previous = signal.getsignal(signal.SIGHUP)
+    try:
+        with pytest.raises(KeyboardInterrupt), graceful_sigterm():  # Tune's SIGINT handler stands in here
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(5)
+        assert TERMINATED["signal"] == signal.SIGHUP
+        TERMINATED["signal"] = None
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup
+        with graceful_sigterm():
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.2)
+        assert TERMINATED["signal"] is None and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        TERMINATED["signal"] = None
+        signal.signal(signal.SIGHUP, previous)
+
+
+def test_a_terminal_that_is_gone_ends_the_progress_view_not_the_study(tiny_bert, synthetic_data_dir, tmp_path,
+                                                                     empty_store):
+    """After SIGHUP the terminal answers every write with EIO: the progress view raised inside Tune's
+    callback, which ends the whole run."""
+    from orchestrator.tune_adapters import ProgressCallback
+
+    class GoneTerminal:
+        writes = 0
+
+        def write(self, text):
+            GoneTerminal.writes += 1
+            raise OSError(5, "Input/output error")
+
+        def flush(self):
+            raise OSError(5, "Input/output error")
+
+        def isatty(self):
+            return False
+
+    study, storage = launched(tmp_path, tiny_bert, synthetic_data_dir, empty_store, stop_after=2)
+    from orchestrator.launch import open_state
+
+    view = ProgressCallback(open_state("s", storage), ["banner"], stream=GoneTerminal(), live=False)
+    view.setup()
+    view.last_line = -1e9  # a heartbeat is due
+    view.poll()
+    view.on_experiment_end([])
+    assert GoneTerminal.writes == 1  # it tried once, then stopped writing
