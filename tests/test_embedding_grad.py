@@ -3,6 +3,7 @@ with chunks accumulated, the padding row left out and only the touched rows rese
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -36,6 +37,31 @@ def test_the_row_wise_gradient_equals_torchs_dense_one_over_several_steps():
         assert torch.allclose(have, want, atol=1e-6)
         assert have[0].abs().sum() == 0  # the padding row gets no gradient
     assert got[1][[3, 4, 9]].abs().sum() == 0 and got[1][11].abs().sum() > 0
+
+
+@pytest.mark.parametrize("use", ["tied_output", "weight_in_the_loss"])
+def test_a_table_also_used_outside_the_lookup_gets_torchs_gradient_at_every_step(use):
+    """A tied output layer (logits = h · Wᵀ) or a loss on the weight itself adds a dense gradient to
+    every row; the kept buffer was only reset on the rows the lookups touched, so that dense part
+    stayed in it (a toy was off by 36 and 72 at steps 2 and 3)."""
+
+    def grads(embedding: nn.Embedding) -> list[torch.Tensor]:
+        out = []
+        for step, ids in enumerate([torch.tensor([[1, 2]]), torch.tensor([[3]]), torch.tensor([[4, 4]])], start=1):
+            hidden = embedding(ids)
+            weight = embedding.weight
+            loss = (hidden @ weight.t()).sum() if use == "tied_output" else hidden.sum() + weight.square().sum()
+            (3 * step * loss).backward()
+            out.append(weight.grad.clone())
+            weight.grad = None
+        return out
+
+    torch.manual_seed(0)
+    dense = nn.Embedding(6, 2)
+    rows = RowGradEmbedding.replacing(nn.Embedding(6, 2))
+    rows.weight = nn.Parameter(dense.weight.detach().clone())
+    for want, have in zip(grads(dense), grads(rows), strict=True):
+        assert torch.allclose(have, want, atol=1e-6), (have - want).abs().max()
 
 
 def test_an_encoder_trains_the_same_with_either_gradient(tiny_bert):

@@ -10,7 +10,11 @@ rows into it (`index_add_`, the padding row left out as torch does); before a st
 backward it zeroes only the rows the previous step touched, and hands the buffer to the
 parameter as its `.grad`. The optimizer, clipping and `zero_grad(set_to_none=True)` see the same
 dense gradient as before, with the same values (the rows' sums may round in a different order).
-Off the CPU (where a fill is cheap and `index_add_` is not deterministic) the backward is torch's."""
+Off the CPU (where a fill is cheap and `index_add_` is not deterministic) the backward is torch's.
+
+A table that is also used outside the lookup (a tied output layer, a weight read by a loss) gets a
+dense gradient from autograd, which lands in the buffer on rows no lookup touched; a hook on the
+weight sees it arrive and the next step zeroes the whole buffer, as torch's fresh gradient would be."""
 
 from __future__ import annotations
 
@@ -45,26 +49,40 @@ class RowGradEmbedding(nn.Embedding):
         super().__init__(*args, **kwargs)
         self._buffer: torch.Tensor | None = None
         self._touched: list[torch.Tensor] = []
+        self._dense_since_zeroed = False  # autograd added a dense gradient (a use outside the lookup)
 
     @classmethod
     def replacing(cls, embedding: nn.Embedding) -> RowGradEmbedding:
         """The same parameter behind a RowGradEmbedding (the optimizer and state dict see no change)."""
         module = cls.__new__(cls)
         module.__dict__.update(embedding.__dict__)
-        module._buffer, module._touched = None, []
+        module._buffer, module._touched, module._dense_since_zeroed = None, [], False
         return module
 
     def dense(self) -> nn.Embedding:
         """A plain nn.Embedding on the same parameter (torch's dense gradient; for comparisons)."""
         module = nn.Embedding.__new__(nn.Embedding)
-        module.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("_buffer", "_touched")})
+        module.__dict__.update({k: v for k, v in self.__dict__.items()
+                                if k not in ("_buffer", "_touched", "_dense_since_zeroed")})
         return module
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if (not torch.is_grad_enabled() or not self.weight.requires_grad or self.sparse or self.max_norm is not None
                 or self.scale_grad_by_freq):
             return super().forward(ids)
+        self._watch(self.weight)
         return _RowGrad.apply(ids, self.weight, self)
+
+    def _watch(self, weight: torch.Tensor) -> None:
+        """A hook on the weight (once; again after a copy, which drops tensor hooks) that notes a
+        gradient autograd brings from another use of the table: the lookup's own brings none."""
+        hooks = weight._backward_hooks or {}  # torch's own record of a tensor's hooks
+        if not any(getattr(hook, "__self__", None) is self for hook in hooks.values()):
+            weight.register_hook(self._note_dense)
+
+    def _note_dense(self, grad: torch.Tensor | None) -> None:
+        if grad is not None:
+            self._dense_since_zeroed = True
 
     def accumulate(self, ids: torch.Tensor, grad: torch.Tensor) -> None:
         rows, values = ids.reshape(-1), grad.reshape(-1, grad.shape[-1])
@@ -76,9 +94,11 @@ class RowGradEmbedding(nn.Embedding):
             buffer = self._buffer
             if buffer is None or buffer.shape != weight.shape or buffer.dtype != weight.dtype:
                 buffer = self._buffer = torch.zeros_like(weight, memory_format=torch.contiguous_format)
+            elif self._dense_since_zeroed:  # autograd wrote every row last step
+                buffer.zero_()
             elif self._touched:
                 buffer.index_fill_(0, torch.cat(self._touched), 0.0)  # only what the last step wrote
-            self._touched = []
+            self._touched, self._dense_since_zeroed = [], False
             weight.grad = buffer
         if weight.grad is self._buffer:
             self._touched.append(rows)
