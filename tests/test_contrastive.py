@@ -225,3 +225,46 @@ def test_minilm_short_simcse_on_the_wikipedia_slice_reports_dev_spearman(data_di
                              "num_threads": 2}, collect(reports))
     assert len(reports) == 2 and final["corpus_sentences"] == 2000
     assert final["dev_spearman"] > 75 and final["test_spearman"] > 70  # the packaged model stays a good encoder
+
+
+@pytest.mark.parametrize("masks", ["fast", "torch"])
+def test_simcse_and_micse_of_one_seed_draw_the_same_dropout_masks(config, masks):
+    """A paired comparison: with the attention term off, miCSE's first forward is SimCSE's (with `fast`
+    masks miCSE ran eager attention with torch's dropout, 3.4e-2 apart on BERT), and so is the whole
+    first round (both reseed per step)."""
+    from trainables.learners.contrastive import ContrastiveLearner
+    from trainables.training.runtime import seed_everything
+
+    def learner(method: str) -> ContrastiveLearner:
+        seed_everything(0)  # what the loop does before building: the MLP head starts the same
+        cfg = ContrastiveConfig(**{**config, "method": method, "layer": 3, "pooling": "cls", "dropout_masks": masks,
+                                   "attention_weight": 0.0, "steps": 4, "eval_every": 4})
+        return ContrastiveLearner(cfg, torch.device("cpu"), torch.float32)
+
+    def first_forward(arm: ContrastiveLearner) -> torch.Tensor:
+        ids, mask = pad([arm.tokens[arm.sentences[i]] for i in arm.batches[0]] * 2, arm.tokens.pad_id,
+                        torch.device("cpu"))
+        arm.model.train()
+        torch.manual_seed(123)
+        vectors, attentions = arm.model.views(ids, mask, arm.attention_layers)
+        assert (len(attentions) == 2) == bool(arm.attention_layers)
+        return vectors
+
+    simcse, micse = learner("simcse"), learner("micse")
+    assert micse.attention_layers == [0, 1]
+    first, second = first_forward(simcse), first_forward(micse)
+    assert not torch.allclose(first[:16], first[16:])  # dropout is on: the two views differ
+    assert torch.allclose(first, second, atol=1e-6, rtol=0)
+    simcse, micse = learner("simcse"), learner("micse")
+    assert simcse.train_round(1)["contrastive_loss"] == pytest.approx(micse.train_round(1)["contrastive_loss"],
+                                                                      abs=1e-6)
+
+
+def test_fused_attention_runs_eager_only_where_the_pairing_needs_it():
+    from trainables.models.dropout import ATTENTION
+    from trainables.learners.contrastive import uses_eager_attention
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert not uses_eager_attention(True, ATTENTION, cpu) and not uses_eager_attention(False, ATTENTION, cuda)
+    assert uses_eager_attention(True, "sdpa", cpu) and not uses_eager_attention(False, "sdpa", cpu)
+    assert uses_eager_attention(False, "sdpa", cuda)  # CUDA's fused kernels draw masks of their own

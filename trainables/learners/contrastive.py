@@ -16,6 +16,7 @@ from trainables.kinds.contrastive import (
 )
 from trainables.learners.base import Learner
 from trainables.models.batching import TokenCache
+from trainables.models.dropout import ATTENTION as FAST_ATTENTION
 from trainables.models.encoder import build_sentence_encoder, count_parameters, encoder_depth, load_tokenizer
 from trainables.names import ATTENTION_LOSSES
 from trainables.objectives.contrastive import ContrastiveModel, contrastive_step, step_batches
@@ -27,6 +28,18 @@ def evaluation_length(cfg: ContrastiveConfig, tokenizer) -> int:
     if cfg.eval_max_seq_length is not None:
         return cfg.eval_max_seq_length
     return min(MODEL_MAX_LENGTH, int(getattr(tokenizer, "model_max_length", MODEL_MAX_LENGTH)))
+
+
+def uses_eager_attention(aligns_attention: bool, implementation: str, device: torch.device) -> bool:
+    """Whether training runs eager attention, so that SimCSE and miCSE of one seed draw the same
+    dropout masks (a paired comparison). miCSE needs the attention probabilities, which fused kernels
+    do not return: with `dropout_masks: fast` the fast attention function returns them (both methods
+    keep it); with `torch` masks miCSE runs eager attention, and on the CPU SimCSE's SDPA draws the
+    same Bernoulli masks through its math path, but CUDA's fused kernels draw their own, so there
+    SimCSE runs eager attention too."""
+    if implementation == FAST_ATTENTION:
+        return False
+    return aligns_attention or (device.type != "cpu" and implementation == "sdpa")
 
 
 class ContrastiveLearner(Learner):
@@ -49,8 +62,8 @@ class ContrastiveLearner(Learner):
                                          dropout_masks=cfg.dropout_masks)
         self.attention_layers = resolve_attention_layers(cfg.method, cfg.attention_layers,
                                                          encoder_depth(encoder.encoder.config))
-        if self.attention_layers:
-            encoder.encoder.set_attn_implementation("eager")  # fused attention kernels return no probabilities
+        if uses_eager_attention(bool(self.attention_layers), encoder.encoder.config._attn_implementation, device):
+            encoder.encoder.set_attn_implementation("eager")
         self.model = ContrastiveModel(encoder, cfg.mlp_head).to(device)
         tokenizer = load_tokenizer(cfg.model)
         self.tokens = TokenCache(tokenizer, cfg.max_seq_length)

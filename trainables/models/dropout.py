@@ -77,10 +77,13 @@ def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
               position_bias: torch.Tensor | None = None, **kwargs):
     """transformers' SDPA attention, with the attention probabilities' dropout drawn as above: in
     training, softmax(q · scale kᵀ + mask), dropped, times v, in fp32 (the math SDPA does, in the
-    same order and precision); without dropout, the fused kernel itself."""
+    same order and precision); without dropout, the fused kernel itself. With `output_attentions`
+    (miCSE) the probabilities are returned as eager attention returns them (after dropout), so a
+    miCSE run draws the same masks as a SimCSE run of the same seed."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if dropout == 0.0 or not module.training:
+    dropout = dropout if module.training else 0.0
+    if dropout == 0.0 and not kwargs.get("output_attentions"):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=scaling,
                                       position_bias=position_bias, **kwargs)
     causal = kwargs.get("is_causal") or (attention_mask is None and getattr(module, "is_causal", False))
@@ -102,9 +105,10 @@ def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
                 scores = scores + attention_mask[..., : key.shape[-2]].float()
         if position_bias is not None:
             scores = scores + position_bias.float()
-        probs = torch.softmax(scores, dim=-1)
-        output = torch.matmul(fast_dropout(probs, dropout), value).to(dtype)
-    return output.transpose(1, 2).contiguous(), None
+        dropped = fast_dropout(torch.softmax(scores, dim=-1), dropout)
+        output = torch.matmul(dropped, value).to(dtype)
+    # the dropped probabilities, as eager attention returns them: what miCSE aligns (`output_attentions`)
+    return output.transpose(1, 2).contiguous(), dropped.to(dtype)
 
 
 def use_fast_dropout(model: nn.Module) -> int:
