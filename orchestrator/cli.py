@@ -121,7 +121,7 @@ def probe(
                                                       "../shared/data beside the checkout, else the hub).")] = None,
     max_seq_length: Annotated[int, typer.Option(min=2, help="Tokens per sentence (at least 2: the special "
                                                            "tokens).")] = 128,
-    precision: Annotated[str, typer.Option(help="auto, fp32 or bf16.")] = "auto",
+    precision: Annotated[str, typer.Option(help="fp32, bf16 or auto (bf16 where it is fast).")] = "fp32",
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     suite: Annotated[str | None, typer.Option(help="Score a suite instead of one task: `sts` is STS12-16, STS-B "
                                                    "and SICK-R (test splits) and their average.")] = None,
@@ -705,21 +705,29 @@ def summarize(result) -> None:
 
 
 def print_layer_table(rows: list[dict], title: str, unit: str = " ×100") -> None:
+    """One row per layer, the best value of each metric in bold; a collapsed layer's scores (every
+    cosine within 1e-4 of the others) carry a ° and its cosine spread is said under the table."""
     from rich.console import Console
     from rich.table import Table
 
-    metrics = [k for k in rows[0] if k not in ("layer", "params", "threshold")]
+    metrics = [k for k in rows[0] if k not in ("layer", "params", "threshold", "cosine_spread")]
     best = {m: max((r[m] for r in rows if not math.isnan(r[m])), default=None) for m in metrics}
+    collapsed = {r["layer"]: r["cosine_spread"] for r in rows if "cosine_spread" in r and not math.isnan(r[metrics[0]])}
     table = Table(title=title)
     table.add_column("layer", justify="right")
     for metric in metrics:
         table.add_column(f"{metric}{unit}", justify="right")
     table.add_column("params (M)", justify="right")
     for row in rows:
-        cells = ["—" if math.isnan(row[m]) else f"[bold]{row[m]:.2f}[/bold]" if row[m] == best[m] else f"{row[m]:.2f}"
-                 for m in metrics]
+        mark = "°" if row["layer"] in collapsed else ""
+        cells = ["—" if math.isnan(row[m]) else f"[bold]{row[m]:.2f}{mark}[/bold]" if row[m] == best[m]
+                 else f"{row[m]:.2f}{mark}" for m in metrics]
         table.add_row(str(row["layer"]), *cells, f"{row['params'] / 1e6:.1f}")
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    if collapsed:  # under the table, not a caption squeezed to its width
+        console.print("° collapsed (every cosine within 1e-4 of the others), cosine spread: " + ", ".join(
+            f"layer {layer} {spread:.2g}" for layer, spread in collapsed.items()), soft_wrap=True)
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 
 from orchestrator.journal import Journal, Outcome, TrialRecord
 from orchestrator.plan import Cell, StudyPlan
-from orchestrator.seed_rules import ci95_half, wants_another
+from orchestrator.seed_rules import ci95_half, stein_half, wants_another
 from search_spaces.optuna_domains import optuna_space
 from trainables.errors import storage_full
 
@@ -243,7 +243,8 @@ class StudyState:
         values = first + [v for seed, v in scored if seed not in self.plan.seeds and _finite(v)]
         more, why = wants_another(rule.until.rule, values, len(first), rule.until.dev_ci95, rule.max_seeds)
         if more and len(current) >= rule.max_seeds:  # failed seeds count: the cap is on runs
-            return False, f"stopped at max_seeds {rule.max_seeds}: dev 95% CI ±{ci95_half(values):.2f}"
+            half = stein_half(first, len(values)) if rule.until.rule == "two_stage" else ci95_half(values)
+            return False, f"stopped at max_seeds {rule.max_seeds}: dev 95% CI ±{half:.2f}"
         return more, why
 
     def cell_done(self, cell: Cell) -> bool:

@@ -106,7 +106,7 @@ def ablation_grid(runs: StudyRuns, summary: pd.DataFrame, stats: pd.DataFrame, r
             rising = RISING if row.get("rising", math.nan) > 0.5 else ""
             cells.append(Cell(mean=row["mean"], std=row["std"], bold=row["cell"] in best,
                               selected=selected.get(key) == value, mark=significant.get(row["cell"], "") + rising,
-                              note=row["missing"] if isinstance(row["missing"], str) else None,
+                              note=cell_note(row),
                               n=int(row["n"]), planned=runs.planned_seeds))
         grid_rows.append((row_label(runs, group, rows), cells))
     grid_rows, seeds = collapse_n(grid_rows)
@@ -130,6 +130,15 @@ def ablation_grid(runs: StudyRuns, summary: pd.DataFrame, stats: pd.DataFrame, r
 
 
 RISING = "↑"
+
+
+def cell_note(row: pd.Series) -> str | None:
+    """A cell's footnote: why it is empty, else what its number leaves out (degenerate seeds, a
+    collapsed encoder)."""
+    for reason in (row.get("missing"), row.get("caveat")):
+        if isinstance(reason, str):
+            return reason
+    return None
 
 
 def _short(full: str | None, short: str) -> Note | None:
@@ -224,10 +233,12 @@ def headline_grid(runs: StudyRuns, summary: pd.DataFrame, rows: list[str], decim
         delta = at_k["mean"] - last["mean"]
         out.append((values_label(runs, group.iloc[0], rows) if rows else "", [Cell(text=str(selected[key])),
                           Cell(text="—" if math.isnan(at_k["params"]) else f"{at_k['params'] / 1e6:.1f}"),
-                          Cell(mean=at_k["mean"], std=at_k["std"], n=int(at_k["n"]), planned=runs.planned_seeds),
+                          Cell(mean=at_k["mean"], std=at_k["std"], n=int(at_k["n"]), planned=runs.planned_seeds,
+                               note=cell_note(at_k)),
                           Cell(mean=at_k.get("pearson_mean", math.nan), std=at_k.get("pearson_std", math.nan)),
                           Cell(text=str(last["layer"])),
-                          Cell(mean=last["mean"], std=last["std"], n=int(last["n"]), planned=runs.planned_seeds),
+                          Cell(mean=last["mean"], std=last["std"], n=int(last["n"]), planned=runs.planned_seeds,
+                               note=cell_note(last)),
                           Cell(text="—" if math.isnan(delta) else f"{delta:+.{decimals}f}")]))
     if not out:
         return None

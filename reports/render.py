@@ -18,7 +18,7 @@ class Cell:
     bold: bool = False
     selected: bool = False
     mark: str = ""
-    note: str | None = None  # why the cell is empty
+    note: str | None = None  # a footnote: why the cell is empty, or what its number leaves out
     text: str | None = None  # a plain value (a layer number, a parameter count)
     n: int | None = None  # seeds the mean is over (None: the caption says, every cell has the same)
     planned: int | None = None  # seeds the plan asked for

@@ -20,9 +20,16 @@ def test_probe_json_prints_one_object_per_layer(tiny_bert, synthetic_data_dir):
     assert [r["layer"] for r in rows] == [0, 1, 2, 3]
     assert {"layer", "spearman", "pearson", "params", "pooling"} <= set(rows[0])
     assert rows[0]["pooling"] == "cls" and rows[0]["split"] == "dev"
-    # CLS at layer 0 is the same vector for every sentence; a random tiny BERT's CLS above it differs only in
-    # rounding (every cosine within 1e-4): ranks of rounding noise are no correlation, so none is reported
-    assert all(r["spearman"] is None and r["pearson"] is None for r in rows)
+    # CLS at layer 0 is the same vector for every sentence: no correlation. A random tiny BERT's CLS above it
+    # has collapsed (every cosine within 1e-4) but still differs per sentence: scored, with its spread
+    assert rows[0]["spearman"] is None and rows[0]["pearson"] is None and rows[0]["cosine_spread"] == 0.0
+    assert all(isinstance(r["spearman"], float) and 0 < r["cosine_spread"] < 1e-4 for r in rows[1:])
+    table = runner.invoke(app, ["probe", "--model", tiny_bert, "--data-dir", str(synthetic_data_dir), "--split",
+                                "dev", "--pooling", "cls"])
+    assert "° collapsed (every cosine within 1e-4 of the others), cosine spread: layer 1 " in table.stdout
+    layer_1 = next(line for line in table.stdout.splitlines() if line.strip("│ ").startswith("1 "))
+    assert "°" in layer_1 and "—" not in layer_1
+    assert "—" in next(line for line in table.stdout.splitlines() if line.strip("│ ").startswith("0 "))
     result = runner.invoke(app, ["probe", "--model", tiny_bert, "--data-dir", str(synthetic_data_dir), "--json",
                                  "--split", "dev", "--pooling", "mean"])
     assert all(isinstance(json.loads(line)["spearman"], float) for line in result.stdout.splitlines())

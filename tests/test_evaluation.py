@@ -12,6 +12,7 @@ from trainables.evaluation.evaluators import (
     STSEvaluator,
     best_accuracy_threshold,
     best_f1_threshold,
+    pair_cosines,
 )
 from trainables.models.batching import TokenCache
 from trainables.models.encoder import build_sentence_encoder, load_tokenizer
@@ -23,11 +24,15 @@ def lookup(sentences):
     return torch.tensor([VECTORS[s] for s in sentences])
 
 
-@pytest.mark.parametrize(("spread", "defined"), [(0.0, False), (3e-5, False), (9e-5, False), (2e-4, True), (0.3, True)])
-def test_cosines_that_differ_only_in_rounding_have_no_correlation(spread, defined):
-    """A collapsed encoder's cosines (all 0.99997-1.0000001 on a tiny contrastive run) ranked by
-    rounding: the same weights scored 86.43 in a run and 86.37 in sentence-transformers. Degenerate
-    (NaN, never selected) below a spread of 1e-4, a correlation from there on."""
+@pytest.mark.parametrize(("spread", "scored", "flagged"), [(0.0, False, True), (1e-16, False, True),
+                                                       (1e-9, True, True), (3e-5, True, True), (9e-5, True, True),
+                                                       (2e-4, True, False), (0.3, True, False)])
+def test_only_a_constant_output_has_no_correlation_and_a_collapsed_one_is_scored_and_flagged(spread, scored,
+                                                                                             flagged):
+    """Cosines that rise with the gold score but lie `spread` apart. MiniLM's CLS at layers 1-3 has a
+    spread of 2e-6 to 1.5e-5 and ranks STS-B pairs for real (a float64 model gives the same Spearman),
+    so such a split is scored, with `dev_cosine_spread` for the report's mark; only an exactly constant
+    output (or one float64 cannot resolve) is degenerate: NaN, never selected."""
     frame = pd.DataFrame({"sentence1": ["a"] * 6, "sentence2": [f"s{i}" for i in range(6)],
                           "score": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]})
     cosines = 1.0 - spread + np.linspace(0.0, 1.0, 6) * spread  # rising with the gold score, `spread` apart
@@ -38,10 +43,24 @@ def test_cosines_that_differ_only_in_rounding_have_no_correlation(spread, define
         return torch.tensor(rows, dtype=torch.float64)
 
     metrics = STSEvaluator({"dev": frame}).evaluate(embed, "dev")
-    if defined:
-        assert metrics["dev_spearman"] == pytest.approx(100.0)
+    if scored:
+        assert metrics["dev_spearman"] == pytest.approx(100.0) and metrics["dev_pearson"] == pytest.approx(100.0)
     else:
         assert np.isnan(metrics["dev_spearman"]) and np.isnan(metrics["dev_pearson"])
+    assert ("dev_cosine_spread" in metrics) == flagged
+    if flagged:
+        assert metrics["dev_cosine_spread"] == pytest.approx(spread, rel=1e-3, abs=1e-15)
+
+
+def test_cosines_are_float64_so_a_float32_tie_is_still_ranked():
+    """Two float32 vectors whose float32 cosines tie (both round to the same value) are ranked in float64."""
+    base = torch.tensor([1.0, 0.0, 0.0])
+    near = {"a": base, "b": torch.tensor([1.0, 3e-4, 0.0]), "c": torch.tensor([1.0, 4e-4, 0.0])}
+    frame = pd.DataFrame({"sentence1": ["a", "a"], "sentence2": ["b", "c"], "score": [1.0, 0.0]})
+    as32 = torch.nn.functional.cosine_similarity(base[None], torch.stack([near["b"], near["c"]]))
+    assert as32[0] == as32[1]  # float32 cannot tell them apart
+    cosines = pair_cosines(lambda batch: torch.stack([near[s] for s in batch]), frame)
+    assert cosines.dtype == np.float64 and cosines[0] > cosines[1]
 
 
 def test_sts_metrics_are_correlations_of_cosines_times_100():

@@ -468,3 +468,73 @@ def test_runs_and_so_every_table_follow_the_plans_cell_order_not_the_names():
     ordered = sort_runs(frame, planned)
     assert list(ordered.cell) == [*planned[:1], *planned[:1], *planned[1:], "gone"]
     assert list(ordered.seed[:2]) == [0, 1]
+
+
+def test_degenerate_seeds_and_collapsed_cells_are_said_in_the_cell_never_averaged_away(tmp_path):
+    """Layer 1: 2 of 5 seeds degenerate (no test score): the mean is over the other 3 and the cell says so.
+    Layer 2: every seed's test cosines within 1e-4 (collapsed): the number is shown, marked, with its spread.
+    Layer 0: every seed degenerate: empty, with the reason."""
+    rows = []
+    for layer in (0, 1, 2, 3):
+        for seed in range(5):
+            row = {"run_id": f"r{layer}{seed}", "trial_key": "k", "cell": f"layer={layer}", "phase": "replicate",
+                   "seed": seed, "outcome": "completed", "status": "FINISHED", "error": None, "layer": layer,
+                   "best_dev_spearman": 50.0 + layer, "epoch": 2, "best_epoch": 1}
+            if layer == 0 or (layer == 1 and seed in (1, 3)):
+                row.update({"test_degenerate": 1, "test_epoch": 0})
+            else:
+                row["test_spearman"] = 30.0 + layer * 10 + seed
+            if layer == 2:
+                row["test_cosine_spread"] = [1.1e-5, 1.4e-5, 1.2e-5, 1.3e-5, 1.2e-5][seed]
+            rows.append(row)
+    runs = StudyRuns("collapse", pd.DataFrame(rows), ["layer"], "dev_spearman", {}, planned_seeds=5)
+    summary = summarize(runs).set_index("layer")
+    assert summary.loc[1, "n"] == 3 and summary.loc[1, "mean"] == pytest.approx(40 + (0 + 2 + 4) / 3)
+    assert summary.loc[1, "degenerate"] == 2 and summary.loc[2, "cosine_spread"] == pytest.approx(1.4e-5)
+    build_report(runs, tmp_path, ("markdown", "latex"))
+    markdown = (tmp_path / "report.md").read_text()
+    cells = next(line for line in markdown.splitlines() if line.startswith("| all |")).split("|")[2:-1]
+    assert cells[0].strip() == "— (n=0/5) <sup>a</sup>"
+    assert cells[1].strip() == "42.00 ± 2.00 (n=3/5) <sup>b</sup>"
+    assert cells[2].strip().startswith("52.00 ± 1.58 (n=5) <sup>c</sup>")
+    assert "<sup>a</sup> degenerate (constant output: correlation undefined)" in markdown
+    assert ("<sup>b</sup> 2 of 5 seeds degenerate (constant output: correlation undefined); the mean is over the "
+            "other 3") in markdown
+    assert "<sup>c</sup> collapsed: cosine spread 1.1e-05 to 1.4e-05" in markdown
+    assert "collapsed: cosine spread 1.1e-05 to 1.4e-05" in (tmp_path / "ablation.tex").read_text()
+    written = pd.read_csv(tmp_path / "cells.csv").set_index("layer")
+    assert written.loc[1, "degenerate"] == 2 and written.loc[2, "cosine_spread"] == pytest.approx(1.4e-5)
+
+
+@pytest.mark.parametrize("rule", ["two_stage", "sequential"])
+def test_adaptive_seeds_report_the_first_stage_std_and_steins_interval(tmp_path, rule):
+    """A cell that got 8 seeds (its first 3 were spread out) and one that stopped at 3. The std over
+    all n seeds runs low under any rule that looks at the spread; the first stage's is unbiased.
+    The two-stage rule's interval is Stein's: t with k-1 degrees of freedom, the first stage's std, √n."""
+    from scipy.stats import t as t_dist
+
+    test = {1: [70.0, 74.0, 72.5, 71.0, 71.2, 70.9, 71.1, 71.0], 2: [80.0, 80.5, 80.2]}
+    dev = {1: [60.0, 65.0, 62.0, 61.0, 61.5, 61.2, 61.4, 61.3], 2: [70.0, 70.2, 70.1]}
+    rows = [{"run_id": f"r{layer}{seed}", "trial_key": "k", "cell": f"layer={layer}", "phase": "replicate",
+             "seed": seed, "outcome": "completed", "status": "FINISHED", "error": None, "layer": layer,
+             "test_spearman": value, "best_dev_spearman": dev[layer][seed], "epoch": 2, "best_epoch": 1}
+            for layer, values in test.items() for seed, value in enumerate(values)]
+    replicate = {"seeds": 3, "max_seeds": 8, "until": {"dev_ci95": 0.5, "rule": rule}}
+    runs = StudyRuns("adaptive", pd.DataFrame(rows), ["layer"], "dev_spearman", {}, planned_seeds=3,
+                     replicate=replicate)
+    summary = summarize(runs).set_index("layer")
+    assert summary.loc[1, "n"] == 8 and summary.loc[1, "mean"] == pytest.approx(np.mean(test[1]))
+    assert summary.loc[1, "std"] == pytest.approx(np.std(test[1][:3], ddof=1))  # the first stage only
+    assert summary.loc[1, "std_seeds"] == 3 and summary.loc[1, "std_all_seeds"] == pytest.approx(
+        np.std(test[1], ddof=1))
+    first_stage = np.std(dev[1][:3], ddof=1)
+    stein = t_dist.ppf(0.975, 2) * first_stage / np.sqrt(8)
+    t_interval = t_dist.ppf(0.975, 7) * np.std(dev[1], ddof=1) / np.sqrt(8)
+    assert summary.loc[1, "dev_ci95"] == pytest.approx(stein if rule == "two_stage" else t_interval)
+    build_report(runs, tmp_path, ("markdown",))
+    markdown = (tmp_path / "report.md").read_text()
+    assert f"{np.mean(test[1]):.2f} ± {np.std(test[1][:3], ddof=1):.2f} (n=8)" in markdown
+    note = next(line for line in markdown.splitlines() if line.startswith("seeds: adaptive"))
+    assert "± is the std over the 3 first-stage seeds" in note and "std_all_seeds" in note
+    assert "ran 3.6 % low" in note if rule == "two_stage" else "ran 7.4 % low" in note
+    assert ("Stein's interval" in note) == (rule == "two_stage") and "about 3 %" not in note

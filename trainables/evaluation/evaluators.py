@@ -45,11 +45,43 @@ class Embedder:
 
 
 def pair_cosines(embed: Embed, frame: pd.DataFrame) -> np.ndarray:
-    """Cosine similarity of each (sentence1, sentence2) row; both columns embedded in one pass."""
+    """Cosine similarity of each (sentence1, sentence2) row, in float64 (both columns embedded in
+    one pass). A collapsed encoder's cosines can all lie within 1e-5 of each other and still rank
+    the pairs (MiniLM's CLS at layers 1-3); in float32 their ranks are partly rounding (layer 3 of
+    MiniLM: 29.3 against 39.0 in float64), in float64 they are those of a float64 model."""
     n = len(frame)
-    vectors = embed(list(frame["sentence1"]) + list(frame["sentence2"]))
-    vectors = torch.nn.functional.normalize(vectors, dim=-1)
-    return (vectors[:n] * vectors[n:]).sum(dim=-1).numpy().astype(np.float64)
+    vectors = torch.nn.functional.normalize(embed(list(frame["sentence1"]) + list(frame["sentence2"])).double(),
+                                            dim=-1)
+    return (vectors[:n] * vectors[n:]).sum(dim=-1).numpy()
+
+
+COLLAPSED = 1e-4  # cosines closer together than this: a collapsed encoder (scored, and flagged in the report)
+RESOLUTION = 8 * float(np.finfo(np.float64).eps)  # a relative spread below this, float64 cannot resolve
+
+
+def degenerate(scores: np.ndarray) -> bool:
+    """Every pair scored the same (an exactly constant output, layer 0 with CLS pooling, or a spread
+    below what float64 can resolve): there is no ranking, so no correlation."""
+    if not len(scores):
+        return False
+    return bool(np.ptp(scores) <= RESOLUTION * max(1.0, float(np.max(np.abs(scores)))))
+
+
+def spread_flag(split: str, cosines: np.ndarray) -> dict[str, float]:
+    """`{split}_cosine_spread` when the split's cosines lie within COLLAPSED of each other: the
+    score is real (it ranks the pairs) but comes from a collapsed encoder, and the report says so."""
+    spread = float(np.ptp(cosines)) if len(cosines) else 0.0
+    return {f"{split}_cosine_spread": spread} if len(cosines) and spread < COLLAPSED else {}
+
+
+def sts_metrics(split: str, scores: np.ndarray, gold: np.ndarray) -> dict[str, float]:
+    """Spearman and Pearson x100 of `scores` (float64) against the gold scores; NaN for a degenerate split."""
+    if degenerate(scores):
+        return {f"{split}_spearman": float("nan"), f"{split}_pearson": float("nan")}
+    from scipy.stats import pearsonr, spearmanr  # ~0.6 s: when scores exist
+
+    return {f"{split}_spearman": 100 * float(spearmanr(scores, gold).statistic),
+            f"{split}_pearson": 100 * float(pearsonr(scores, gold).statistic)}
 
 
 class PairEvaluator(ABC):
@@ -78,26 +110,8 @@ class STSEvaluator(PairEvaluator):
     def evaluate(self, embed: Embed, split: str) -> dict[str, float]:
         frame = self.splits[split]
         cosines = self.last_scores[split] = pair_cosines(embed, frame)
-        gold = frame["score"].to_numpy(dtype=np.float64)
-        if collapsed(cosines):
-            return {f"{split}_spearman": float("nan"), f"{split}_pearson": float("nan")}
-        from scipy.stats import pearsonr, spearmanr  # ~0.6 s: when scores exist
-
-        return {f"{split}_spearman": 100 * float(spearmanr(cosines, gold).statistic),
-                f"{split}_pearson": 100 * float(pearsonr(cosines, gold).statistic)}
-
-
-COLLAPSED = 1e-4  # a spread of cosines this small is float32 rounding, not similarity
-
-
-def collapsed(cosines: np.ndarray) -> bool:
-    """Every pair's cosine within COLLAPSED of every other's (a collapsed encoder: all cosines
-    0.99997-1.0000001 seen on a tiny contrastive run). Their ranks are rounding noise: the same
-    weights scored 86.43 here and 86.37 in sentence-transformers. Such a split is degenerate (no
-    correlation), like exactly constant embeddings, rather than a number that looks like a result."""
-    return len(cosines) > 0 and bool(np.ptp(cosines) < COLLAPSED)
-
-
+        return {**sts_metrics(split, cosines, frame["score"].to_numpy(dtype=np.float64)),
+                **spread_flag(split, cosines)}
 
 
 def _cut_counts(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -157,7 +171,7 @@ class PairClassificationEvaluator(PairEvaluator):
         recall = true_pos / max(1, int(labels.sum()))
         f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
         return {f"{split}_accuracy": 100 * float((predicted == labels).mean()),
-                f"{split}_f1": 100 * f1, f"{split}_threshold": threshold}
+                f"{split}_f1": 100 * f1, f"{split}_threshold": threshold, **spread_flag(split, scores)}
 
 
 def make_evaluator(kind: str, splits: dict[str, pd.DataFrame], select: str | None = None) -> PairEvaluator:

@@ -3,6 +3,8 @@ dev-selected layer's metrics as `dev_*`/`test_*` and every layer's as `layer{k}_
 
 from __future__ import annotations
 
+import math
+
 from pydantic import Field
 
 from trainables.contract import Report, TrialConfig
@@ -19,7 +21,8 @@ class ProbeConfig(TrialConfig):
     pooling: str = "mean"
     splits: list[str] = ["dev", "test"]
     max_seq_length: int = Field(128, ge=2)
-    precision: str = "auto"
+    precision: str = Field("fp32", description="fp32 (the default, as every training kind scores), bf16 or auto "
+                                               "(bf16 where the hardware runs it fast)")
     device: str = "auto"
     num_threads: int | None = Field(None, ge=1)
     data_dir: str | None = None
@@ -44,7 +47,8 @@ class ProbeKind(TrainableKind):
         cfg = self.parse({**config, "splits": ["dev", "test"]})
         rows = probe_layers(cfg)
         primary, _ = self.metric(cfg)
-        best = max(rows, key=lambda r: r[primary])
+        scored = [r for r in rows if math.isfinite(r[primary])] or rows  # a constant layer has no score
+        best = max(scored, key=lambda r: r[primary])
         metrics = {f"layer{r['layer']}_{k}": v for r in rows for k, v in r.items() if k != "layer"}
         metrics.update({k: v for k, v in best.items() if k != "layer"})
         metrics["best_layer"] = best["layer"]

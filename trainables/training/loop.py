@@ -5,7 +5,9 @@ trial draws the same dropout and batch order), train, score dev, keep the best-d
 checkpoint, report. After the last round, test is scored once, with the best-dev weights, and
 its per-pair predictions are written beside the checkpoint. A NaN or infinite training loss ends
 the trial (`TrainingDivergedError`); a dev score that is not a number (constant embeddings give
-an undefined correlation) is reported as `degenerate` and never selected. Selection only ever
+an undefined correlation) is reported as `degenerate` and never selected, and a trial with no
+round scored on dev is not tested at all (`test_degenerate`: no weights were selected, so any
+test number would come from arbitrary ones). Selection only ever
 looks at dev; `test_every_round: true` is an opt-in diagnostic that scores test after every round
 (`<round><n>_test_*`), never used for anything.
 """
@@ -139,11 +141,14 @@ def train(kind: TrainingKind, cfg, report: Report, checkpoint_dir: str | None = 
 
 
 def score_test(learner: Learner, best: dict | None, state: LoopState, folder: Path) -> dict:
-    """Test, once, with the weights the learner holds: the best-dev ones (the last ones when every
-    round was degenerate)."""
+    """Test, once, with the weights the learner holds: the best-dev ones. Without a round that had
+    a dev score there are none to test (`test_degenerate`, `test_epoch` 0, no test metrics)."""
+    if best is None:
+        logging.getLogger("trainables").warning("none of the %d rounds had a dev score (constant output): "
+                                                "test is not scored", state.round)
+        return {"test_epoch": 0, "test_degenerate": 1, **state.per_round}
     test, scores = learner.evaluate("test")
     if scores is not None:
         write_predictions(folder / PREDICTIONS, learner.test_frame, scores)
-    chosen = state.best_round if best is not None else state.round
-    return {**test, **learner.test_extras(), "test_epoch": chosen, **state.per_round,
+    return {**test, **learner.test_extras(), "test_epoch": state.best_round, **state.per_round,
             **({"test_degenerate": 1} if not all(is_number(v) for v in test.values()) else {})}
