@@ -54,7 +54,7 @@ def test_the_second_sentence_is_segment_b_as_the_tokenizer_says(tiny_bert):
     tokenizer = load_tokenizer(tiny_bert)
     first, second = ["a man plays the guitar", "word " * 40, "b"], ["a guitar", "other " * 40, "c d e f"]
     encoded = tokenizer(first, second, truncation="longest_first", max_length=24, padding=True, return_tensors="pt")
-    model = CrossEncoder(tiny_bert, 2).eval()
+    model = CrossEncoder(tiny_bert, 2, head="linear").eval()
     assert model.separator == tokenizer.sep_token_id
     derived = segment_ids(encoded["input_ids"], encoded["attention_mask"], model.separator)
     assert torch.equal(derived, encoded["token_type_ids"]) and derived.sum() > 0
@@ -67,6 +67,43 @@ def test_the_second_sentence_is_segment_b_as_the_tokenizer_says(tiny_bert):
         without = model.head(pool(last_hidden_state(model.encoder, input_ids, mask), mask, model.pooling)).squeeze(-1)
     assert torch.allclose(ours, expected, atol=1e-6)
     assert not torch.allclose(ours, without, atol=1e-4)  # segment ids change what the encoder computes
+
+
+def test_the_pretrained_head_is_sentence_transformers_cross_encoder(tiny_bert):
+    """`head: pretrained` scores a pair as sentence-transformers' CrossEncoder(num_labels=1) does (the
+    Trans-Encoder reference's cross-encoder): the model's pooler (dense + tanh) on the first token,
+    dropout, a new classifier, sigmoid; the same seed gives the same new classifier."""
+    from sentence_transformers import CrossEncoder as STCrossEncoder
+
+    pairs = [("a man plays the guitar", "a guitar is played"), ("word " * 30, "b c d"), ("x", "y z")]
+    torch.manual_seed(7)
+    theirs = STCrossEncoder(tiny_bert, num_labels=1, device="cpu", max_length=24)
+    torch.manual_seed(7)
+    ours = CrossEncoder(tiny_bert, head="pretrained")
+    assert ours.classifier.base_model.pooler is not None  # kept: the head reads it
+    assert torch.equal(ours.classifier.classifier.weight, theirs.model.classifier.weight)
+    tokens = PairTokens(load_tokenizer(tiny_bert), 24)
+    scores = predict(ours, tokens.lookup([a for a, _ in pairs], [b for _, b in pairs]), tokens.pad_id,
+                     torch.device("cpu"), torch.float32)
+    assert np.allclose(scores, theirs.predict(pairs), atol=1e-6)
+    truncated = CrossEncoder(tiny_bert, 1, head="pretrained")
+    assert truncated.classifier.base_model.pooler is not None and len(truncated.backbone().encoder.layer) == 1
+    linear = CrossEncoder(tiny_bert, 1, head="linear")
+    assert linear.encoder.pooler is None and not hasattr(linear, "classifier")
+
+
+def test_a_pretrained_head_pools_the_first_token_only(tiny_bert, config):
+    with pytest.raises(UserInputError, match=re.escape("pooling: 'mean' is not valid; head: pretrained reads the "
+                                                       "first token")):
+        CrossEncoder(tiny_bert, 2, pooling="mean")
+    kind_config = cross_encoder.parse({"model": tiny_bert, "pooling": "mean"})
+    with pytest.raises(UserInputError, match=re.escape("pooling: 'mean' is not valid; head: pretrained")):
+        cross_encoder.check(kind_config)
+    cross_encoder.check(cross_encoder.parse({"model": tiny_bert, "pooling": "mean", "head": "linear"}))
+    with pytest.raises(UserInputError, match=re.escape("cross_pooling: 'max' is not valid; cross_head: pretrained "
+                                                       "reads the first token through the model's pooler: use "
+                                                       "cross_pooling: cls, or cross_head: linear")):
+        distill.check(distill.parse({**config, "cross_pooling": "max"}))
 
 
 def test_encoders_without_segment_embeddings_get_no_segment_ids(tiny_bert):
@@ -86,9 +123,11 @@ def test_targets_are_clipped_to_zero_one_before_bce():
     assert cross_loss("mse", torch.tensor([100.0]), torch.tensor([1.0])).item() == pytest.approx(0.0, abs=1e-6)
 
 
-def test_cross_encoder_trainable_fits_its_training_pairs(tiny_bert, tmp_path):
+@pytest.mark.parametrize("head", ["linear", "pretrained"])
+def test_cross_encoder_trainable_fits_its_training_pairs(tiny_bert, tmp_path, head):
     """A tiny random cross-encoder cannot generalize word overlap from 240 pairs, but it must fit
-    the pairs it trains on: here dev and test are the training pairs."""
+    the pairs it trains on: here dev and test are the training pairs. (The pretrained head starts at
+    logit ~0, BCE 0.693, behind dropout: it fits more slowly in 10 epochs.)"""
     from tests.conftest import _synthetic_pairs
 
     (tmp_path / "stsb").mkdir()
@@ -97,11 +136,11 @@ def test_cross_encoder_trainable_fits_its_training_pairs(tiny_bert, tmp_path):
         (tmp_path / "stsb" / f"sts-{split}.csv").write_text("\n".join(lines) + "\n")
     reports = []
     final = cross_encoder.run({"model": tiny_bert, "task": "stsb", "data_dir": str(tmp_path), "layer": 2,
-                               "epochs": 10, "lr": 3e-3, "batch_size": 8, "max_seq_length": 48, "num_threads": 1},
-                              collect(reports))
+                               "epochs": 10, "lr": 3e-3, "batch_size": 8, "max_seq_length": 48, "num_threads": 1,
+                               "head": head}, collect(reports))
     assert [r["epoch"] for r in reports] == list(range(1, 11))
-    assert reports[-1]["train_loss"] < reports[0]["train_loss"] - 0.1
-    assert reports[0]["dev_spearman"] < 40 < 70 < final["best_dev_spearman"]
+    assert reports[-1]["train_loss"] < reports[0]["train_loss"] - (0.1 if head == "linear" else 0.05)
+    assert reports[0]["dev_spearman"] < 40 and final["best_dev_spearman"] > 70
     assert final["test_epoch"] == final["best_epoch"] and "test_spearman" in final
     assert all("test_spearman" not in r for r in reports[:-1])
 
@@ -201,12 +240,14 @@ def test_a_restart_brings_back_the_initial_weights_of_both_encoders(config):
     initial = {**side.bi.state_dict(), **{f"cross.{k}": v.clone() for k, v in side.cross.state_dict().items()}}
     initial = {k: v.clone() for k, v in initial.items()}
     with torch.no_grad():
-        for p in [*side.bi.parameters(), *side.cross.encoder.parameters()]:
+        for p in [*side.bi.parameters(), *side.cross.backbone().parameters()]:
             p.add_(1.0)
     distill_module.restart_bi(side, cfg)
     distill_module.restart_cross(side, cfg)
     after = {**side.bi.state_dict(), **{f"cross.{k}": v for k, v in side.cross.state_dict().items()}}
-    encoder_keys = [k for k in initial if not k.startswith("cross.head")]  # a fresh head is drawn anew
+    # a fresh head (a linear layer, or the classifier behind the pretrained pooler) is drawn anew
+    encoder_keys = [k for k in initial if not k.startswith(("cross.head", "cross.classifier.classifier"))]
+    assert len(encoder_keys) > len(side.bi.state_dict())  # the cross-encoder's backbone (and pooler) included
     assert all(torch.equal(initial[k], after[k]) for k in encoder_keys)
 
 
@@ -291,7 +332,7 @@ def test_distillation_starts_both_encoders_from_a_cached_simcse_stage(config, tm
     learner = distill_module.DistillLearner(DistillConfig(**common), torch.device("cpu"), torch.float32)
     adapted = load_file(stages[0])
     name = "embeddings.word_embeddings.weight"
-    assert torch.equal(learner.sides[0].cross.encoder.state_dict()[name], adapted[name])  # the cross-encoder too
+    assert torch.equal(learner.sides[0].cross.backbone().state_dict()[name], adapted[name])  # the cross-encoder too
     assert torch.equal(learner.sides[0].bi.encoder.state_dict()[name], adapted[name])
     with pytest.raises(UserInputError, match="pretrain: 'bert' is not valid; use one of: micse, mlm, rtd, simcse"):
         distill.run({**common, "pretrain": "bert"}, collect([]))

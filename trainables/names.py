@@ -11,6 +11,9 @@ EVAL_PRECISIONS = ("fp32", "same")  # dev/test scoring: fp32, or as training
 DROPOUT_MASKS = ("fast", "torch")  # trainables.models.dropout's masks, or torch's bernoulli_
 SELECTS = ("accuracy", "f1")  # what pair classification selects on (STS tasks select on Spearman)
 CROSS_LOSSES = ("bce", "mse")  # a cross-encoder's objective on its logit
+# a cross-encoder's head: the model's own sequence-classification head with its pretrained pooler (dense + tanh,
+# dropout, a new linear classifier: sentence-transformers' CrossEncoder), or a new linear layer on the pooled state
+CROSS_HEADS = ("pretrained", "linear")
 METHODS = ("simcse", "micse")  # unsupervised contrastive objectives
 ATTENTION_LOSSES = ("mi", "correlation")  # miCSE's attention alignment term
 

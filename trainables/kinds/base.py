@@ -226,3 +226,10 @@ class TrainingKind(TrainableKind):
         from trainables.training.loop import train
 
         return train(self, self.parse(config), report, checkpoint_dir)[1]
+
+
+def check_head_pooling(head: str, pooling: str, key: str, head_key: str = "head") -> None:
+    """`head: pretrained` reads the first token through the model's pooler: no other pooling."""
+    if head == "pretrained" and pooling != "cls":
+        raise UserInputError(key, pooling, f"{head_key}: pretrained reads the first token through the model's "
+                                           f"pooler: use {key.rsplit('.', 1)[-1]}: cls, or {head_key}: linear")

@@ -7,8 +7,8 @@ from pydantic import Field
 
 from trainables.contract import TrainingConfig
 from trainables.data.declaration import TASK_HELP, TaskRef
-from trainables.kinds.base import TrainingKind
-from trainables.names import CROSS_LOSSES
+from trainables.kinds.base import TrainingKind, check_head_pooling
+from trainables.names import CROSS_HEADS, CROSS_LOSSES
 from trainables.poolings import POOLINGS
 from trainables.stages.fields import PretrainFields
 
@@ -18,7 +18,11 @@ class CrossEncoderConfig(TrainingConfig, PretrainFields):
     task: TaskRef = Field("stsb", description=TASK_HELP)
     language: str | None = None
     layer: int | None = Field(None, ge=0, description="keep the first k layers; null keeps all")
-    pooling: str = "cls"
+    pooling: str = Field("cls", description="with head: linear; head: pretrained reads the first token (cls)")
+    head: str = Field("pretrained", description="pretrained: the model's own classification head, its pretrained "
+                                                "pooler (dense + tanh), dropout and a new classifier, as "
+                                                "sentence-transformers' CrossEncoder; linear: a new linear layer on "
+                                                "the pooled last hidden state")
     loss: str = Field("bce", description="bce on the logit, or mse of the sigmoid")
     lr: float = Field(2e-5, gt=0)
     epochs: int = Field(3, ge=1)
@@ -35,7 +39,11 @@ class CrossEncoderKind(TrainingKind):
                "max_train_samples": 96}
     Config = CrossEncoderConfig
     learner = "trainables.learners.cross_encoder:CrossEncoderLearner"
-    names = {"pooling": POOLINGS, "loss": CROSS_LOSSES}
+    names = {"pooling": POOLINGS, "loss": CROSS_LOSSES, "head": CROSS_HEADS}
+
+    def check_names(self, cfg, key_of) -> None:
+        super().check_names(cfg, key_of)
+        check_head_pooling(cfg.head, cfg.pooling, key_of("pooling"))
 
     def pilot(self, cfg):
         from trainables.data.tasks import load_task

@@ -19,8 +19,8 @@ from pydantic import Field
 
 from trainables.contract import TrainingConfig
 from trainables.data.declaration import TaskRef
-from trainables.kinds.base import PilotSpec, TrainingKind
-from trainables.names import CROSS_LOSSES
+from trainables.kinds.base import PilotSpec, TrainingKind, check_head_pooling
+from trainables.names import CROSS_HEADS, CROSS_LOSSES
 from trainables.poolings import POOLINGS
 from trainables.stages.fields import PretrainFields, stage_seed_of
 
@@ -42,7 +42,11 @@ class DistillConfig(TrainingConfig, PretrainFields):
     layer: int | None = Field(None, ge=0)
     pooling: str = "mean"
     cross_layer: int | None = Field(None, ge=0)
-    cross_pooling: str = "cls"
+    cross_pooling: str = Field("cls", description="with cross_head: linear (pretrained reads the first token)")
+    cross_head: str = Field("pretrained", description="pretrained: the cross model's own classification head (its "
+                                                      "pretrained pooler, dropout, a new classifier), as "
+                                                      "sentence-transformers' CrossEncoder in the Trans-Encoder "
+                                                      "reference; linear: a new linear layer on the pooled state")
     pretrain_lr: float = Field(3e-5, gt=0)
     pretrain_batch_size: int = Field(64, ge=1)
     pretrain_max_seq_length: int = Field(32, ge=8)
@@ -71,7 +75,8 @@ class DistillKind(TrainingKind):
     exports_models = True
     round_name = "cycle"
     round_table = True
-    names = {"mode": MODES, "cross_loss": CROSS_LOSSES, "pooling": POOLINGS, "cross_pooling": POOLINGS}
+    names = {"mode": MODES, "cross_loss": CROSS_LOSSES, "pooling": POOLINGS, "cross_pooling": POOLINGS,
+             "cross_head": CROSS_HEADS}
 
     def pilot(self, cfg):
         """A cycle's work (labelling, the cross- and the bi-encoder's epochs) grows with the pairs:
@@ -96,4 +101,5 @@ class DistillKind(TrainingKind):
 
     def check_names(self, cfg, key_of) -> None:
         super().check_names(cfg, key_of)
+        check_head_pooling(cfg.cross_head, cfg.cross_pooling, key_of("cross_pooling"), "cross_head")
         stage_seed_of(cfg)

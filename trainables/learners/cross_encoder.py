@@ -28,7 +28,7 @@ class CrossEncoderLearner(Learner):
         self.data = load_sts_task(cfg.task, cfg.language, cfg.data_dir, "the cross-encoder", cfg.max_train_samples,
                                   cfg.max_eval_samples)
         start, stage = pretrained_start(cfg, cfg.pooling)
-        self.model = CrossEncoder(start, cfg.layer, cfg.pooling, cfg.dropout_masks).to(device)
+        self.model = CrossEncoder(start, cfg.layer, cfg.pooling, cfg.dropout_masks, cfg.head).to(device)
         self.tokens = PairTokens(load_tokenizer(start), cfg.max_seq_length)
         self.token_lists = self.tokens.lookup(list(self.data.train["sentence1"]), list(self.data.train["sentence2"]))
         self.targets = torch.as_tensor(self.data.train["score"].to_numpy(dtype=np.float32).copy())

@@ -48,7 +48,7 @@ class Side:
 def build_side(cfg: DistillConfig, prefix: str, bi_name: str, bi_layer: int | None, cross_name: str, device) -> Side:
     bi = build_sentence_encoder(bi_name, bi_layer, cfg.pooling, seed=cfg.seed,
                                 dropout_masks=cfg.dropout_masks).to(device)
-    cross = CrossEncoder(cross_name, cfg.cross_layer, cfg.cross_pooling, cfg.dropout_masks).to(device)
+    cross = CrossEncoder(cross_name, cfg.cross_layer, cfg.cross_pooling, cfg.dropout_masks, cfg.cross_head).to(device)
     return Side(prefix, bi_name, bi_layer, cross_name, bi, cross, TokenCache(load_tokenizer(bi_name),
                 cfg.bi_max_seq_length), PairTokens(load_tokenizer(cross_name), cfg.cross_max_seq_length))
 
@@ -59,7 +59,8 @@ def restart_bi(side: Side, cfg: DistillConfig) -> None:
 
 
 def restart_cross(side: Side, cfg: DistillConfig) -> None:
-    side.cross.load_state_dict(CrossEncoder(side.cross_name, cfg.cross_layer, cfg.cross_pooling).state_dict())
+    fresh = CrossEncoder(side.cross_name, cfg.cross_layer, cfg.cross_pooling, head=cfg.cross_head)
+    side.cross.load_state_dict(fresh.state_dict())
 
 
 def bi_scores(side: Side, frame: pd.DataFrame, device, dtype) -> np.ndarray:

@@ -49,13 +49,21 @@ def load_encoder(name: str, random_init: bool = False, seed: int = 0,
         model = AutoModel.from_config(config)
     else:
         model = AutoModel.from_pretrained(resolve_model_path(name), trust_remote_code=False)
+    return prepare_for_training(model, dropout_masks)
+
+
+def prepare_for_training(model: PreTrainedModel, dropout_masks: str) -> PreTrainedModel:
+    """`dropout_masks: fast` draws training's dropout masks with trainables.dropout; the word
+    embeddings get the row-wise gradient (the same gradient, without a dense zero-fill per chunk)."""
+    if dropout_masks not in DROPOUT_MASKS:
+        raise one_of("dropout_masks", dropout_masks, DROPOUT_MASKS)
     if dropout_masks == "fast":
         from trainables.models.dropout import use_fast_dropout
 
         use_fast_dropout(model)
     from trainables.models.embedding_grad import use_row_gradients
 
-    use_row_gradients(model)  # the same gradient, without a dense zero-fill per chunk
+    use_row_gradients(model)
     return model
 
 
@@ -68,9 +76,10 @@ def encoder_layers(model: nn.Module) -> nn.ModuleList:
     raise TypeError(f"cannot find the transformer layers of {type(model).__name__}")
 
 
-def truncate_encoder(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
-    """Keep the embeddings and the first `num_layers` blocks; later blocks and the pooler are removed
-    from the module, so compute and parameters shrink. `num_layers=0` is the embedding output."""
+def truncate_encoder(model: PreTrainedModel, num_layers: int, keep_pooler: bool = False) -> PreTrainedModel:
+    """Keep the embeddings and the first `num_layers` blocks; later blocks and the pooler (unless
+    `keep_pooler`: a cross-encoder's pretrained head reads it) are removed from the module, so compute
+    and parameters shrink. `num_layers=0` is the embedding output."""
     depth = len(encoder_layers(model))
     if not 0 <= num_layers <= depth:
         raise UserInputError("layer", num_layers, f"this model has {depth} layers: use 0..{depth}")
@@ -80,7 +89,7 @@ def truncate_encoder(model: PreTrainedModel, num_layers: int) -> PreTrainedModel
         model.config.num_hidden_layers = num_layers
     else:
         model.config.n_layers = num_layers
-    if getattr(model, "pooler", None) is not None:
+    if getattr(model, "pooler", None) is not None and not keep_pooler:
         model.pooler = None
     return model
 

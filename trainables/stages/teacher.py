@@ -24,7 +24,8 @@ from trainables.training.runtime import seed_everything
 
 TEACHER_WEIGHTS = "models.safetensors"
 TEACHER_FIELDS = ("task", "language", "pairs", "max_train_samples", "max_eval_samples", "transductive", "cross_layer",
-                  "cross_pooling", "cross_epochs", "cross_lr", "cross_batch_size", "cross_max_seq_length", "cross_loss")
+                  "cross_pooling", "cross_head", "cross_epochs", "cross_lr", "cross_batch_size",
+                  "cross_max_seq_length", "cross_loss")
 
 
 def teacher_params(cfg, cross_name: str) -> dict:

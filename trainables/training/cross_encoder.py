@@ -1,6 +1,7 @@
 """Cross-encoder building blocks: both sentences in one input to a (truncated) encoder (the second
-as segment B where the encoder embeds segments) with a regression head; the score of a pair is the
-sigmoid of the head's logit. Trained with BCE on scores in [0, 1] (targets are clipped there: a
+as segment B where the encoder embeds segments) with a regression head (the model's pretrained
+pooler and a new classifier, as sentence-transformers, or a new linear layer); the score of a pair
+is the sigmoid of the head's logit. Trained with BCE on scores in [0, 1] (targets are clipped there: a
 cosine below 0 is no probability) or MSE of the sigmoid. Used by the `cross_encoder` kind, by
 `distill` and by the teacher stage."""
 
@@ -14,40 +15,85 @@ import pandas as pd
 import torch
 from torch import nn
 
+from trainables.errors import UserInputError, one_of
+from trainables.evaluation.evaluators import sts_metrics
 from trainables.models.batching import EVAL_TOKENS_PER_CHUNK, length_chunks, pad
 from trainables.models.encoder import (
     last_hidden_state,
     load_encoder,
     load_tokenizer,
     pair_separator,
+    prepare_for_training,
+    resolve_model_path,
     segment_ids,
     truncate_encoder,
 )
-from trainables.names import CROSS_LOSSES  # noqa: F401 (re-exported)
+from trainables.names import CROSS_HEADS, CROSS_LOSSES  # noqa: F401 (re-exported)
 from trainables.poolings import POOLINGS, build_pooling
 from trainables.training.bi_encoder import build_optimizer, check_finite, epoch_batches
 from trainables.training.runtime import autocast, linear_schedule
 
 
 class CrossEncoder(nn.Module):
-    """A (truncated) encoder over the joined pair, pooled, and a linear head to one logit."""
+    """A (truncated) encoder over the joined pair and a head to one logit. `head: pretrained` is the
+    model's own sequence-classification head, as sentence-transformers' CrossEncoder (and so the
+    Trans-Encoder reference) builds it: for BERT-family models the pretrained pooler (dense + tanh on
+    the first token), dropout and a new linear classifier; `pooling` is then the model's (cls).
+    `head: linear` is a new linear layer on the pooled last hidden state (no pooler, no dropout)."""
 
-    def __init__(self, name: str, layer: int | None = None, pooling: str = "cls", dropout_masks: str = "torch"):
+    def __init__(self, name: str, layer: int | None = None, pooling: str = "cls", dropout_masks: str = "torch",
+                 head: str = "pretrained"):
         super().__init__()
         POOLINGS.entry(pooling, "pooling")  # an unknown name is one line before the encoder loads
-        self.encoder = load_encoder(name, dropout_masks=dropout_masks)
-        if layer is not None:
-            truncate_encoder(self.encoder, layer)
-        self.pooling = pooling
-        self.pool_layer = build_pooling(pooling, self.encoder.config.hidden_size)
-        self.head = nn.Linear(self.encoder.config.hidden_size, 1)
+        if head not in CROSS_HEADS:
+            raise one_of("head", head, CROSS_HEADS)
+        if head == "pretrained" and pooling != "cls":
+            raise UserInputError("pooling", pooling, "head: pretrained reads the first token through the model's "
+                                                     "pooler: use pooling: cls, or head: linear")
+        self.pooling, self.head_kind = pooling, head
+        if head == "pretrained":
+            self.classifier = load_sequence_classifier(name, dropout_masks)
+            if layer is not None:
+                truncate_encoder(self.classifier.base_model, layer, keep_pooler=True)
+        else:
+            self.encoder = load_encoder(name, dropout_masks=dropout_masks)
+            if layer is not None:
+                truncate_encoder(self.encoder, layer)
+            self.pool_layer = build_pooling(pooling, self.encoder.config.hidden_size)
+            self.head = nn.Linear(self.encoder.config.hidden_size, 1)
         # the second sentence is segment B, as in pretraining (BERT's next-sentence pairs)
-        self.separator = pair_separator(load_tokenizer(name), self.encoder.config)
+        self.separator = pair_separator(load_tokenizer(name), self.backbone().config)
+
+    def backbone(self) -> nn.Module:
+        """The (truncated) transformer: the classifier's base model under `head: pretrained`."""
+        return self.classifier.base_model if self.head_kind == "pretrained" else self.encoder
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         segments = None if self.separator is None else segment_ids(input_ids, attention_mask, self.separator)
+        if self.head_kind == "pretrained":
+            return self.classifier(input_ids=input_ids, attention_mask=attention_mask,
+                                   token_type_ids=segments).logits.squeeze(-1)
         hidden = last_hidden_state(self.encoder, input_ids, attention_mask, segments)
         return self.head(self.pool_layer(hidden, attention_mask)).squeeze(-1)
+
+
+def load_sequence_classifier(name: str, dropout_masks: str = "torch"):
+    """`AutoModelForSequenceClassification` with one label (regression), as sentence-transformers'
+    CrossEncoder loads it: the pretrained encoder and pooler, a new classifier."""
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as transformers_logging
+
+    level = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()  # the new classifier's "newly initialized" notice is expected
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(resolve_model_path(name), num_labels=1,
+                                                                   trust_remote_code=False)
+    except (OSError, ValueError) as exc:
+        raise UserInputError("model", name, f"no sequence-classification head for it ({exc}); use head: linear") \
+            from None
+    finally:
+        transformers_logging.set_verbosity(level)
+    return prepare_for_training(model, dropout_masks)
 
 
 class PairTokens:
@@ -81,17 +127,10 @@ def predict(model: CrossEncoder, token_lists: list[list[int]], pad_id: int, devi
         with torch.inference_mode(), autocast(device, dtype):
             for chunk in length_chunks([len(t) for t in token_lists], EVAL_TOKENS_PER_CHUNK, max_chunk=256):
                 input_ids, mask = pad([token_lists[i] for i in chunk], pad_id, device)
-                scores[chunk] = torch.sigmoid(model(input_ids, mask).float()).cpu().numpy()
+                scores[chunk] = torch.sigmoid(model(input_ids, mask).double()).cpu().numpy()
     finally:
         model.train(was_training)
     return scores
-
-
-def sts_metrics(split: str, scores: np.ndarray, gold: np.ndarray) -> dict[str, float]:
-    from scipy.stats import pearsonr, spearmanr  # ~0.6 s: when scores exist
-
-    return {f"{split}_spearman": 100 * float(spearmanr(scores, gold).statistic),
-            f"{split}_pearson": 100 * float(pearsonr(scores, gold).statistic)}
 
 
 def cross_loss(name: str, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
