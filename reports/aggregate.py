@@ -102,19 +102,26 @@ def _spreads(done: pd.DataFrame, metric: str, scored: pd.Index) -> pd.Series:
 
 
 def cell_caveat(completed: int, scored: int, spreads: pd.Series) -> str | None:
-    """What a cell's number does not show: seeds left out as degenerate (no correlation, so no score:
-    the mean is over the others) and seeds whose encoder had collapsed (every cosine within 1e-4 of
-    the others: a real ranking, but of nearly identical vectors)."""
+    """What a cell's number does not show: seeds whose encoder had collapsed (every cosine within 1e-4
+    of the others: a real ranking, but of nearly identical vectors) and seeds left out as degenerate
+    (no correlation, so no score: the mean is over the others). Worded so that its short form (up to
+    the first " (") keeps the spread and the count."""
     parts = []
-    if completed > scored:
-        parts.append(f"{completed - scored} of {completed} seeds degenerate (constant output: correlation "
-                     f"undefined); the mean is over the other {scored}")
     if len(spreads):
         low, high = float(spreads.min()), float(spreads.max())
-        span = f"{high:.2g}" if f"{low:.2g}" == f"{high:.2g}" else f"{low:.2g} to {high:.2g}"
+        span = scientific(high) if scientific(low) == scientific(high) else f"{scientific(low)} to {scientific(high)}"
         seeds = "" if len(spreads) == scored else f" in {len(spreads)} of {scored} seeds"
-        parts.append(f"collapsed: cosine spread {span}{seeds}")
+        parts.append(f"collapsed, cosine spread {span}{seeds}")
+    if completed > scored:
+        parts.append(f"{completed - scored} of {completed} seeds degenerate, the mean over the other {scored} "
+                     "(constant output: correlation undefined)")
     return "; ".join(parts) or None
+
+
+def scientific(value: float) -> str:
+    """1.4e-5, not 1.4e-05."""
+    mantissa, exponent = f"{value:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
 
 
 def still_rising(done: pd.DataFrame) -> float:

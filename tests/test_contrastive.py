@@ -261,8 +261,8 @@ def test_simcse_and_micse_of_one_seed_draw_the_same_dropout_masks(config, masks)
 
 
 def test_fused_attention_runs_eager_only_where_the_pairing_needs_it():
-    from trainables.models.dropout import ATTENTION
     from trainables.learners.contrastive import uses_eager_attention
+    from trainables.models.dropout import ATTENTION
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert not uses_eager_attention(True, ATTENTION, cpu) and not uses_eager_attention(False, ATTENTION, cuda)

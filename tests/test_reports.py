@@ -493,15 +493,16 @@ def test_degenerate_seeds_and_collapsed_cells_are_said_in_the_cell_never_average
     assert summary.loc[1, "degenerate"] == 2 and summary.loc[2, "cosine_spread"] == pytest.approx(1.4e-5)
     build_report(runs, tmp_path, ("markdown", "latex"))
     markdown = (tmp_path / "report.md").read_text()
-    cells = next(line for line in markdown.splitlines() if line.startswith("| all |")).split("|")[2:-1]
-    assert cells[0].strip() == "— (n=0/5) <sup>a</sup>"
+    cells = next(line for line in markdown.splitlines() if "| 42.00" in line).split("|")[2:-1]
+    assert cells[0].strip() == "— <sup>a</sup>"
     assert cells[1].strip() == "42.00 ± 2.00 (n=3/5) <sup>b</sup>"
     assert cells[2].strip().startswith("52.00 ± 1.58 (n=5) <sup>c</sup>")
-    assert "<sup>a</sup> degenerate (constant output: correlation undefined)" in markdown
-    assert ("<sup>b</sup> 2 of 5 seeds degenerate (constant output: correlation undefined); the mean is over the "
-            "other 3") in markdown
-    assert "<sup>c</sup> collapsed: cosine spread 1.1e-05 to 1.4e-05" in markdown
-    assert "collapsed: cosine spread 1.1e-05 to 1.4e-05" in (tmp_path / "ablation.tex").read_text()
+    short = next(line for line in markdown.splitlines() if line.startswith("<sup>a</sup>"))
+    assert ("<sup>b</sup> 2 of 5 seeds degenerate, the mean over the other 3; <sup>c</sup> collapsed, cosine "
+            "spread 1.1e-5 to 1.4e-5;") in short  # the short notes under the table keep the count and the spread
+    assert ("<sup>b</sup> 2 of 5 seeds degenerate, the mean over the other 3 (constant output: correlation "
+            "undefined)") in markdown  # and the full ones say why
+    assert "collapsed, cosine spread 1.1e-5 to 1.4e-5" in (tmp_path / "ablation.tex").read_text()
     written = pd.read_csv(tmp_path / "cells.csv").set_index("layer")
     assert written.loc[1, "degenerate"] == 2 and written.loc[2, "cosine_spread"] == pytest.approx(1.4e-5)
 
