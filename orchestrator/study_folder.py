@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from reports.record import LEGACY_PLAN_FILE, RECORD_FILE, StudyRecord
-from trainables.errors import UserInputError
+from trainables.errors import StorageFullError, UserInputError, storage_full
 
 STUDY_FILE = "study.yaml"  # the study as a user may edit it between launches
 LAUNCHED_FILE = "study.launched.yaml"  # the study as last accepted: what the journal's trials ran
@@ -150,8 +150,17 @@ def holder(folder: Path) -> str:
 def exclusive(folder: Path, name: str, what: str) -> Iterator[None]:
     """Hold the study folder's lock while `what` (launch, resume, sync) runs; refuse in one line
     while another process holds it."""
-    folder.mkdir(parents=True, exist_ok=True)
-    handle = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:  # a read-only folder, a lock file another user left, a full disk
+        if storage_full(str(exc)):
+            from orchestrator.journal import full_disk_fix
+
+            raise StorageFullError("storage", str(folder), full_disk_fix(name)) from None
+        raise UserInputError("storage", str(folder), f"the study folder's lock {folder / LOCK} cannot be opened for "
+                                                     f"writing ({exc.strerror or exc}); make the folder and that file "
+                                                     "writable, or give --storage another folder") from None
     try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -168,9 +177,10 @@ def exclusive(folder: Path, name: str, what: str) -> Iterator[None]:
 
 def is_running(folder: Path) -> bool:
     """Does a live process hold the folder's lock?"""
-    if not (folder / LOCK).exists():
+    try:
+        handle = os.open(folder / LOCK, os.O_RDONLY)
+    except OSError:  # no lock file (never launched), or one this user cannot read: no running launch known
         return False
-    handle = os.open(folder / LOCK, os.O_RDONLY)
     try:
         fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return False

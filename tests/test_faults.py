@@ -526,3 +526,16 @@ def test_a_terminal_that_is_gone_ends_the_progress_view_not_the_study(tiny_bert,
     view.poll()
     view.on_experiment_end([])
     assert GoneTerminal.writes == 1  # it tried once, then stopped writing
+
+
+def test_a_lock_file_that_cannot_be_opened_is_one_line(tiny_bert, synthetic_data_dir, tmp_path, empty_store):
+    """A `.lock` left by another user (or made immutable) was a PermissionError traceback in launch,
+    resume and sync, and in status and list (which only peek at it)."""
+    study, storage = launched(tmp_path, tiny_bert, synthetic_data_dir, empty_store, stop_after=2)
+    lock = storage / "s" / ".lock"
+    with read_only(lock):
+        line = one_error_line(runner.invoke(app, ["resume", "s", "--storage", str(storage)]))
+        assert line.startswith(f"error: storage: '{storage}/s' is not valid; the study folder's lock {lock} cannot "
+                               "be opened for writing")
+        assert runner.invoke(app, ["status", "s", "--storage", str(storage)]).exit_code == 0
+        assert "s: interrupted" in runner.invoke(app, ["list", "--storage", str(storage)]).stdout
