@@ -98,8 +98,8 @@ def schema_table(schema: dict, defs: dict) -> list[str]:
         section = section_of(prop)
         if key in required:
             default = "required"
-        elif section:  # a section's defaults are in its own table
-            default = f"[below](#{section.lower()})" if prop.get("default") is not None else "`None`"
+        elif section and isinstance(prop.get("default"), dict):  # a section's defaults are in its own table
+            default = f"[below](#{section.lower()})"
         else:
             default = f"`{prop['default']!r}`" if "default" in prop else ""
         what = prop.get("description") or (defs.get(section, {}).get("description", "") if section else "")
