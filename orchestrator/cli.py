@@ -727,7 +727,7 @@ def print_layer_table(rows: list[dict], title: str, unit: str = " ×100") -> Non
     console.print(table)
     if collapsed:  # under the table, not a caption squeezed to its width
         console.print("° collapsed (every cosine within 1e-4 of the others), cosine spread: " + ", ".join(
-            f"layer {layer} {spread:.2g}" for layer, spread in collapsed.items()), soft_wrap=True)
+            f"layer {layer} {spread:.1e}".replace("e-0", "e-") for layer, spread in collapsed.items()), soft_wrap=True)
 
 
 def main() -> None:  # pragma: no cover - console entry point

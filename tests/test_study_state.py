@@ -455,6 +455,18 @@ def test_the_two_stage_rule_fixes_the_total_from_the_first_seeds_alone():
     assert not wants_another("two_stage", [1.0, 2.0, 3.0, 9.0, -5.0], 3, 2.0, 10)[0]
 
 
+def test_the_two_stage_rule_reports_steins_interval_not_the_t_interval_over_all_seeds():
+    """Stein's interval: t with k-1 degrees of freedom times the first stage's std, over sqrt(n). Its
+    coverage is exact; the t-interval over all n seeds (what status said before) is narrower here."""
+    from orchestrator.seed_rules import ci95_half, stein_half, wants_another
+
+    values = [1.0, 2.0, 3.0, 2.0, 2.1]  # s = 1 over the first 3; n = 5 (as the rule fixed it for ±2)
+    assert stein_half(values[:3], 5) == pytest.approx(4.302653 * 1.0 / 5 ** 0.5, rel=1e-6)
+    more, why = wants_another("two_stage", values, 3, 2.0, 10)
+    assert not more and why.endswith(f"dev 95% CI ±{stein_half(values[:3], 5):.2f} (Stein)")
+    assert f"±{ci95_half(values):.2f}" not in why  # 0.88 over all n against Stein's 1.92
+
+
 def test_the_dashboard_mirror_has_real_durations_and_pruned_curves(plan, tmp_path, monkeypatch):
     """optuna-dashboard read every trial as lasting 0 ms (the mirror is rebuilt from the journal at
     each launch, and the journal had no times); pruned trials must keep their intermediate values."""
