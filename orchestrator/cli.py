@@ -216,6 +216,20 @@ def validate(study_file: str = STUDY_FILE, overrides: Overrides = None, name: Ne
     plan = build_plan(study, Path(study_file).resolve().parent)
     check_pilot(plan)  # a budget needs a pilot that can time the kind
     typer.echo(f"ok: {study.name}: {len(plan.cells)} cells, {plan.tuning_trials + plan.replicate_trials} trials")
+    for line in declared_summary(study, plan):
+        typer.echo(line)
+
+
+def declared_summary(study, plan) -> list[str]:
+    """What `validate` read of a data set the study declares, and the plugins it names: one line each."""
+    from trainables.data.declaration import DataDeclaration
+
+    lines = [f"data {data.name}: " + ", ".join(f"{split} {part.rows:,} rows (sha256 {part.sha256[:12]}…)"
+                                                for split, part in data.splits.items())
+             for data in plan.data if isinstance(study.task, DataDeclaration)]
+    if plan.plugins:
+        lines.append("plugins: " + ", ".join(f"{p.name} ({p.distribution} {p.version})" for p in plan.plugins))
+    return lines
 
 
 @app.command()

@@ -12,6 +12,18 @@ import pytest
 import torch
 import yaml
 
+from orchestrator.testing.kind_contract import (
+    KindContract,
+    check_damaged_checkpoint,
+    check_example,
+    check_resume,
+    check_same_seed_same_numbers,
+    check_selection_ignores_test,
+    check_test_scored_once,
+    example_config,
+    with_other_test,
+)
+from tests.toy_kind import ToyKind, ToyLearner
 from trainables.contract import collect
 from trainables.kinds import KINDS, get_kind, load_kind
 from trainables.kinds.base import TrainingKind
@@ -25,26 +37,7 @@ def test_every_registered_kind_declares_an_example_that_parses_and_runs(name, ti
                                                                         tmp_path):
     """A kind registered without an example fails here: the contract below runs each kind's own."""
     kind = get_kind(name)
-    assert kind.example, f"{name} declares no example config: add `example = {{...}}` to its class"
-    config = example_config(kind, tiny_bert, synthetic_data_dir, tmp_path / "stages")
-    cfg = kind.parse(config)
-    reports = []
-    kind.run(config, collect(reports))
-    assert reports and all(isinstance(r, dict) for r in reports)
-    # the metric the kind declares (read without torch by validate, plan and reports) is the one its runs report
-    # and, for a training kind, the one its learner's evaluator selects on
-    metric, mode = kind.metric(cfg)
-    assert metric in reports[-1] and mode in ("max", "min")
-    if isinstance(kind, TrainingKind):
-        assert kind.build(cfg, torch.device("cpu"), torch.float32).metric == metric
-
-
-def example_config(kind, tiny_bert: str, data_dir, stages) -> dict:
-    """A kind's own example, with what only the test knows filled in (for the fields it has)."""
-    filled = {"model": tiny_bert, "data_dir": str(data_dir), "device": "cpu", "precision": "fp32",
-              "num_threads": 1, "seed": 3, "cache_dir": str(stages)}
-    fields = kind.Config.model_fields
-    return {**{k: v for k, v in filled.items() if k in fields}, **kind.example}
+    check_example(kind, example_config(kind, tiny_bert, synthetic_data_dir, tmp_path / "stages"))
 
 
 @pytest.fixture()
@@ -64,47 +57,19 @@ def kind_of(name: str):
     return load_kind(name) if ":" in name else get_kind(name)
 
 
-def numbers(reports: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if isinstance(v, float) and "second" not in k} for r in reports]
-
-
 CASES = [*TRAINING_KINDS, "finetune+mlm", "toy"]
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_same_seed_same_numbers_other_seed_other_numbers(configs, case):
     name, config = configs[case]
-    kind = kind_of(name)
-    a, b, c = [], [], []
-    kind.run(config, collect(a))
-    kind.run(config, collect(b))
-    kind.run({**config, "seed": 4}, collect(c))
-    assert numbers(a) == numbers(b)
-    assert numbers(a) != numbers(c)
-
-
-def run_keeping_checkpoints(kind, config: dict, folder: Path) -> tuple[list[dict], list[Path]]:
-    """An uninterrupted run: every round's metrics and a copy of every round's checkpoint."""
-    reports, saved = [], []
-
-    def keep(metrics, checkpoint_dir=None):
-        reports.append(metrics)
-        saved.append(shutil.copytree(checkpoint_dir, folder / f"round{len(saved) + 1}"))
-
-    kind.run(config, keep)
-    return reports, saved
+    check_same_seed_same_numbers(kind_of(name), config)
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_resume_from_the_first_round_reproduces_the_uninterrupted_run(configs, case, tmp_path):
     name, config = configs[case]
-    kind = kind_of(name)
-    uninterrupted, saved = run_keeping_checkpoints(kind, config, tmp_path)
-    resumed = []
-    kind.run(config, collect(resumed), checkpoint_dir=str(saved[0]))
-    assert [r["epoch"] for r in resumed] == [r["epoch"] for r in uninterrupted[1:]]
-    for ours, theirs in zip(numbers(resumed), numbers(uninterrupted[1:]), strict=True):
-        assert ours.keys() == theirs.keys() and ours == pytest.approx(theirs, abs=1e-6)
+    check_resume(kind_of(name), config, tmp_path)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -112,59 +77,54 @@ def test_a_damaged_checkpoint_restarts_the_trial_to_the_uninterrupted_numbers(co
     """A checkpoint cut short (a crash or a full disk mid-write) is discarded like a deleted one: the
     trial starts again from round 1 and, seeded the same, reaches the same numbers; it used to fail
     for good with a SafetensorError."""
-    from trainables.training.checkpoints import WEIGHTS
-
     name, config = configs[case]
-    kind = kind_of(name)
-    uninterrupted, saved = run_keeping_checkpoints(kind, config, tmp_path)
-    weights = saved[0] / WEIGHTS
-    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    restarted = []
-    kind.run(config, collect(restarted), checkpoint_dir=str(saved[0]))
-    assert [r["epoch"] for r in restarted] == [r["epoch"] for r in uninterrupted]
-    for ours, theirs in zip(numbers(restarted), numbers(uninterrupted), strict=True):
-        assert ours == pytest.approx(theirs, abs=1e-6)
+    check_damaged_checkpoint(kind_of(name), config, tmp_path)
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_test_is_scored_once_with_the_best_dev_rounds_weights(configs, case, monkeypatch):
+def test_test_is_scored_once_with_the_best_dev_rounds_weights(configs, case):
     name, config = configs[case]
-    kind = kind_of(name)
-    splits = []
-    build = kind.build
-
-    def counting_build(cfg, device, dtype):
-        learner = build(cfg, device, dtype)
-        evaluate = learner.evaluate
-        learner.evaluate = lambda split: splits.append(split) or evaluate(split)
-        return learner
-
-    monkeypatch.setattr(kind, "build", counting_build)
-    reports = []
-    final = kind.run(config, collect(reports))
-    assert splits.count("test") == 1 and splits[-1] == "test"
-    assert all(not any(k.startswith("test_") for k in r) for r in reports[:-1])
-    dev = [r["dev_spearman"] for r in reports]
-    assert final["test_epoch"] == final["best_epoch"] == 1 + dev.index(max(dev))
-    without_test = []
-    kind.run({**config, "score_test": False}, collect(without_test))
-    assert splits.count("test") == 1 and not any(k.startswith("test_") for k in without_test[-1])
+    check_test_scored_once(kind_of(name), config)
 
 
 @pytest.mark.parametrize("case", ["finetune", "distill"])
 def test_selection_never_looks_at_test(configs, case, synthetic_data_dir, tmp_path):
     """The same train and dev with another test split: every dev number and the chosen round agree."""
     name, config = configs[case]
-    other = tmp_path / "other-data"
-    shutil.copytree(synthetic_data_dir, other)
-    lines = (other / "stsb" / "sts-test.csv").read_text().splitlines()
-    (other / "stsb" / "sts-test.csv").write_text("\n".join(reversed(lines[:40])) + "\n")
-    a, b = [], []
-    kind_of(name).run(config, collect(a))
-    kind_of(name).run({**config, "data_dir": str(other)}, collect(b))
-    dev = lambda rows: [{k: v for k, v in r.items() if k.startswith(("dev_", "best_"))} for r in rows]  # noqa: E731
-    assert dev(a) == dev(b) and a[-1]["test_epoch"] == b[-1]["test_epoch"]
-    assert a[-1]["test_spearman"] != b[-1]["test_spearman"]
+    other = with_other_test(synthetic_data_dir, tmp_path / "other-data")
+    check_selection_ignores_test(kind_of(name), config, {**config, "data_dir": str(other)})
+
+
+class TestTheKitsContractClassOnTheToyKind(KindContract):
+    """`KindContract`, as a plugin's suite subclasses it, runs every check on a kind of its own."""
+
+    @pytest.fixture()
+    def kind(self):
+        return load_kind(TOY)
+
+    @pytest.fixture()
+    def config(self):
+        return {"seed": 3, **load_kind(TOY).example}
+
+
+class BrokenResumeLearner(ToyLearner):
+    """Forgets its weights on resume: the kit's resume check must fail on it."""
+
+    def modules(self):
+        return {}
+
+
+class BrokenResumeKind(ToyKind):
+    def build(self, cfg, device, dtype):
+        return BrokenResumeLearner(cfg)
+
+
+def test_the_kit_fails_a_kind_that_breaks_the_contract(tmp_path):
+    config = {"seed": 3, **ToyKind.example}
+    with pytest.raises(AssertionError, match="resumed from round 1: other numbers"):
+        check_resume(BrokenResumeKind(), config, tmp_path / "resume")
+    with pytest.raises(AssertionError, match="declares no example config"):
+        example_config(type("NoExample", (ToyKind,), {"example": None})(), "m", "d", "c")
 
 
 def test_a_kind_is_one_module_and_one_registry_line(monkeypatch, tiny_bert, synthetic_data_dir, tmp_path):

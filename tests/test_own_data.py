@@ -336,3 +336,45 @@ def test_a_task_name_still_works_and_a_mapping_is_refused_where_a_kind_needs_lab
                                                   "labeled pair task: sts or pair_classification"]
     with pytest.raises(UserInputError, match="task: 'stsbb' is not valid"):
         load_task("stsbb")
+
+
+def saved_datasets_folder(tmp_path: Path) -> dict:
+    """The JSONL splits saved with `save_to_disk`, declared as `hf: {path: <folder>}`."""
+    import datasets
+
+    files = _files(tmp_path)
+    splits = {"train": "train", "dev": "validation", "test": "test"}
+    datasets.DatasetDict({name: datasets.Dataset.from_pandas(pd.read_json(tmp_path / files[split], lines=True))
+                          for split, name in splits.items()}).save_to_disk(str(tmp_path / "saved"))
+    return {k: v for k, v in declared(files).items() if k != "files"} | {"hf": {"path": "saved"}}
+
+
+@pytest.mark.parametrize("source", ["jsonl", "csv", "parquet", "saved_folder"])
+def test_a_study_on_each_source_launches_reports_and_verifies(tmp_path, tiny_bert, monkeypatch, source):
+    """Launch (trials by the instant executor), report and verify exit 0, and the report names the data set
+    and the sha256 of each split as the record has it."""
+    monkeypatch.chdir(tmp_path)
+    task = saved_datasets_folder(tmp_path) if source == "saved_folder" else \
+        declared(write_splits(tmp_path / "data", source))
+    _, storage = launched(tmp_path, tiny_bert, task)
+    record = json.loads((storage / "own_study" / "study_record.json").read_text())["data"][0]
+    assert {s: p["rows"] for s, p in record["splits"].items()} == {"train": 40, "dev": 16, "test": 16}
+    reported = runner.invoke(app, ["report", "own_study", "--storage", str(storage), "--out", "r"])
+    assert reported.exit_code == 0, reported.output
+    markdown = (tmp_path / "r" / "report.md").read_text()
+    for split, part in record["splits"].items():
+        assert f"{split} {part['rows']} rows, sha256 `{part['sha256'][:16]}`" in markdown
+    verified = runner.invoke(app, ["verify", "r"])
+    assert verified.exit_code == 0 and verified.stdout.startswith("ok: every number"), verified.output
+    if source == "saved_folder":
+        assert record["origin"] == f"hf {tmp_path / 'saved'}" and record["splits"]["dev"]["hub_split"] == "validation"
+
+
+def test_validate_says_what_it_read_of_a_declared_data_set(tmp_path, tiny_bert):
+    files = _files(tmp_path)
+    result = runner.invoke(app, ["validate", str(study_file(tmp_path, tiny_bert, declared(files)))])
+    sha = {s: task_source(declared({k: str(tmp_path / p) for k, p in files.items()})).splits[s].sha256[:12]
+           for s in ("train", "dev", "test")}
+    assert result.exit_code == 0 and result.stdout.splitlines()[1:] == [
+        f"data own: train 40 rows (sha256 {sha['train']}…), dev 16 rows (sha256 {sha['dev']}…), test 16 rows "
+        f"(sha256 {sha['test']}…)"]

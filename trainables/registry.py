@@ -94,8 +94,8 @@ class Registry(MutableMapping[str, str]):
     def entries(self) -> dict[str, list[Entry]]:
         """Every name with the entries that register it (more than one: a clash)."""
         out: dict[str, list[Entry]] = {name: [Entry(name, target)] for name, target in self.builtins.items()}
-        for entry in _installed_entries().get(self.group, ()):
-            out.setdefault(entry.name, []).append(entry)
+        for entry in sorted(_installed_entries().get(self.group, ()), key=lambda e: (e.distribution, e.name)):
+            out.setdefault(entry.name, []).append(entry)  # the same order wherever they are installed
         return out
 
     def entry(self, name: str, key: str) -> Entry:
