@@ -34,7 +34,8 @@ import yaml
 from instant import instant_executor  # benchmarks/instant.py, beside this script
 
 from orchestrator.journal import Journal
-from orchestrator.launch import launch, open_state
+from orchestrator.launch import launch
+from orchestrator.study import Study
 
 SLOTS = 16
 PER_CELL = 100  # trials per cell: 97 tuning trials and 3 replicates
@@ -120,7 +121,7 @@ def measure(trials: int, data_dir: str, folder: Path) -> dict:
     driver = (last - first) / max(1, len(ticks) - 1)
 
     started = time.perf_counter()
-    open_state(spec["name"], folder / "studies")
+    Study.named(spec["name"], folder / "studies").state()
     replay_s = time.perf_counter() - started
     started = time.perf_counter()
     launch(folder / "studies" / spec["name"] / "study.yaml", storage=folder / "studies", resume=True,

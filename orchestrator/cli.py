@@ -336,23 +336,21 @@ def status(name: str = NAME, storage: str | None = STORAGE,
            as_json: bool = typer.Option(False, "--json", help="One JSON object: counts and every cell."),
            debug: bool = DEBUG) -> None:
     """Trials done / running / failed and the best dev score per cell, from the study's journal."""
-    from orchestrator.launch import folder_size, open_state, study_dir
     from orchestrator.progress import status_record, status_table
-    from orchestrator.study_folder import is_running
+    from orchestrator.study import Study
 
     quiet_libraries()
-    state = open_state(name, storage)
-    folder = study_dir(storage, name)
+    study = Study.named(name, storage).require()
+    state = study.state()
     if as_json:
-        print(json.dumps({**status_record(state), "running_now": is_running(folder), "folder": str(folder),
-                          "folder_bytes": folder_size(folder)}))
+        print(json.dumps({**status_record(state), "running_now": study.is_running(), "folder": str(study.folder),
+                          "folder_bytes": study.size()}))
         return
     from rich.console import Console
 
     Console(width=max(120, shutil.get_terminal_size().columns)).print(status_table(state))
-    size = folder_size(folder)
-    typer.echo(f"study folder {folder}: {size / 2**20:.1f} MiB (finished trials keep no checkpoint)"
-               + ("; a launch is running it now" if is_running(folder) else ""))
+    typer.echo(f"study folder {study.folder}: {study.size() / 2**20:.1f} MiB (finished trials keep no checkpoint)"
+               + ("; a launch is running it now" if study.is_running() else ""))
 
 
 @app.command(name="list")
@@ -361,25 +359,23 @@ def list_studies(storage: str | None = STORAGE,
                  as_json: bool = typer.Option(False, "--json", help="One JSON object per study."),
                  debug: bool = DEBUG) -> None:
     """The studies in a storage folder, with their state: finished, running now, or interrupted."""
-    from orchestrator.launch import open_state
-    from orchestrator.study_folder import JOURNAL, STUDY_FILE, is_running, study_dir
+    from orchestrator.study import Study, studies_in
 
-    root = study_dir(storage, "x").parent
-    folders = sorted(p for p in root.iterdir() if (p / STUDY_FILE).exists()) if root.is_dir() else []
-    if not folders:
-        typer.echo(f"no studies in {root}")
+    studies = studies_in(storage)
+    if not studies:
+        typer.echo(f"no studies in {Study.named('x', storage).storage}")
         return
-    for folder in folders:
+    for study in studies:
         try:
-            state = open_state(folder.name, root) if (folder / JOURNAL).exists() else None
+            state = study.state() if study.journal_file.exists() else None
         except UserInputError as exc:
-            row = {"study": folder.name, "state": "damaged", "problem": str(exc)}
+            row = {"study": study.name, "state": "damaged", "problem": str(exc)}
         else:
             counts = state.counts() if state else None
             finished = state.is_complete() if state else False
-            verdict = ("running now" if is_running(folder) else "finished" if finished else
+            verdict = ("running now" if study.is_running() else "finished" if finished else
                        "not started" if not counts or not counts["issued"] else "interrupted")
-            row = {"study": folder.name, "state": verdict, **({k: counts[k] for k in (
+            row = {"study": study.name, "state": verdict, **({k: counts[k] for k in (
                 "planned", "completed", "pruned", "failed", "diverged", "skipped")} if counts else {})}
         if as_json:
             print(json.dumps(row))
@@ -453,10 +449,11 @@ def ui(name: str = NAME, storage: str | None = STORAGE, port: int = typer.Option
        debug: bool = DEBUG) -> None:
     """Start the MLflow UI (or optuna-dashboard) for the study on 127.0.0.1 and print its URL once it
     answers; exit 1 if it cannot start."""
-    from orchestrator.launch import OPTUNA_LOG, stored_tracking_uri, study_dir
+    from orchestrator.study import Study
 
+    study = Study.named(name, storage)
     if optuna:
-        log = study_dir(storage, name) / OPTUNA_LOG
+        log = study.optuna_log
         if not log.exists():
             raise UserInputError("NAME", name, f"no {log}: the study tunes nothing, or was launched before Optuna "
                                                "studies were kept; `orchestrator resume` writes it")
@@ -468,7 +465,7 @@ def ui(name: str = NAME, storage: str | None = STORAGE, port: int = typer.Option
               f"optuna-dashboard for {name} (one Optuna study per cell)")
         return
 
-    uri = stored_tracking_uri(name, storage)
+    uri = study.tracking_uri
     if not uri.startswith("sqlite"):
         typer.echo(f"the study is tracked on {uri}: open {uri.rstrip('/')}/{runs_path(uri, name)}")
         return
@@ -631,16 +628,15 @@ def verify(folder: Annotated[str, typer.Argument(help="A folder written by `orch
 
 def write_report(names: str | list[str], storage, tracking_uri: str | None = None, out: str | None = None,
                  formats: tuple[str, ...] | None = None) -> Path:
-    from orchestrator.launch import stored_study_uid, stored_tracking_uri, study_dir
+    from orchestrator.study import Study
     from reports.build import build_report
     from reports.collect import collect, combine
 
     names = [names] if isinstance(names, str) else list(names)
     collected = []
     for name in names:
-        has_folder = (study_dir(storage, name) / "launch.json").exists()
-        uri = tracking_uri or stored_tracking_uri(name, storage)
-        collected.append(collect(uri, name, stored_study_uid(name, storage) if has_folder else None))
+        study = Study.named(name, storage)
+        collected.append(collect(tracking_uri or study.tracking_uri, name, study.study_uid))
     runs = collected[0] if len(collected) == 1 else combine(collected)
     folder = Path(out) if out else Path("reports") / "+".join(names)
     written = build_report(runs, folder, formats)

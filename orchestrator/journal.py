@@ -201,3 +201,13 @@ class Journal:
             elif kind == "superseded" and event["key"] in records:
                 records[event["key"]].superseded = True
         return records
+
+
+class ReadOnlyJournal(Journal):
+    """A journal read by `status`, `results` and `report`, which never change the study folder."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)  # not created, not repaired
+
+    def write(self, event: str, **fields: Any) -> None:
+        pass

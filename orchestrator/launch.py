@@ -9,7 +9,6 @@ last checkpoint in their own MLflow run.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -23,33 +22,17 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from orchestrator.config import StudyConfig, StudySpec, load_study, read_study
+from orchestrator.config import StudyConfig, StudySpec, read_study
 from orchestrator.edits import check_edit
 from orchestrator.journal import Journal, full_disk_fix
-from orchestrator.plan import StudyPlan, build_plan, plan_from_record, plan_record
+from orchestrator.plan import StudyPlan, build_plan, plan_record
+from orchestrator.study import Study
 from orchestrator.study_data import check_unchanged
 from orchestrator.study_folder import (  # noqa: F401 (DEFAULT_STORAGE: re-exported for the CLI's doctor)
-    ARTIFACTS,
     DEFAULT_STORAGE,
-    JOURNAL,
-    LAUNCHED_FILE,
-    META,
-    MODELS,
-    OPTUNA_LOG,
-    PLAN,
-    RAY,
-    RECORD,
-    STAGES,
-    STUDY_FILE,
     clear_unstarted,
-    exclusive,
     read_json,
-    read_meta,
-    read_record,
-    started,
-    study_dir,
     unwritable,
-    write_atomic,
 )
 from orchestrator.study_state import StudyState
 from trainables.errors import StorageFullError, UserInputError, storage_full
@@ -57,10 +40,17 @@ from trainables.errors import StorageFullError, UserInputError, storage_full
 
 @dataclass(frozen=True)
 class LaunchResult:
+    """How a launch ended: its study folder, the trials' counts by outcome, whether every planned trial
+    finished, and what closing the MLflow runs changed."""
+
     study_dir: Path
     counts: dict[str, int]
     finished: bool
     reconciled: dict[str, int]
+
+    @property
+    def study(self) -> Study:
+        return Study(self.study_dir)
 
 
 def provenance() -> dict[str, str]:
@@ -139,19 +129,18 @@ def launch(study_file: StudySpec | str | Path, storage: str | Path | None = None
     passes one whose trials take no time, to measure the driver's own costs)."""
     spec = study_file if isinstance(study_file, StudySpec) else read_study(study_file)
     study = spec.config
-    folder = study_dir(storage or study.storage_path, study.name)
-    refuse_existing(folder, study.name, resume)
+    folder = Study.named(study.name, storage or study.storage_path)
+    refuse_existing(folder, resume)
     if resume:  # a folder a newer orchestrator wrote is refused, not rewritten in this version's format
-        read_record(folder, study.name, study.trainable)
-    meta = (read_meta(folder) if resume else None) or {"base_dir": str(spec.base_dir),
-                                                       "study_uid": unstarted_uid(folder) or uuid.uuid4().hex}
+        folder.record(study)
+    meta = (folder.meta() if resume else None) or {"base_dir": str(spec.base_dir),
+                                                   "study_uid": unstarted_uid(folder) or uuid.uuid4().hex}
     base_dir = Path(meta["base_dir"])
-    accepted = folder / LAUNCHED_FILE if (folder / LAUNCHED_FILE).exists() else folder / STUDY_FILE
-    stored = load_study(accepted) if resume and accepted.exists() else None
+    stored = folder.accepted() if resume else None
     changed = check_edit(stored, study) if stored is not None else []  # `resume NAME` too: the file may be edited
-    plan = build_plan(study, base_dir, stage_root=folder / STAGES)
+    plan = build_plan(study, base_dir, stage_root=folder.stages)
     if resume:  # the data it was launched with, or a refusal naming the split that changed
-        check_unchanged(read_record(folder, study.name, study.trainable), plan.data, study.task)
+        check_unchanged(folder.record(study), plan.data, study.task)
     if study.budget is not None and not resume:  # a pilot on this machine, before anything is written
         from orchestrator.estimate import check_budget, estimate
 
@@ -162,37 +151,37 @@ def launch(study_file: StudySpec | str | Path, storage: str | Path | None = None
                                                                           "without an estimate") from None
         check_budget(plan, found)
     uri = meta.get("tracking_uri") or tracking_uri(study, base_dir)
-    problem = unwritable(folder / MODELS) if study.save != "none" else None
+    problem = unwritable(folder.models) if study.save != "none" else None
     if problem:
-        raise UserInputError("save", study.save, f"its models go to {folder / MODELS}, where nothing can be "
+        raise UserInputError("save", study.save, f"its models go to {folder.models}, where nothing can be "
                                                  f"written ({problem}): make it a writable folder, or save: none")
     refuse_unwritable_store(uri, study.name, resume)  # it may have changed since the plan checked it
     if executor is None:
         ray = connect_ray(address)
         check_cluster(ray, study)  # the last cheap check: nothing is written before it passes
-    with exclusive(folder, study.name, "resume" if resume else "launch"):
-        refuse_existing(folder, study.name, resume)  # a launch that got here first, and ended
+    with folder.lock("resume" if resume else "launch"):
+        refuse_existing(folder, resume)  # a launch that got here first, and ended
         if not resume:
-            clear_unstarted(folder)  # what a first launch that failed before its first trial left
+            clear_unstarted(folder.folder)  # what a first launch that failed before its first trial left
         return run_locked(spec, plan, folder, {**meta, "tracking_uri": uri}, stored, changed,
                           resume, max_concurrent, progress, executor or run_tuner)
 
 
-def refuse_existing(folder: Path, name: str, resume: bool) -> None:
+def refuse_existing(study: Study, resume: bool) -> None:
     """A new launch refuses a folder where trials ran; one whose first launch failed before its first
     trial (the store refused a write, Ray did not start) holds nothing to lose and is taken over."""
-    if not resume and started(folder):
-        raise UserInputError("name", name, f"a study of that name exists in {folder}; run "
-                                           f"`orchestrator resume {name}` or choose another name")
+    if not resume and study.started():
+        raise UserInputError("name", study.name, f"a study of that name exists in {study.folder}; run "
+                                                 f"`orchestrator resume {study.name}` or choose another name")
 
 
-def unstarted_uid(folder: Path) -> str | None:
+def unstarted_uid(study: Study) -> str | None:
     """The study id of a first launch that failed before its first trial: its parent run, if the store
     took one, is the retaken study's parent."""
-    if not folder.is_dir() or started(folder):
+    if not study.folder.is_dir() or study.started():
         return None
     with contextlib.suppress(UserInputError):
-        return (read_meta(folder) or {}).get("study_uid")
+        return study.study_uid
     return None
 
 
@@ -207,53 +196,47 @@ def refuse_unwritable_store(uri: str, name: str, resume: bool) -> None:
                                                          f"then {again}")
 
 
-def run_locked(spec: StudySpec, plan: StudyPlan, folder: Path, meta: dict, stored, changed,
+def run_locked(spec: StudySpec, plan: StudyPlan, folder: Study, meta: dict, stored, changed,
                resume: bool, max_concurrent, progress: bool, executor: Callable) -> LaunchResult:
     """Everything a launch writes, while it holds the folder's lock."""
     study = spec.config
     base_dir, uri = Path(meta["base_dir"]), meta["tracking_uri"]
-    journal = Journal(folder / JOURNAL)
+    journal = folder.journal()
     if changed:  # an extension: the journal learns which cells its earlier indices meant, then the new file
         record_cells(journal, folder, stored, base_dir)
-    write_atomic(folder / STUDY_FILE, spec.text)  # the file as run: with its command-line overrides merged in
-    write_atomic(folder / LAUNCHED_FILE, spec.text)  # what the trials below run: later edits are checked against it
-    journal.write("launch", **meta)  # the study id lives in the journal too
-    write_atomic(folder / META, json.dumps(meta, indent=1))
     record = plan_record(plan, provenance())
-    write_atomic(folder / RECORD, record.to_json())
-    (folder / PLAN).unlink(missing_ok=True)  # a folder from before records: the record replaces its plan
-    journal.write("cells", keys=[c.key for c in plan.cells])
-    state = StudyState(plan, journal, folder / OPTUNA_LOG)
+    folder.record_launch(journal, spec.text, meta, record, [c.key for c in plan.cells])  # the file as run
+    state = StudyState(plan, journal, folder.optuna_log)
     from orchestrator.tracking import ResilientTracker, StudyTracker
 
     try:
-        tracker = StudyTracker(uri, study.name, folder / ARTIFACTS)
-        tracker.start_parent(folder / STUDY_FILE, record, package_version(), meta.get("study_uid"))
+        tracker = StudyTracker(uri, study.name, folder.artifacts)
+        tracker.start_parent(folder.study_file, record, package_version(), meta.get("study_uid"))
         if changed:
-            tracker.client.log_artifact(tracker.parent_id, str(folder / STUDY_FILE))
+            tracker.client.log_artifact(tracker.parent_id, str(folder.study_file))
             tracker.client.set_tag(tracker.parent_id, "orchestrator.extended", ",".join(changed)[:5000])
     except Exception as exc:  # before any trial: the folder is resumed, or (first launch) taken over, as it is
         from reports.store import forget_store
 
         forget_store(uri)
         if disk_was_full(exc):
-            raise StorageFullError("storage", str(folder), full_disk_fix(study.name)) from exc
+            raise StorageFullError("storage", str(folder.folder), full_disk_fix(study.name)) from exc
         again = f"orchestrator resume {study.name}" if resume or state.counts()["issued"] else "launch again"
         raise UserInputError("tracking.mlflow_uri", uri, f"the store refused the study's parent run "
                                                          f"({first_line(exc)}); make it writable (or start the "
                                                          f"server), then {again}; no trial of this launch ran") from exc
     resilient = ResilientTracker(tracker, lambda: state.records, {c.index: c.key for c in plan.cells})
-    launches = len([p for p in (folder / RAY).glob("launch-*")]) if (folder / RAY).exists() else 0
+    launches = folder.launches()
     counts = state.counts()
     banner = [f"{study.name}: {'resuming' if counts['issued'] else 'launching'} {counts['planned']} planned trials "
               f"({len(plan.cells)} cells; {counts['issued'] - counts['running']} already finished) · "
-              f"study folder {folder} · MLflow {uri}"]
+              f"study folder {folder.folder} · MLflow {uri}"]
     try:
         if state.is_complete():  # nothing left: no Tuner is started (whose state sync would race its own exit)
             if progress:
                 print("\n".join([*banner, "nothing left to run: every planned trial has finished"]), file=sys.stderr)
         else:
-            executor(plan, state, resilient, folder / RAY, f"launch-{launches + 1}",
+            executor(plan, state, resilient, folder.ray, f"launch-{launches + 1}",
                      max_concurrent or study.max_concurrent, progress, banner)
     except Exception as exc:  # once the disk is full, Tune's own ending fails too (its error files are empty)
         if OUT_OF_MEMORY in str(exc):  # Ray's memory monitor killed a worker, and Tune ends the whole run
@@ -269,8 +252,8 @@ def run_locked(spec: StudySpec, plan: StudyPlan, folder: Path, meta: dict, store
         reconciled = close_tracking(resilient, state, finished)
     stopped = [r for r in state.records.values() if r.outcome is not None and storage_full(r.error)]
     if state.storage_full and (stopped or not finished):  # one line; `resume` runs what the full disk stopped
-        raise StorageFullError("storage", str(folder), full_disk_fix(study.name))
-    return LaunchResult(folder, state.counts(), finished, reconciled)
+        raise StorageFullError("storage", str(folder.folder), full_disk_fix(study.name))
+    return LaunchResult(folder.folder, state.counts(), finished, reconciled)
 
 
 def first_line(exc: BaseException, limit: int = 200) -> str:
@@ -350,7 +333,8 @@ def run_tuner(plan: StudyPlan, state: StudyState, tracker, storage: Path, name: 
             name=name, storage_path=str(storage), verbose=0,
             failure_config=tune.FailureConfig(max_failures=study.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            callbacks=[TrackingCallback(state, tracker, str(storage.parent / MODELS) if study.save != "none" else None)]
+            callbacks=[TrackingCallback(state, tracker, str(Study(storage.parent).models) if study.save != "none"
+                                        else None)]
             + ([ProgressCallback(state, banner)] if progress else []),
         ),
     )
@@ -427,94 +411,47 @@ def trial_folder_name(trial) -> str:
 def resume(name: str, storage: str | Path | None = None, address: str | None = None,
            max_concurrent: int | None = None, progress: bool = True, overrides: Iterable[str] = (),
            executor: Callable | None = None) -> LaunchResult:
-    folder = study_dir(storage, name)
-    if not (folder / STUDY_FILE).exists():
-        raise UserInputError("NAME", name, f"no study folder {folder}; give --storage where it was launched")
-    spec = read_study(folder / STUDY_FILE, overrides)
+    """Continue a study from its folder's stored study file (with `overrides` that extend it)."""
+    study = Study.named(name, storage).require()
+    spec = read_study(study.study_file, overrides)
     if spec.name != name:
-        raise UserInputError("name", spec.name, f"the study folder {folder} is study {name}: resume it under its own "
-                                                "name (--name and name= start a new study with `launch`)")
-    return launch(spec, storage=folder.parent, address=address, max_concurrent=max_concurrent,
+        raise UserInputError("name", spec.name, f"the study folder {study.folder} is study {name}: resume it under "
+                                                "its own name (--name and name= start a new study with `launch`)")
+    return launch(spec, storage=study.storage, address=address, max_concurrent=max_concurrent,
                   resume=True, progress=progress, executor=executor)
 
 
-def open_state(name: str, storage: str | Path | None = None) -> StudyState:
-    """The study's plan state replayed from its journal (read only)."""
-    folder = study_dir(storage, name)
-    if not (folder / STUDY_FILE).exists():
-        raise UserInputError("NAME", name, f"no study folder {folder}; give --storage where it was launched")
-    study = load_study(folder / STUDY_FILE, launched=True)  # its kind's plugin need not be installed
-    record = read_record(folder, study.name, study.trainable)
-    if record is not None:
-        plan = plan_from_record(study, record)
-    else:  # a study folder from before plans were stored: rebuild it (needs the data and the model)
-        meta = read_meta(folder)
-        if meta is None:
-            raise UserInputError("NAME", name, f"{folder} holds no launch yet (no plan, no journal): launch the "
-                                               "study file again")
-        plan = build_plan(study, Path(meta["base_dir"]), stage_root=folder / STAGES)
-    return StudyState(plan, ReadOnlyJournal(folder / JOURNAL))
-
-
-def record_cells(journal: Journal, folder: Path, stored: StudyConfig, base_dir: Path) -> None:
+def record_cells(journal: Journal, study: Study, stored: StudyConfig, base_dir: Path) -> None:
     """Before an extended plan renumbers the cells, make sure the journal says which cell each of
     its earlier indices meant (folders from before such records: rebuilt from the stored study)."""
     if any(event.get("event") == "cells" for event in journal.events()):
         return
-    record = read_record(folder, stored.name, stored.trainable)
+    record = study.record(stored)
     if record is not None:
         keys = [key for key, _ in record.planned_cells]
     else:
-        keys = [c.key for c in build_plan(stored, base_dir, stage_root=folder / STAGES).cells]
+        keys = [c.key for c in build_plan(stored, base_dir, stage_root=study.stages).cells]
     journal.write("cells", keys=keys)
-
-
-def stored_study_uid(name: str, storage: str | Path | None = None) -> str | None:
-    """The id that ties a study folder to its own MLflow parent run (None for folders from before)."""
-    meta = read_meta(study_dir(storage, name))
-    return meta.get("study_uid") if meta else None
-
-
-def folder_size(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
-
-
-def stored_tracking_uri(name: str, storage: str | Path | None = None) -> str:
-    folder = study_dir(storage, name)
-    meta = read_meta(folder) if folder.exists() else None
-    if not meta or "tracking_uri" not in meta:
-        raise UserInputError("NAME", name, f"no study folder {folder}; give --storage where it was launched")
-    return meta["tracking_uri"]
-
-
-class ReadOnlyJournal(Journal):
-    def __init__(self, path: str | Path):
-        super().__init__(path, repair=False)  # status and report never change the study folder
-
-    def write(self, event: str, **fields) -> None:
-        pass
 
 
 def sync(name: str, storage: str | Path | None = None) -> dict[str, int]:
     """Replay a study's journal into MLflow (after an outage the driver could not outlast) and
     close its runs; refused while a launch or resume of the study runs (it writes the same runs)."""
-    folder = study_dir(storage, name)
-    if not (folder / STUDY_FILE).exists():
-        raise UserInputError("NAME", name, f"no study folder {folder}; give --storage where it was launched")
-    with exclusive(folder, name, "sync"):
-        return _sync(name, storage)
+    study = Study.named(name, storage).require()
+    with study.lock("sync"):
+        return _sync(study)
 
 
-def _sync(name: str, storage: str | Path | None) -> dict[str, int]:
+def _sync(study: Study) -> dict[str, int]:
     from orchestrator.tracking import StudyTracker
 
-    state = open_state(name, storage)
-    tracker = StudyTracker(stored_tracking_uri(name, storage), name)
+    state = study.state()
+    tracker = StudyTracker(study.tracking_uri, study.name)
     tracker.data = list(state.plan.data)  # runs sync creates get their dataset inputs too
     try:
-        tracker.attach_parent(stored_study_uid(name, storage))
+        tracker.attach_parent(study.study_uid)
     except RuntimeError as exc:
-        raise UserInputError("NAME", name, f"{exc}; give the study's name as launched") from None
+        raise UserInputError("NAME", study.name, f"{exc}; give the study's name as launched") from None
     counts = tracker.sync(state.records, {c.index: c.key for c in state.plan.cells})
     closed = tracker.reconcile(state.records, state.is_complete())
     return {**counts, "closed": counts["closed"] + closed["closed"], "killed": closed["killed"]}

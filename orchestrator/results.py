@@ -193,22 +193,17 @@ def results(name: str, storage: str | Path | None = None, *, phase: str | None =
             cell: str | Mapping[str, Any] | None = None, curves: bool = False) -> pd.DataFrame:
     """The study's trials (or, with `curves`, their per-epoch curves) from its folder's journal and its
     MLflow store; `phase` (tune or replicate) and `cell` (a key or some axis values) filter them."""
-    from orchestrator.config import load_study
-    from orchestrator.journal import Journal
-    from orchestrator.study_folder import JOURNAL, STUDY_FILE, is_running, read_meta, read_record, study_dir
+    from orchestrator.study import Study
 
     check_phase(phase)
-    folder = study_dir(storage, name)
-    if not (folder / STUDY_FILE).exists():
-        raise UserInputError("NAME", name, f"no study folder {folder}; give --storage where it was launched")
-    study = load_study(folder / STUDY_FILE, launched=True)
-    record = read_record(folder, study.name, study.trainable)
-    meta = read_meta(folder)
-    if record is None or meta is None:
-        raise UserInputError("NAME", name, f"{folder} holds no launch yet (no plan, no journal): launch the "
+    folder = Study.named(name, storage)
+    study = folder.config()
+    record = folder.record(study)
+    if record is None:
+        raise UserInputError("NAME", name, f"{folder.folder} holds no launch yet (no plan, no journal): launch the "
                                            "study file again")
-    trials = filtered(Journal(folder / JOURNAL, repair=False).records(), select_cells(record, cell), phase, record)
-    run_ids = trial_run_ids(meta["tracking_uri"], study.name, meta.get("study_uid")) if trials else {}
+    trials = filtered(folder.trials(), select_cells(record, cell), phase, record)
+    run_ids = trial_run_ids(folder.tracking_uri, study.name, folder.study_uid) if trials else {}
     if curves:
         return curves_frame(study.name, trials, record, run_ids)
-    return trials_frame(study.name, trials, record, run_ids, running=is_running(folder))
+    return trials_frame(study.name, trials, record, run_ids, running=folder.is_running())

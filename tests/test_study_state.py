@@ -269,8 +269,8 @@ def test_status_needs_neither_the_data_folder_nor_the_model(tiny_bert, synthetic
     from typer.testing import CliRunner
 
     from orchestrator.cli import app
-    from orchestrator.launch import JOURNAL, META, RECORD, STUDY_FILE
     from orchestrator.plan import plan_record
+    from orchestrator.study_folder import JOURNAL, META, RECORD, STUDY_FILE
 
     model, data = tmp_path / "model", tmp_path / "data"
     shutil.copytree(tiny_bert, model)
