@@ -76,7 +76,7 @@ class Utilization:
 def packed(model_name: str, data_dir: str, pairs: int, batch: int, device: str, k: int, folder: Path) -> tuple:
     """(aggregate train pairs/s, mean utilization) of K one-epoch trials launched as one study, K at
     a time, each asking for 1/K of the device."""
-    from orchestrator.launch import launch
+    from orchestrator.launcher import launch
 
     cpus = os.cpu_count() or 1
     on_gpu = device.startswith("cuda")

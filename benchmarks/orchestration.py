@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.launch import connect_ray, launch
+from orchestrator.launcher import connect_ray, launch
 from trainables.contract import collect
 from trainables.kinds import get_kind
 

@@ -34,7 +34,7 @@ import yaml
 from instant import instant_executor  # benchmarks/instant.py, beside this script
 
 from orchestrator.journal import Journal
-from orchestrator.launch import launch
+from orchestrator.launcher import launch
 from orchestrator.study import Study
 
 SLOTS = 16
@@ -131,10 +131,10 @@ def measure(trials: int, data_dir: str, folder: Path) -> dict:
     report_s, _ = cli("report", spec["name"], "--storage", str(folder / "studies"), "--out",
                       str(folder / "reports" / spec["name"]))
     verify_s, _ = cli("verify", str(folder / "reports" / spec["name"]))
-    results_s, rows = python("from orchestrator.results import results; "
+    results_s, rows = python("from orchestrator.frames import results; "
                              f"print(len(results({spec['name']!r}, {str(folder / 'studies')!r})))")
     assert int(rows) == trials, rows
-    curves_s, _ = python("from orchestrator.results import results; "
+    curves_s, _ = python("from orchestrator.frames import results; "
                          f"print(len(results({spec['name']!r}, {str(folder / 'studies')!r}, curves=True)))")
     return {"trials": trials, "cells": cells, "driver_ms": 1000 * driver, "early_ms": 1000 * early,
             "late_ms": 1000 * late, "launch_s": launch_s,

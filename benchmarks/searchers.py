@@ -38,8 +38,8 @@ import yaml
 
 from orchestrator.config import parse_study
 from orchestrator.journal import Journal, Outcome, TrialRecord
-from orchestrator.launch import connect_ray, launch
-from orchestrator.plan import build_plan
+from orchestrator.launcher import connect_ray, launch
+from orchestrator.planning import build_plan
 from orchestrator.study_state import StudyState
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"

@@ -35,7 +35,7 @@ def make_study(folder: Path, tree: Path) -> Path:
     from conftest import save_tiny_bert
 
     from benchmarks.instant import instant_executor
-    from orchestrator.launch import launch
+    from orchestrator.launcher import launch
 
     model = save_tiny_bert(folder / "tiny")
     data = folder / "data" / "stsb"

@@ -119,7 +119,7 @@ def study_file_reference() -> str:
 
 
 def kind_configs_reference() -> str:
-    from orchestrator.plan import MANAGED
+    from orchestrator.planning import MANAGED
     from trainables.kinds import KINDS, load_kind
 
     out = []

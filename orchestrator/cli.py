@@ -208,7 +208,7 @@ def validate(study_file: str = STUDY_FILE, overrides: Overrides = None, name: Ne
     found is one line."""
     from orchestrator.config import load_study
     from orchestrator.estimate import check_pilot
-    from orchestrator.plan import build_plan
+    from orchestrator.planning import build_plan
 
     quiet_libraries()
     study = load_study(study_file, overrides or (), name)
@@ -243,7 +243,7 @@ def plan(study_file: str = STUDY_FILE, overrides: Overrides = None, name: NewNam
     from rich.table import Table
 
     from orchestrator.config import load_study, models_of
-    from orchestrator.plan import build_plan
+    from orchestrator.planning import build_plan
     from trainables.data.tasks import task_name
 
     quiet_libraries()
@@ -301,7 +301,7 @@ def launch(study_file: str = STUDY_FILE, overrides: Overrides = None, name: NewN
            resume_existing: bool = typer.Option(False, "--resume", help="Continue the study if it exists already."),
            data_dir: str | None = DATA_DIR, debug: bool = DEBUG) -> None:
     """Run a study on Ray Tune (a fresh local Ray unless --address), tracked in MLflow."""
-    from orchestrator import launch as launcher
+    from orchestrator import launcher as launcher
     from orchestrator.config import read_study
 
     started = time.monotonic()
@@ -320,7 +320,7 @@ def resume(name: str = NAME, overrides: Overrides = None, address: str | None = 
            data_dir: str | None = DATA_DIR, debug: bool = DEBUG) -> None:
     """Continue an interrupted study: finished trials are kept, interrupted ones continue. Overrides may
     extend it (more seeds, trials or axis values); one that would invalidate finished work is refused."""
-    from orchestrator import launch as launcher
+    from orchestrator import launcher as launcher
 
     started = time.monotonic()
     quiet_libraries()
@@ -389,7 +389,7 @@ def list_studies(storage: str | None = STORAGE,
 @user_errors
 def sync(name: str = NAME, storage: str | None = STORAGE, debug: bool = DEBUG) -> None:
     """Replay a study's journal into MLflow: runs, epochs and outcomes an outage missed."""
-    from orchestrator.launch import sync as sync_study
+    from orchestrator.launcher import sync as sync_study
 
     quiet_libraries()
     counts = sync_study(name, storage)
@@ -404,9 +404,9 @@ def doctor(address: str | None = ADDRESS, study: Annotated[str | None, typer.Opt
            storage: str | None = STORAGE, data_dir: str | None = DATA_DIR, debug: bool = DEBUG) -> None:
     """Check the cluster (nodes, resources, versions), storage from every node, and a study's model,
     data and tracker: one line per check; exit 1 if any fails."""
+    from orchestrator.checkup import Check, cluster_checks, study_checks
     from orchestrator.config import load_study
-    from orchestrator.doctor import Check, cluster_checks, study_checks
-    from orchestrator.launch import DEFAULT_STORAGE, connect_ray
+    from orchestrator.launcher import DEFAULT_STORAGE, connect_ray
 
     quiet_libraries()
     use_data_dir(data_dir)
@@ -679,7 +679,7 @@ def finish(result, started: float | None = None) -> None:
     """The summary line, then the report (unless MLflow is down: then how to catch up) and what to do
     next, with the command's wall time. A study that did not finish (Ctrl-C, SIGTERM) says how to
     continue, keeps the report it had, and exits 130."""
-    from orchestrator.launch import TERMINATED
+    from orchestrator.launcher import TERMINATED
     from orchestrator.progress import duration
 
     summarize(result)

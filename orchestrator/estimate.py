@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from orchestrator.plan import Cell, StudyPlan, covering_values
+from orchestrator.planning import Cell, StudyPlan, covering_values
 from trainables.errors import UserInputError
 from trainables.kinds.base import TrainingKind
 from trainables.stages import stage_step_seconds

@@ -39,7 +39,7 @@ from reports.record import StudyRecord
 from trainables.errors import UserInputError
 
 if TYPE_CHECKING:
-    from orchestrator.plan import StudyPlan
+    from orchestrator.planning import StudyPlan
     from orchestrator.study_state import StudyState
 
 
@@ -159,7 +159,7 @@ class Study:
     def plan(self) -> StudyPlan:
         """The launched plan, from the record (a folder from before records: rebuilt, which needs the
         data and the model)."""
-        from orchestrator.plan import build_plan, plan_from_record
+        from orchestrator.planning import build_plan, plan_from_record
 
         config = self.config()
         record = self.record(config)

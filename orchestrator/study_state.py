@@ -18,7 +18,7 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import TrialState
 
 from orchestrator.journal import Journal, Outcome, TrialRecord
-from orchestrator.plan import Cell, StudyPlan
+from orchestrator.planning import Cell, StudyPlan
 from orchestrator.seed_rules import ci95_half, stein_half, wants_another
 from search_spaces.optuna_domains import optuna_space
 from trainables.errors import storage_full

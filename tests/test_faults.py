@@ -135,8 +135,8 @@ def test_a_store_that_turns_unwritable_after_the_checks_ends_in_one_line_and_the
     """The store passes validate, then refuses the parent run (here: replaced by a file that is no
     database): one line; the plain relaunch, once the store is back, takes the folder over instead of
     refusing it as an existing study, and runs everything once."""
-    import orchestrator.plan as planning
-    from orchestrator import launch as launching
+    import orchestrator.planning as planning
+    from orchestrator import launcher as launching
 
     study = write_study(tmp_path, tiny_bert, synthetic_data_dir)
     storage = tmp_path / "studies"
@@ -169,7 +169,7 @@ def test_a_store_that_turns_unwritable_after_the_checks_ends_in_one_line_and_the
 
 def test_a_folder_where_trials_ran_is_still_refused_by_a_new_launch(tiny_bert, synthetic_data_dir, tmp_path,
                                                                     empty_store):
-    from orchestrator.launch import launch
+    from orchestrator.launcher import launch
 
     study = write_study(tmp_path, tiny_bert, synthetic_data_dir)
     make_store(tmp_path / "mlflow.db", empty_store)
@@ -272,7 +272,7 @@ def launched(tmp_path: Path, model: str, data_dir: Path, template: Path, stop_af
     """A study launched with instant trials (no Ray): (study file, storage); `stop_after`: interrupted
     (as Ctrl-C would) once that many trials finished."""
     from benchmarks.instant import instant_executor
-    from orchestrator.launch import launch
+    from orchestrator.launcher import launch
 
     make_store(tmp_path / "mlflow.db", template)
     study = write_study(tmp_path, model, data_dir, **{"replicate": {"seeds": [0, 1]}, "train": {"epochs": 2},
@@ -296,7 +296,7 @@ def state_files(folder: Path) -> dict[str, bytes]:
 
 def resume_instant(storage: Path, **kwargs):
     from benchmarks.instant import instant_executor
-    from orchestrator.launch import resume
+    from orchestrator.launcher import resume
 
     return resume("s", storage, progress=False, **kwargs,
                   executor=instant_executor(lambda config, seed, epoch: 50.0 + epoch + config.get("layer", 0)))
@@ -445,7 +445,7 @@ def test_report_during_a_running_launch_shows_what_finished_and_leaves_the_launc
     study = write_study(tmp_path, tiny_bert, synthetic_data_dir, replicate={"seeds": [0, 1]}, train={"epochs": 2})
     halfway, go = tmp_path / "halfway", tmp_path / "go"
     script = ("import sys, time\nfrom pathlib import Path\nfrom benchmarks.instant import instant_executor\n"
-              "from orchestrator.launch import launch\n"
+              "from orchestrator.launcher import launch\n"
               "def pause(n):\n    if n == 2:\n        Path(sys.argv[2]).touch()\n"
               "        while not Path(sys.argv[3]).exists(): time.sleep(0.1)\n"
               "r = launch(sys.argv[1], storage=sys.argv[4], progress=False, executor=instant_executor(\n"
@@ -481,7 +481,7 @@ def test_sighup_stops_a_launch_like_ctrl_c_unless_nohup_ignores_it():
     129); under `nohup` (SIGHUP ignored) the launch goes on."""
     import signal
 
-    from orchestrator.launch import TERMINATED, graceful_sigterm
+    from orchestrator.launcher import TERMINATED, graceful_sigterm
 
     previous = signal.getsignal(signal.SIGHUP)
     try:
@@ -520,7 +520,7 @@ def test_a_terminal_that_is_gone_ends_the_progress_view_not_the_study(tiny_bert,
             return False
 
     study, storage = launched(tmp_path, tiny_bert, synthetic_data_dir, empty_store, stop_after=2)
-    from orchestrator.launch import open_state
+    from orchestrator.launcher import open_state
 
     view = ProgressCallback(open_state("s", storage), ["banner"], stream=GoneTerminal(), live=False)
     view.setup()

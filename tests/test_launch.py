@@ -18,7 +18,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from orchestrator.journal import Journal
-from orchestrator.launch import launch
+from orchestrator.launcher import launch
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from benchmarks.instant import instant_executor
 from orchestrator.cli import app
 from orchestrator.config import read_study
 from orchestrator.journal import Journal
-from orchestrator.launch import launch, resume
+from orchestrator.launcher import launch, resume
 from trainables.errors import UserInputError
 
 runner = CliRunner()

@@ -10,7 +10,7 @@ import pytest
 from orchestrator import tune_adapters
 from orchestrator.config import parse_study
 from orchestrator.journal import Journal, Outcome
-from orchestrator.plan import build_plan
+from orchestrator.planning import build_plan
 from orchestrator.progress import duration, eta_seconds, trial_line, work_units
 from orchestrator.study_state import StudyState
 from orchestrator.tune_adapters import ProgressCallback

@@ -49,7 +49,7 @@ def test_the_lock_of_a_killed_process_is_taken_over(tmp_path):
 
 
 def test_sync_is_refused_while_the_study_runs(tmp_path):
-    from orchestrator.launch import sync
+    from orchestrator.launcher import sync
 
     folder = tmp_path / "studies" / "s"
     folder.mkdir(parents=True)
@@ -127,7 +127,7 @@ def test_status_of_a_study_with_a_damaged_journal_is_one_line_exit_2(tmp_path):
 def test_resume_by_name_applies_the_edit_rules_to_a_hand_edited_study_file(tmp_path):
     """studies/NAME/study.yaml edited by hand (a seed added, and train.lr changed) used to train the
     new seed with the new lr and average it with the old seed into one cell."""
-    from orchestrator.launch import resume
+    from orchestrator.launcher import resume
 
     folder = tmp_path / "studies" / "s"
     folder.mkdir(parents=True)
@@ -146,7 +146,7 @@ def test_resume_by_name_applies_the_edit_rules_to_a_hand_edited_study_file(tmp_p
 def test_a_locked_tracking_store_fails_validation_before_anything_is_written(tmp_path):
     import sqlite3
 
-    from orchestrator.plan import check_tracking_uri
+    from orchestrator.planning import check_tracking_uri
 
     database = tmp_path / "mlflow.db"
     holder = sqlite3.connect(str(database), isolation_level=None)
@@ -271,7 +271,7 @@ def test_a_trial_the_full_disk_failed_runs_again_on_resume_and_one_that_failed_o
     """A study on a full disk: the launch stops in one line (exit 1), keeps what finished, and a resume
     once there is space runs the trials the disk failed, from where they were, to the end."""
     from orchestrator.journal import Outcome
-    from orchestrator.launch import launch
+    from orchestrator.launcher import launch
     from trainables.errors import StorageFullError
 
     def executor(fail: dict[str, str]):
@@ -311,7 +311,7 @@ def test_a_trial_the_full_disk_failed_runs_again_on_resume_and_one_that_failed_o
 
 def test_a_save_folder_that_cannot_be_written_is_refused_before_the_launch_writes_anything(
         tiny_bert, synthetic_data_dir, tmp_path):
-    from orchestrator.launch import launch
+    from orchestrator.launcher import launch
 
     study = tmp_path / "s.yaml"
     study.write_text(yaml.safe_dump({"name": "s", "model": tiny_bert, "save": "best_per_cell",
@@ -332,7 +332,7 @@ def test_a_worker_killed_for_memory_ends_the_launch_in_one_line_and_the_study_re
     base-size workers on 24 GiB): one line, exit 1, and `resume` runs what was left."""
     from typer.testing import CliRunner
 
-    from orchestrator import launch as launching
+    from orchestrator import launcher as launching
     from orchestrator.cli import app
     from orchestrator.journal import Outcome
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from orchestrator.config import parse_study
 from orchestrator.journal import Journal, Outcome
-from orchestrator.plan import build_plan, plan_from_record, plan_record
+from orchestrator.planning import build_plan, plan_from_record, plan_record
 from orchestrator.study_state import FINISHED, StudyState
 from reports.record import StudyRecord
 
@@ -223,7 +223,7 @@ class FakeRay:
 ])
 def test_a_trial_request_must_fit_the_largest_node_not_the_cluster_total(resources, message):
     from orchestrator.config import parse_study
-    from orchestrator.launch import check_cluster
+    from orchestrator.launcher import check_cluster
     from trainables.errors import UserInputError
 
     study = parse_study({"name": "s", "model": "m", "resources": resources})
@@ -243,7 +243,7 @@ def test_tune_may_start_a_worker_for_every_slot(resources, max_concurrent, expec
     trial hands its worker to the pending trial and kills the one starting for it: on 2 slots,
     benchmarks/orchestration.py saw one trial at a time (52 % busy) until Tune was told the slots."""
     from orchestrator.config import parse_study
-    from orchestrator.launch import slots
+    from orchestrator.launcher import slots
 
     study = parse_study({"name": "s", "model": "m", "resources": resources})
     assert slots(study, {"CPU": 2.0, "GPU": 1.0}, max_concurrent) == expected
@@ -269,7 +269,7 @@ def test_status_needs_neither_the_data_folder_nor_the_model(tiny_bert, synthetic
     from typer.testing import CliRunner
 
     from orchestrator.cli import app
-    from orchestrator.plan import plan_record
+    from orchestrator.planning import plan_record
     from orchestrator.study_folder import JOURNAL, META, RECORD, STUDY_FILE
 
     model, data = tmp_path / "model", tmp_path / "data"

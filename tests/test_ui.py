@@ -121,7 +121,7 @@ def test_a_client_that_hangs_up_is_no_error_and_a_refusal_is_one_log_line():
 
 def make_study(folder: Path, model: str, data_dir: Path) -> Path:
     from benchmarks.instant import instant_executor
-    from orchestrator.launch import launch
+    from orchestrator.launcher import launch
 
     study = folder / "s.yaml"
     study.write_text(yaml.safe_dump({"name": "s", "model": model, "ablate": {"layer": [1, 2]},

@@ -95,7 +95,7 @@ def cluster_checks(ray, storage: Path, gpu_per_trial: float = 0.0, cpu_per_trial
 def study_checks(study_file: Path) -> list[Check]:
     """The study file, its model (offline or online), its data, and its tracking URI."""
     from orchestrator.config import load_study, models_of
-    from orchestrator.plan import build_plan, check_tracking_uri
+    from orchestrator.planning import build_plan, check_tracking_uri
     from trainables.data.tasks import task_name
     from trainables.models.encoder import load_config, resolve_model_path
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from orchestrator.config import StudyConfig, StudySpec, read_study
 from orchestrator.edits import check_edit
 from orchestrator.journal import Journal, full_disk_fix
-from orchestrator.plan import StudyPlan, build_plan, plan_record
+from orchestrator.planning import StudyPlan, build_plan, plan_record
 from orchestrator.study import Study
 from orchestrator.study_data import check_unchanged
 from orchestrator.study_folder import (  # noqa: F401 (DEFAULT_STORAGE: re-exported for the CLI's doctor)
@@ -187,7 +187,7 @@ def unstarted_uid(study: Study) -> str | None:
 
 def refuse_unwritable_store(uri: str, name: str, resume: bool) -> None:
     """One line, before the study folder is touched, when the SQLite store cannot take a write now."""
-    from orchestrator.plan import store_problem
+    from orchestrator.planning import store_problem
 
     found = store_problem(uri)
     if found:
