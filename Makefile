@@ -10,7 +10,7 @@ BIN = $(VENV)/bin
 QUIET_EDITABLE = PYTHONWARNINGS="ignore:Editable installation"
 ENV = ORCHESTRATOR_DATA_DIR=$(abspath $(DATA)) HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: setup setup-mpnet run paper paper-epochs paper-lr test test-fast lint docs bench clean
+.PHONY: setup setup-mpnet run paper paper-epochs paper-lr test test-fast lint typecheck docs bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,10 @@ test-fast: setup
 
 lint: setup
 	$(BIN)/ruff check .
+
+# mypy, strict on the public Python API (pyproject.toml's [tool.mypy] names the modules)
+typecheck: setup
+	$(BIN)/mypy
 
 # The documentation site in site/: warnings are errors, every link, anchor and image between pages checked
 docs: $(BIN)/.docs

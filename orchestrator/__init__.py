@@ -1,1 +1,61 @@
-"""CLI, study validation, planning, Ray launch and MLflow tracking."""
+"""Ablation and hyperparameter studies of sentence encoders on Ray Tune, tracked in MLflow.
+
+The public Python API (`orchestrator.api`, loaded on first use so the command line starts fast):
+
+    import orchestrator as orc
+    study = orc.load_study("examples/quickstart.yaml", overrides=["train.epochs=1"])
+    orc.launch(study)
+    runs = orc.results("quickstart")
+
+Everything else in the package is private by convention.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from orchestrator.api import (
+        Plan,
+        Status,
+        StudyInterrupted,
+        Verification,
+        doctor,
+        launch,
+        list_studies,
+        load_study,
+        plan,
+        probe,
+        report,
+        results,
+        resume,
+        schema,
+        status,
+        sync,
+        verify,
+    )
+    from orchestrator.config import StudySpec
+    from orchestrator.launcher import LaunchResult
+    from orchestrator.study import Study
+    from reports.build import Report
+    from trainables.errors import UserInputError
+
+__all__ = ["LaunchResult", "Plan", "Report", "Status", "Study", "StudyInterrupted", "StudySpec", "UserInputError",
+           "Verification", "doctor", "launch", "list_studies", "load_study", "plan", "probe", "report", "results",
+           "resume", "schema", "status", "sync", "verify"]
+
+
+HOMES = {"LaunchResult": "orchestrator.launcher", "Report": "reports.build", "Study": "orchestrator.study",
+         "StudySpec": "orchestrator.config", "UserInputError": "trainables.errors"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        import importlib
+
+        return getattr(importlib.import_module(HOMES.get(name, "orchestrator.api")), name)
+    raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
@@ -131,22 +130,14 @@ def probe(
     debug: bool = DEBUG,
 ) -> None:
     """Zero-shot layer profile of an encoder: every layer pooled and scored, one forward pass."""
-    from trainables.contract import parse_config
-    from trainables.evaluation.probe import probe_layers, probe_suite
+    from orchestrator import api
     from trainables.evaluation.sts_suite import LABELS, suite_tasks
-    from trainables.kinds.probe import ProbeConfig
 
-    if split not in ("dev", "test"):
-        raise UserInputError("--split", split, "use dev or test")
-    if suite is not None:
-        suite_tasks(suite)
     quiet_libraries()
-    cfg = parse_config(ProbeConfig, dict(
-        model=model, task=task, language=language, layers=parse_layers(layers), pooling=pooling, splits=[split],
-        max_seq_length=max_seq_length, precision=precision, device=device, data_dir=data_dir,
-        max_eval_samples=max_eval_samples))
+    rows = api.probe(model, task=task, language=language, split=split, pooling=pooling, layers=parse_layers(layers),
+                     data_dir=data_dir, max_seq_length=max_seq_length, precision=precision, device=device,
+                     suite=suite, max_eval_samples=max_eval_samples).to_dict("records")
     if suite is not None:
-        rows = probe_suite(cfg, suite)
         if as_json:
             for row in rows:
                 print(json.dumps({"model": model, "suite": suite, "split": "test", "pooling": pooling, **row}))
@@ -156,7 +147,6 @@ def probe(
         print_layer_table(shown, f"{model} · {suite} suite (test, Spearman ×100 of cosine) · {pooling} pooling",
                           unit="")
         return
-    rows = [{k.removeprefix(f"{split}_"): v for k, v in row.items()} for row in probe_layers(cfg)]
     if as_json:  # an undefined correlation (constant vectors, e.g. CLS at layer 0) is null
         for row in rows:
             clean = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
@@ -183,53 +173,22 @@ NewName = Annotated[str | None, typer.Option("--name", help="Run the study under
                                                             "file, in its own study folder and MLflow experiment).")]
 
 
-def use_data_dir(folder: str | None, study=None, study_file: str | Path | None = None) -> None:
-    """`--data-dir`: the data folder of this command and of the trials it starts ($ORCHESTRATOR_DATA_DIR for
-    them). A study file that names a folder of its own must name the same one, so the option is never
-    silently ignored."""
-    if folder is None:
-        return
-    path = Path(folder).expanduser().resolve()
-    if not path.is_dir():
-        raise UserInputError("--data-dir", folder, "give an existing folder in the layout of shared/data")
-    if study is not None and study.data_dir and study_file is not None:
-        own = (Path(study_file).resolve().parent / Path(study.data_dir).expanduser()).resolve()
-        if own != path:
-            raise UserInputError("--data-dir", folder, f"the study file sets data_dir: {study.data_dir} ({own}); "
-                                                       "remove one of the two")
-    os.environ["ORCHESTRATOR_DATA_DIR"] = str(path)
-
-
 @app.command()
 @user_errors
 def validate(study_file: str = STUDY_FILE, overrides: Overrides = None, name: NewName = None,
              data_dir: str | None = DATA_DIR, debug: bool = DEBUG) -> None:
     """Check a study file (keys, types, names, layers against the model, data, tracking URI); every problem
     found is one line."""
-    from orchestrator.config import load_study
-    from orchestrator.estimate import check_pilot
-    from orchestrator.planning import build_plan
+    from orchestrator import api
 
     quiet_libraries()
-    study = load_study(study_file, overrides or (), name)
-    use_data_dir(data_dir, study, study_file)
-    plan = build_plan(study, Path(study_file).resolve().parent)
-    check_pilot(plan)  # a budget needs a pilot that can time the kind
-    typer.echo(f"ok: {study.name}: {len(plan.cells)} cells, {plan.tuning_trials + plan.replicate_trials} trials")
-    for line in declared_summary(study, plan):
-        typer.echo(line)
-
-
-def declared_summary(study, plan) -> list[str]:
-    """What `validate` read of a data set the study declares, and the plugins it names: one line each."""
-    from trainables.data.declaration import DataDeclaration
-
-    lines = [f"data {data.name}: " + ", ".join(f"{split} {part.rows:,} rows (sha256 {part.sha256[:12]}…)"
-                                                for split, part in data.splits.items())
-             for data in plan.data if isinstance(study.task, DataDeclaration)]
-    if plan.plugins:
-        lines.append("plugins: " + ", ".join(f"{p.name} ({p.distribution} {p.version})" for p in plan.plugins))
-    return lines
+    found = api.plan(study_file, overrides or (), name=name, data_dir=data_dir)
+    typer.echo(f"ok: {found.name}: {len(found.cells)} cells, {found.trials} trials")
+    for data in found.declared_data:  # what it read of a data set the study declares, and the plugins it names
+        typer.echo(f"data {data.name}: " + ", ".join(f"{split} {part.rows:,} rows (sha256 {part.sha256[:12]}…)"
+                                                     for split, part in data.splits.items()))
+    if found.plugins:
+        typer.echo("plugins: " + ", ".join(f"{p.name} ({p.distribution} {p.version})" for p in found.plugins))
 
 
 @app.command()
@@ -242,56 +201,45 @@ def plan(study_file: str = STUDY_FILE, overrides: Overrides = None, name: NewNam
     from rich.console import Console
     from rich.table import Table
 
-    from orchestrator.config import load_study, models_of
-    from orchestrator.planning import build_plan
-    from trainables.data.tasks import task_name
+    from orchestrator import api
 
     quiet_libraries()
-    study = load_study(study_file, overrides or (), name)
-    use_data_dir(data_dir, study, study_file)
-    resolved = build_plan(study, Path(study_file).resolve().parent)
-    table = Table(title=f"{study.name}: {study.trainable} on {task_name(study.task)} · "
-                        f"{', '.join(models_of(study))}")
+    found = api.plan(study_file, overrides or (), name=name, estimate=estimate, data_dir=data_dir)
+    table = Table(title=f"{found.name}: {found.trainable} on {found.task} · {', '.join(found.models)}")
     table.add_column("#", justify="right")
     table.add_column("cell")
     table.add_column("tuning trials", justify="right")
     table.add_column("replicates", justify="right")
-    for cell in resolved.cells:
-        table.add_row(str(cell.index), cell.key, str(resolved.trials_per_cell), str(len(resolved.seeds)))
+    for cell in found.cells.itertuples():
+        table.add_row(str(cell.index), cell.cell, str(cell.tuning_trials), str(cell.replicates))
     console = Console(width=max(120, shutil.get_terminal_size().columns))
     console.print(table)
-    tuned = ", ".join(f"{k} ~ {v}" for k, v in resolved.tuned.items()) or "nothing (grid x seeds)"
+    tuned = ", ".join(f"{k} ~ {v}" for k, v in found.tuned.items()) or "nothing (grid x seeds)"
     console.print(f"tuned per cell: {tuned}")
-    console.print(f"seeds: {', '.join(map(str, resolved.seeds))} · metric: {resolved.metric} ({resolved.mode})")
-    console.print(f"trials: {resolved.tuning_trials} tuning + {resolved.replicate_trials} replicate = "
-                  f"{resolved.tuning_trials + resolved.replicate_trials}; at most {resolved.max_trial_epochs} "
-                  f"trial-{resolved.round_name}s ({resolved.epochs} per trial)")
-    if estimate:
-        from orchestrator.estimate import estimate as estimate_plan
-        from orchestrator.estimate import pilots_per_cell
-
-        pilots = pilots_per_cell(resolved)
-        found = estimate_plan(resolved, pilots)
-        deepest = max(pilots.values(), key=lambda p: p.unit_s * p.units_per_round)
-        console.print(f"pilot (this machine, {study.resources.cpu:g} CPU per trial): build {deepest.build_s:.1f} s, "
-                      f"{deepest.unit} {deepest.unit_s:.3f} s x {deepest.units_per_round:g} per round, dev evaluation "
-                      f"{deepest.eval_s:.1f} s (deepest cell)")
-        stages = (f", {found.stages} pretraining stage(s) {found.stage_hours:.2f} h" if found.stages else "")
-        console.print(f"estimate: tuning {found.tuning_hours:.2f} trial-h ({found.tuning_rounds:.1f} rounds with "
-                      f"ASHA's rungs), replicates {found.replicate_hours:.2f} trial-h ({found.replicate_rounds} "
-                      f"rounds){stages}; total {found.trial_hours:.2f} trial-h on {found.slots} slots: wall "
-                      f"{found.wall_hours * 60:.1f} min")
-        if study.budget is not None:
-            verdict = "within" if found.wall_hours <= study.budget.hours else "OVER"
-            console.print(f"budget: {study.budget.hours:g} h: {verdict}")
+    console.print(f"seeds: {', '.join(map(str, found.seeds))} · metric: {found.metric} ({found.mode})")
+    console.print(f"trials: {found.tuning_trials} tuning + {found.replicate_trials} replicate = {found.trials}; at "
+                  f"most {found.max_trial_rounds} trial-{found.round_name}s ({found.rounds_per_trial} per trial)")
+    if found.estimate is not None and found.pilot is not None:
+        pilot, guess = found.pilot, found.estimate
+        console.print(f"pilot (this machine, {found.cpu_per_trial:g} CPU per trial): build {pilot.build_s:.1f} s, "
+                      f"{pilot.unit} {pilot.unit_s:.3f} s x {pilot.units_per_round:g} per round, dev evaluation "
+                      f"{pilot.eval_s:.1f} s (deepest cell)")
+        stages = (f", {guess.stages} pretraining stage(s) {guess.stage_hours:.2f} h" if guess.stages else "")
+        console.print(f"estimate: tuning {guess.tuning_hours:.2f} trial-h ({guess.tuning_rounds:.1f} rounds with "
+                      f"ASHA's rungs), replicates {guess.replicate_hours:.2f} trial-h ({guess.replicate_rounds} "
+                      f"rounds){stages}; total {guess.trial_hours:.2f} trial-h on {guess.slots} slots: wall "
+                      f"{guess.wall_hours * 60:.1f} min")
+        if found.budget_hours is not None:
+            verdict = "within" if guess.wall_hours <= found.budget_hours else "OVER"
+            console.print(f"budget: {found.budget_hours:g} h: {verdict}")
 
 
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of the study file (for editor completion)."""
-    from orchestrator.config import study_json_schema
+    from orchestrator import api
 
-    print(json.dumps(study_json_schema(), indent=2))
+    print(json.dumps(api.schema(), indent=2))
 
 
 @app.command()
@@ -301,16 +249,13 @@ def launch(study_file: str = STUDY_FILE, overrides: Overrides = None, name: NewN
            resume_existing: bool = typer.Option(False, "--resume", help="Continue the study if it exists already."),
            data_dir: str | None = DATA_DIR, debug: bool = DEBUG) -> None:
     """Run a study on Ray Tune (a fresh local Ray unless --address), tracked in MLflow."""
-    from orchestrator import launcher as launcher
-    from orchestrator.config import read_study
+    from orchestrator import api
 
     started = time.monotonic()
     quiet_libraries()
-    spec = read_study(study_file, overrides or (), name)
-    use_data_dir(data_dir, spec.config, study_file)
-    with interrupts(spec.name, storage):
-        finish(launcher.launch(spec, storage=storage, address=address, max_concurrent=max_concurrent,
-                               resume=resume_existing), started)
+    spec = api.load_study(study_file, overrides or (), name=name, data_dir=data_dir, check=False)  # launch checks
+    run_to_end(spec.name, storage, started, lambda: api.launch(spec, storage=storage, address=address,
+                                                               max_concurrent=max_concurrent, resume=resume_existing))
 
 
 @app.command()
@@ -320,14 +265,12 @@ def resume(name: str = NAME, overrides: Overrides = None, address: str | None = 
            data_dir: str | None = DATA_DIR, debug: bool = DEBUG) -> None:
     """Continue an interrupted study: finished trials are kept, interrupted ones continue. Overrides may
     extend it (more seeds, trials or axis values); one that would invalidate finished work is refused."""
-    from orchestrator import launcher as launcher
+    from orchestrator import api
 
     started = time.monotonic()
     quiet_libraries()
-    use_data_dir(data_dir)
-    with interrupts(name, storage):
-        finish(launcher.resume(name, storage=storage, address=address, max_concurrent=max_concurrent,
-                               overrides=overrides or ()), started)
+    run_to_end(name, storage, started, lambda: api.resume(name, overrides or (), storage=storage, address=address,
+                                                          max_concurrent=max_concurrent, data_dir=data_dir))
 
 
 @app.command()
@@ -336,21 +279,18 @@ def status(name: str = NAME, storage: str | None = STORAGE,
            as_json: bool = typer.Option(False, "--json", help="One JSON object: counts and every cell."),
            debug: bool = DEBUG) -> None:
     """Trials done / running / failed and the best dev score per cell, from the study's journal."""
-    from orchestrator.progress import status_record, status_table
-    from orchestrator.study import Study
+    from orchestrator import api
 
     quiet_libraries()
-    study = Study.named(name, storage).require()
-    state = study.state()
+    found = api.status(name, storage=storage)
     if as_json:
-        print(json.dumps({**status_record(state), "running_now": study.is_running(), "folder": str(study.folder),
-                          "folder_bytes": study.size()}))
+        print(json.dumps(found.as_dict()))
         return
     from rich.console import Console
 
-    Console(width=max(120, shutil.get_terminal_size().columns)).print(status_table(state))
-    typer.echo(f"study folder {study.folder}: {study.size() / 2**20:.1f} MiB (finished trials keep no checkpoint)"
-               + ("; a launch is running it now" if study.is_running() else ""))
+    Console(width=max(120, shutil.get_terminal_size().columns)).print(found.table())
+    typer.echo(f"study folder {found.folder}: {found.folder_bytes / 2**20:.1f} MiB (finished trials keep no "
+               "checkpoint)" + ("; a launch is running it now" if found.running_now else ""))
 
 
 @app.command(name="list")
@@ -359,24 +299,13 @@ def list_studies(storage: str | None = STORAGE,
                  as_json: bool = typer.Option(False, "--json", help="One JSON object per study."),
                  debug: bool = DEBUG) -> None:
     """The studies in a storage folder, with their state: finished, running now, or interrupted."""
-    from orchestrator.study import Study, studies_in
+    from orchestrator import api
 
-    studies = studies_in(storage)
-    if not studies:
-        typer.echo(f"no studies in {Study.named('x', storage).storage}")
+    rows = api.list_studies(storage=storage)
+    if not rows:
+        typer.echo(f"no studies in {api.storage_folder(storage)}")
         return
-    for study in studies:
-        try:
-            state = study.state() if study.journal_file.exists() else None
-        except UserInputError as exc:
-            row = {"study": study.name, "state": "damaged", "problem": str(exc)}
-        else:
-            counts = state.counts() if state else None
-            finished = state.is_complete() if state else False
-            verdict = ("running now" if study.is_running() else "finished" if finished else
-                       "not started" if not counts or not counts["issued"] else "interrupted")
-            row = {"study": study.name, "state": verdict, **({k: counts[k] for k in (
-                "planned", "completed", "pruned", "failed", "diverged", "skipped")} if counts else {})}
+    for row in rows:
         if as_json:
             print(json.dumps(row))
         else:
@@ -389,10 +318,10 @@ def list_studies(storage: str | None = STORAGE,
 @user_errors
 def sync(name: str = NAME, storage: str | None = STORAGE, debug: bool = DEBUG) -> None:
     """Replay a study's journal into MLflow: runs, epochs and outcomes an outage missed."""
-    from orchestrator.launcher import sync as sync_study
+    from orchestrator import api
 
     quiet_libraries()
-    counts = sync_study(name, storage)
+    counts = api.sync(name, storage=storage)
     typer.echo(f"{name}: created {counts['runs']} runs, logged {counts['epochs']} epochs, closed "
                f"{counts['closed']} runs; {counts['killed']} unfinished runs marked KILLED")
 
@@ -404,37 +333,10 @@ def doctor(address: str | None = ADDRESS, study: Annotated[str | None, typer.Opt
            storage: str | None = STORAGE, data_dir: str | None = DATA_DIR, debug: bool = DEBUG) -> None:
     """Check the cluster (nodes, resources, versions), storage from every node, and a study's model,
     data and tracker: one line per check; exit 1 if any fails."""
-    from orchestrator.checkup import Check, cluster_checks, study_checks
-    from orchestrator.config import load_study
-    from orchestrator.launcher import DEFAULT_STORAGE, connect_ray
+    from orchestrator import api
 
     quiet_libraries()
-    use_data_dir(data_dir)
-    checks: list[Check] = []
-    config = None
-    if study:
-        checks += study_checks(Path(study))
-        try:
-            config = load_study(study)
-        except UserInputError:
-            config = None
-    folder = Path(storage or (config.storage_path if config and config.storage_path else DEFAULT_STORAGE))
-    try:
-        ray = connect_ray(address)
-        checks += cluster_checks(ray, folder.expanduser().resolve(),
-                                 config.resources.gpu if config else 0.0, config.resources.cpu if config else 1.0)
-    except UserInputError as exc:
-        checks.append(Check("ray cluster", False, str(exc)))
-    if not study:
-        from trainables.data.tasks import data_dir as data_folder
-
-        data = data_folder()
-        if data is None:
-            checks.append(Check("data folder", True, "none here: tasks load from the Hugging Face hub"))
-        else:
-            checks.append(Check("data folder", data.is_dir(), str(data) if data.is_dir() else
-                                f"{data} does not exist; give --data-dir or set ORCHESTRATOR_DATA_DIR to the "
-                                "data folder"))
+    checks = api.doctor(address=address, study=study, storage=storage, data_dir=data_dir)
     for check in checks:
         typer.echo(check.line())
     if not all(c.ok for c in checks):
@@ -449,7 +351,7 @@ def ui(name: str = NAME, storage: str | None = STORAGE, port: int = typer.Option
        debug: bool = DEBUG) -> None:
     """Start the MLflow UI (or optuna-dashboard) for the study on 127.0.0.1 and print its URL once it
     answers; exit 1 if it cannot start."""
-    from orchestrator.study import Study
+    from orchestrator import Study
 
     study = Study.named(name, storage)
     if optuna:
@@ -594,12 +496,17 @@ def report(names: Annotated[list[str], typer.Argument(help="One study, or severa
            storage: str | None = STORAGE, debug: bool = DEBUG) -> None:
     """Paper tables (Markdown, LaTeX), plots and tidy CSVs from a study's MLflow runs; with several
     studies, one report whose tables have the study (its `report.label`) as an axis."""
+    from orchestrator import api
+
     chosen = [f.strip() for f in (formats or "").split(",") if f.strip()]
     known = {"md": "markdown", "tex": "latex", "csv": "csv"}
     bad = [f for f in chosen if f not in known]
     if bad:
         raise UserInputError("--format", bad[0], "use a comma list of md, tex, csv")
-    write_report(names, storage, tracking_uri, out, tuple(known[f] for f in chosen) or None)
+    quiet_libraries()
+    written = api.report(names, storage=storage, tracking_uri=tracking_uri, out=out,
+                         formats=[known[f] for f in chosen] or None)
+    typer.echo(f"report: {written.folder / 'report.md'} ({len(written.files)} files)")
 
 
 @app.command()
@@ -608,40 +515,15 @@ def verify(folder: Annotated[str, typer.Argument(help="A folder written by `orch
            tracking_uri: str | None = typer.Option(None, help="MLflow store (default: the report's)."),
            debug: bool = DEBUG) -> None:
     """Recompute every number of a written report from MLflow; exit 1 naming each cell that differs."""
-    import pandas as pd
+    from orchestrator import api
 
-    from reports.build import PROVENANCE
-    from reports.verify import verify as verify_report
-
-    path = Path(folder)
-    if not (path / PROVENANCE).exists():
-        raise UserInputError("FOLDER", folder, f"no {PROVENANCE} there: give a folder written by `orchestrator report`")
     quiet_libraries()
-    problems = verify_report(path, tracking_uri)
-    for problem in problems:
+    checked = api.verify(folder, tracking_uri=tracking_uri)
+    for problem in checked.problems:
         typer.echo(f"differs: {problem}", err=True)
-    if problems:
+    if not checked.ok:
         raise typer.Exit(1)
-    cells = len(pd.read_csv(path / "cells.csv")) if (path / "cells.csv").exists() else 0
-    typer.echo(f"ok: every number of {path} ({cells} cells) matches MLflow")
-
-
-def write_report(names: str | list[str], storage, tracking_uri: str | None = None, out: str | None = None,
-                 formats: tuple[str, ...] | None = None) -> Path:
-    from orchestrator.study import Study
-    from reports.build import build_report
-    from reports.collect import collect, combine
-
-    names = [names] if isinstance(names, str) else list(names)
-    collected = []
-    for name in names:
-        study = Study.named(name, storage)
-        collected.append(collect(tracking_uri or study.tracking_uri, name, study.study_uid))
-    runs = collected[0] if len(collected) == 1 else combine(collected)
-    folder = Path(out) if out else Path("reports") / "+".join(names)
-    written = build_report(runs, folder, formats)
-    typer.echo(f"report: {folder / 'report.md'} ({len(written)} files)")
-    return folder
+    typer.echo(f"ok: every number of {checked.folder} ({checked.cells} cells) matches MLflow")
 
 
 INTERRUPTED = 130  # the shell's code for a process ended by SIGINT; 143 for SIGTERM
@@ -665,40 +547,37 @@ def study_options(storage: str | Path | None) -> str:
     return f" --storage {storage}"
 
 
-@contextlib.contextmanager
-def interrupts(name: str, storage: str | Path | None = None):
-    """A second Ctrl-C (Tune handles the first) ends in one line, not a traceback."""
-    try:
-        yield
-    except KeyboardInterrupt:
-        typer.echo(f"interrupted: {cli_name()} resume {name}{study_options(storage)}", err=True)
-        raise typer.Exit(INTERRUPTED) from None
-
-
-def finish(result, started: float | None = None) -> None:
-    """The summary line, then the report (unless MLflow is down: then how to catch up) and what to do
-    next, with the command's wall time. A study that did not finish (Ctrl-C, SIGTERM) says how to
-    continue, keeps the report it had, and exits 130."""
+def run_to_end(name: str, storage: str | Path | None, started: float, start: Callable) -> None:
+    """A launch or resume: its summary line, where its report went and what to do next, with the command's
+    wall time (MLflow down: how to catch up). Stopped by Ctrl-C or SIGTERM: the summary, how to continue,
+    and exit 130 (143)."""
+    from orchestrator import api
     from orchestrator.launcher import TERMINATED
     from orchestrator.progress import duration
 
+    try:
+        result = start()
+    except api.StudyInterrupted as stopped:
+        summarize(stopped.result)
+        typer.echo(f"interrupted: {cli_name()} resume {name}{study_options(stopped.result.study_dir.parent)}",
+                   err=True)
+        raise typer.Exit(128 + TERMINATED["signal"] if TERMINATED["signal"] else INTERRUPTED) from None
+    except KeyboardInterrupt:  # a second Ctrl-C (Tune handles the first): one line, not a traceback
+        typer.echo(f"interrupted: {cli_name()} resume {name}{study_options(storage)}", err=True)
+        raise typer.Exit(INTERRUPTED) from None
     summarize(result)
-    name = result.study_dir.name
     cli, options = cli_name(), study_options(result.study_dir.parent)
-    if not result.finished:
-        typer.echo(f"interrupted: {cli} resume {name}{options}", err=True)
-        raise typer.Exit(128 + TERMINATED["signal"] if TERMINATED["signal"] else INTERRUPTED)
-    if result.reconciled.get("unsynced"):
+    if result.report is None:
         typer.echo(f"MLflow is unreachable: no report yet; when it is back run `{cli} sync {name}{options}` and "
                    f"`{cli} report {name}{options}`", err=True)
         return
-    folder = write_report(name, result.study_dir.parent)
-    took = f" in {duration(time.monotonic() - started)}" if started is not None else ""
+    folder = result.report.folder
+    typer.echo(f"report: {folder / 'report.md'} ({len(result.report.files)} files)")
     steps = [(f"{cli} ui {name}{options}", "the runs in the MLflow UI"),
              (f"{cli} verify {folder}", "every number of the report checked against MLflow"),
              (f"{cli} report {name}{options}", "the report written again (after editing report: in the study file)")]
     width = max(len(command) for command, _ in steps)
-    typer.echo(f"{name}: done{took}. Next:")
+    typer.echo(f"{name}: done in {duration(time.monotonic() - started)}. Next:")
     for command, what in steps:
         typer.echo(f"  {command.ljust(width)}  # {what}")
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.config import StudyConfig, StudySpec, read_study
 from orchestrator.edits import check_edit
@@ -37,6 +38,9 @@ from orchestrator.study_folder import (  # noqa: F401 (DEFAULT_STORAGE: re-expor
 from orchestrator.study_state import StudyState
 from trainables.errors import StorageFullError, UserInputError, storage_full
 
+if TYPE_CHECKING:
+    from reports.build import Report
+
 
 @dataclass(frozen=True)
 class LaunchResult:
@@ -47,6 +51,7 @@ class LaunchResult:
     counts: dict[str, int]
     finished: bool
     reconciled: dict[str, int]
+    report: Report | None = None  # the report the public API's launch wrote at the end
 
     @property
     def study(self) -> Study:

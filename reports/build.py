@@ -42,6 +42,7 @@ from reports.latex import latex_document, to_latex
 from reports.plots import layer_plot, pareto_plot
 from reports.provenance import provenance_lines, record_provenance
 from reports.render import N_NOTE, Cell, Grid, Note, markdown_notes, to_markdown
+from reports.render import _number as text_of
 from reports.significance import (
     BOOTSTRAP_SAMPLES,
     CORRECTIONS,
@@ -417,8 +418,38 @@ TABLES: dict[str, Callable[[TableContext], Grid | None]] = {
 }
 
 
+@dataclass(frozen=True)
+class Report:
+    """A written report: its folder, the files written, each table as the report shows it (a DataFrame of
+    the cells' text, one row per row label), the per-cell summary (`cells.csv`), the tests against the
+    baseline (`stats.csv`) and the runs every number comes from (`runs.csv`)."""
+
+    folder: Path
+    files: list[Path]
+    tables: dict[str, pd.DataFrame]
+    cells: pd.DataFrame
+    stats: pd.DataFrame
+    runs: pd.DataFrame
+
+
+def table_frame(grid: Grid) -> pd.DataFrame:
+    """A table as the report shows it, without markup: a cell's text, its mark, and `*` where it is the
+    dev-selected one."""
+    frame = pd.DataFrame([[text_of(cell, grid.decimals) + cell.mark + ("*" if cell.selected else "")
+                           for cell in cells] for _, cells in grid.rows],
+                         index=pd.Index([label for label, _ in grid.rows], name=grid.corner or None),
+                         columns=pd.Index(grid.columns, name=grid.column_axis or None))
+    frame.attrs["title"] = grid.title
+    return frame
+
+
 def build_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] | None = None) -> list[Path]:
     """Write the report folder (`formats`: else the study's `report.formats`); returns the files written."""
+    return make_report(runs, out, formats).files
+
+
+def make_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] | None = None) -> Report:
+    """Write the report folder (`formats`: else the study's `report.formats`)."""
     formats = tuple(formats or runs.report.get("formats") or FORMATS)
     labels = runs.report.get("labels") or {}
     out.mkdir(parents=True, exist_ok=True)
@@ -492,4 +523,4 @@ def build_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] | None = N
     if "markdown" in formats:
         (out / "report.md").write_text("\n".join(markdown))
         written.append(out / "report.md")
-    return written
+    return Report(out, written, {name: table_frame(grid) for name, grid in grids}, summary, stats, runs.runs)

@@ -1,0 +1,435 @@
+"""The public Python API, re-exported by the `orchestrator` package: everything the command line does,
+as functions that return Python objects. The `orchestrator` command is a thin layer over these.
+
+    import orchestrator as orc
+
+    study = orc.load_study("examples/quickstart.yaml", overrides=["train.epochs=1"])  # validated
+    orc.plan(study).cells                     # one row per ablation cell
+    orc.launch(study)                         # blocks; the journal, MLflow runs and report of the CLI
+    runs = orc.results("quickstart")          # one row per trial run; curves=True: one per epoch
+    orc.report("quickstart").tables["ablation"]
+    orc.verify("reports/quickstart").ok
+
+Input a user can fix raises `UserInputError` whose text is the one line the CLI prints after `error:`.
+A launch stopped by Ctrl-C (a notebook's interrupt) or SIGTERM raises `StudyInterrupted`, a
+`KeyboardInterrupt`, once every finished trial is safe: `orc.resume(name)` continues it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.config import StudySpec, models_of, read_study
+from orchestrator.launcher import LaunchResult
+from orchestrator.study import Study, studies_in
+from trainables.errors import UserInputError
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from rich.table import Table
+
+    from orchestrator.checkup import Check
+    from orchestrator.estimate import Estimate, Pilot
+    from orchestrator.planning import StudyPlan
+    from orchestrator.study_state import StudyState
+    from reports.build import Report
+    from reports.record import DataRecord, PluginRecord
+
+Storage = str | Path | None
+
+
+class StudyInterrupted(KeyboardInterrupt):
+    """A launch or resume stopped (Ctrl-C, a notebook's interrupt, SIGTERM) before every planned trial
+    finished. Every finished trial is kept in the journal and MLflow; `resume(name)` continues."""
+
+    def __init__(self, result: LaunchResult) -> None:
+        self.result = result
+        super().__init__(f"{result.study_dir.name}: interrupted; continue with "
+                         f"orchestrator.resume({result.study_dir.name!r}) or `orchestrator resume "
+                         f"{result.study_dir.name}`")
+
+
+# --- study files and plans ------------------------------------------------------------------------
+
+
+def load_study(path: str | Path, overrides: Sequence[str] = (), *, name: str | None = None,
+               data_dir: str | Path | None = None, check: bool = True) -> StudySpec:
+    """Read a study file, apply `overrides` (`["train.lr=3e-5", "replicate.seeds=[0,1,2]"]`, values read as
+    YAML; `~KEY` removes a key) and a new `name`, and validate the result as `orchestrator validate` does:
+    keys, types, names, layers against the model, data and the tracking store (`check=False`: the
+    file's structure only; `launch` checks the rest before it writes anything). `data_dir`: the data
+    folder of this process and the trials it starts, as `--data-dir`."""
+    spec = read_study(path, overrides, name)
+    use_data_dir(data_dir, spec)
+    if check:
+        checked_plan(spec)
+    return spec
+
+
+def use_data_dir(folder: str | Path | None, spec: StudySpec | None = None) -> None:
+    """`--data-dir`: the data folder of this process and of the trials it starts ($ORCHESTRATOR_DATA_DIR for
+    them). A study file that names a folder of its own must name the same one, so the option is never
+    silently ignored."""
+    if folder is None:
+        return
+    path = Path(folder).expanduser().resolve()
+    if not path.is_dir():
+        raise UserInputError("--data-dir", str(folder), "give an existing folder in the layout of shared/data")
+    own_folder = spec.config.data_dir if spec is not None else None
+    if spec is not None and own_folder:
+        own = (spec.base_dir / Path(own_folder).expanduser()).resolve()
+        if own != path:
+            raise UserInputError("--data-dir", str(folder), f"the study file sets data_dir: {own_folder} ({own}); "
+                                                            "remove one of the two")
+    os.environ["ORCHESTRATOR_DATA_DIR"] = str(path)
+
+
+def checked_plan(spec: StudySpec) -> StudyPlan:
+    """Every trial of the study resolved and checked, before anything runs (the deep checks)."""
+    from orchestrator.estimate import check_pilot
+    from orchestrator.planning import build_plan
+
+    resolved = build_plan(spec.config, spec.base_dir)
+    check_pilot(resolved)  # a budget needs a pilot that can time the kind
+    return resolved
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a study will run: its cells (one row each: the cell, its axis values, tuning trials and
+    replicates), what is tuned and over which seeds, the trial counts, the data set a study declares
+    (its splits' rows and sha256) and the plugins it uses. `estimate` and `pilot` (the deepest cell's
+    timings) are there when asked for."""
+
+    name: str
+    trainable: str
+    task: str
+    models: list[str]
+    cells: pd.DataFrame
+    tuned: dict[str, str]
+    seeds: list[int]
+    metric: str
+    mode: str
+    tuning_trials: int
+    replicate_trials: int
+    round_name: str  # what one report of a trial covers: epoch, cycle or round
+    rounds_per_trial: int
+    max_trial_rounds: int
+    cpu_per_trial: float
+    budget_hours: float | None = None
+    declared_data: list[DataRecord] = field(default_factory=list)
+    plugins: list[PluginRecord] = field(default_factory=list)
+    estimate: Estimate | None = None
+    pilot: Pilot | None = None
+
+    @property
+    def trials(self) -> int:
+        return self.tuning_trials + self.replicate_trials
+
+
+def plan(study: StudySpec | str | Path, overrides: Sequence[str] = (), *, name: str | None = None,
+         estimate: bool = False, data_dir: str | Path | None = None) -> Plan:
+    """The study's plan (a loaded study, or a study file with `overrides` and a new `name`), validated as
+    `orchestrator validate` does and as `orchestrator plan` shows it; `estimate` runs a short pilot on
+    this machine and estimates trial-hours and wall time (as `plan --estimate`)."""
+    import pandas as pd
+
+    from trainables.data.declaration import DataDeclaration
+    from trainables.data.tasks import task_name
+
+    spec = as_spec(study, overrides, name)
+    use_data_dir(data_dir, spec)
+    resolved = checked_plan(spec)
+    cells = pd.DataFrame([{"index": c.index, "cell": c.key, **c.values, "tuning_trials": resolved.trials_per_cell,
+                           "replicates": len(resolved.seeds)} for c in resolved.cells])
+    found = pilot = None
+    if estimate:
+        from orchestrator.estimate import estimate as estimate_plan
+        from orchestrator.estimate import pilots_per_cell
+
+        pilots = pilots_per_cell(resolved)
+        found = estimate_plan(resolved, pilots)
+        pilot = max(pilots.values(), key=lambda p: p.unit_s * p.units_per_round)
+    config = spec.config
+    return Plan(config.name, config.trainable, task_name(config.task), models_of(config), cells,
+                {k: str(v) for k, v in resolved.tuned.items()}, list(resolved.seeds), resolved.metric, resolved.mode,
+                resolved.tuning_trials, resolved.replicate_trials, resolved.round_name, resolved.epochs,
+                resolved.max_trial_epochs, config.resources.cpu,
+                config.budget.hours if config.budget is not None else None,
+                list(resolved.data) if isinstance(config.task, DataDeclaration) else [], list(resolved.plugins),
+                found, pilot)
+
+
+def as_spec(study: StudySpec | str | Path, overrides: Sequence[str], name: str | None) -> StudySpec:
+    """A loaded study as it is, or a study file read with its overrides."""
+    if isinstance(study, StudySpec):
+        if overrides or name is not None:
+            raise UserInputError("overrides", list(overrides) or name, "give them to load_study, which read "
+                                                                       "this study, or pass the study file's path")
+        return study
+    return read_study(study, overrides, name)
+
+
+def schema() -> dict[str, Any]:
+    """The JSON Schema of the study file (for editor completion)."""
+    from orchestrator.config import study_json_schema
+
+    return study_json_schema()
+
+
+# --- running ----------------------------------------------------------------------------------------
+
+
+def launch(study: StudySpec | str | Path, overrides: Sequence[str] = (), *, name: str | None = None,
+           address: str | None = None, storage: Storage = None, max_concurrent: int | None = None,
+           resume: bool = False, progress: bool = True) -> LaunchResult:
+    """Run a study (a loaded study, or a study file with `overrides` and a new `name`) on Ray Tune — a
+    fresh local Ray unless `address` or RAY_ADDRESS — to the end, then write its report to
+    `reports/<name>`: the same study folder, journal, MLflow runs and report as `orchestrator launch`.
+    `resume`: continue a study of that name that exists already (changes that extend it run only the new
+    work). Raises `StudyInterrupted` when stopped first."""
+    from orchestrator import launcher
+
+    spec = as_spec(study, overrides, name)
+    return finished(launcher.launch(spec, storage=storage, address=address, max_concurrent=max_concurrent,
+                                    resume=resume, progress=progress))
+
+
+def resume(name: str, overrides: Sequence[str] = (), *, storage: Storage = None, address: str | None = None,
+           max_concurrent: int | None = None, progress: bool = True,
+           data_dir: str | Path | None = None) -> LaunchResult:
+    """Continue an interrupted study from its folder: finished trials are kept, interrupted ones continue
+    from their last checkpoint. `overrides` may extend it (more seeds, trials or axis values); one that
+    would invalidate finished work is refused, as an edited study file is."""
+    from orchestrator import launcher
+
+    use_data_dir(data_dir)
+    return finished(launcher.resume(name, storage=storage, address=address, max_concurrent=max_concurrent,
+                                    progress=progress, overrides=overrides))
+
+
+def finished(result: LaunchResult) -> LaunchResult:
+    """The launch with its report (none while MLflow is unreachable: `sync`, then `report`), or
+    `StudyInterrupted` when it stopped before the end."""
+    if not result.finished:
+        raise StudyInterrupted(result)
+    if result.reconciled.get("unsynced"):
+        return result
+    return replace(result, report=report(result.study_dir.name, storage=result.study_dir.parent))
+
+
+def sync(name: str, *, storage: Storage = None) -> dict[str, int]:
+    """Replay a study's journal into MLflow (runs, epochs and outcomes an outage missed) and close its
+    runs; counts of what it created, logged, closed and marked KILLED."""
+    from orchestrator import launcher
+
+    return launcher.sync(name, storage)
+
+
+# --- reading a study --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Status:
+    """Where a study stands, from its journal (no data, model or Ray needed): trial counts by outcome,
+    one row per cell (`cells`), whether a launch holds the folder now, and the folder's size."""
+
+    name: str
+    folder: Path
+    complete: bool
+    counts: dict[str, int]
+    cells: pd.DataFrame
+    running_now: bool
+    folder_bytes: int
+    state: StudyState = field(repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        """What `orchestrator status --json` prints."""
+        from orchestrator.progress import status_record
+
+        return {**status_record(self.state), "running_now": self.running_now, "folder": str(self.folder),
+                "folder_bytes": self.folder_bytes}
+
+    def table(self) -> Table:
+        """The table `orchestrator status` prints (rich)."""
+        from orchestrator.progress import status_table
+
+        return status_table(self.state)
+
+
+def status(name: str, *, storage: Storage = None) -> Status:
+    """Trials done, running and failed, and the best dev score per cell, as `orchestrator status`."""
+    import pandas as pd
+
+    from orchestrator.progress import status_record
+
+    study = Study.named(name, storage).require()
+    state = study.state()
+    record = status_record(state)
+    return Status(study.name, study.folder, state.is_complete(), state.counts(), pd.DataFrame(record["cells"]),
+                  study.is_running(), study.size(), state)
+
+
+def storage_folder(storage: Storage = None) -> Path:
+    """The folder of study folders: `storage`, else ./studies."""
+    return Study.named("x", storage).storage
+
+
+def list_studies(*, storage: Storage = None) -> list[dict[str, Any]]:
+    """The studies in a storage folder: each one's name, state (finished, running now, interrupted, not
+    started or damaged) and trial counts, as `orchestrator list`."""
+    rows: list[dict[str, Any]] = []
+    for study in studies_in(storage):
+        try:
+            state = study.state() if study.journal_file.exists() else None
+        except UserInputError as exc:
+            rows.append({"study": study.name, "state": "damaged", "problem": str(exc)})
+            continue
+        counts = state.counts() if state else None
+        verdict = ("running now" if study.is_running() else "finished" if state and state.is_complete() else
+                   "not started" if not counts or not counts["issued"] else "interrupted")
+        rows.append({"study": study.name, "state": verdict, **({k: counts[k] for k in (
+            "planned", "completed", "pruned", "failed", "diverged", "skipped")} if counts else {})})
+    return rows
+
+
+def results(name: str, *, storage: Storage = None, phase: str | None = None,
+            cell: str | Mapping[str, Any] | None = None, curves: bool = False) -> pd.DataFrame:
+    """A study's trials as one tidy DataFrame, from its folder's journal and its MLflow store (no data,
+    model or torch needed): one row per trial run with the study, its cell and axes as columns, phase,
+    seed, outcome, the best dev score and its epoch, the test scores (replicates), epochs run, the tuned
+    parameters, the parameter count, duration and MLflow `run_id`.
+
+    `phase`: "tune" or "replicate"; `cell`: a cell key ("layer=3") or some of its axis values
+    ({"layer": 3}). `curves=True`: one row per trial run and epoch, its training loss and dev scores,
+    e.g. `seaborn.lineplot(data=curves, x="epoch", y="dev_spearman", hue="layer")`."""
+    from orchestrator.frames import results as read_results
+
+    return read_results(name, storage, phase=phase, cell=cell, curves=curves)
+
+
+# --- reports -----------------------------------------------------------------------------------------
+
+
+def report(names: str | Sequence[str], *, storage: Storage = None, tracking_uri: str | None = None,
+           out: str | Path | None = None, formats: Sequence[str] | None = None) -> Report:
+    """Write the report of one study (or one report across several, the study an axis of its tables) to
+    `out` (default `reports/NAME` or `reports/A+B`) from their MLflow runs, as `orchestrator report`:
+    the tables as DataFrames (`.tables`), the per-cell summary, the tests against the baseline and the
+    files written. `formats`: some of markdown, latex, csv (default: the study's `report.formats`)."""
+    from reports.build import FORMATS, make_report
+    from reports.collect import collect, combine
+
+    names = [names] if isinstance(names, str) else list(names)
+    bad = [f for f in formats or () if f not in FORMATS]
+    if bad:
+        raise UserInputError("formats", bad[0], f"use some of {', '.join(FORMATS)}")
+    collected = []
+    for name in names:
+        study = Study.named(name, storage)
+        collected.append(collect(tracking_uri or study.tracking_uri, name, study.study_uid))
+    runs = collected[0] if len(collected) == 1 else combine(collected)
+    folder = Path(out) if out else Path("reports") / "+".join(names)
+    return make_report(runs, folder, tuple(formats) if formats else None)
+
+
+@dataclass(frozen=True)
+class Verification:
+    """A report checked against MLflow: `problems` names each number that differs (none: `ok`)."""
+
+    folder: Path
+    cells: int
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify(folder: str | Path, *, tracking_uri: str | None = None) -> Verification:
+    """Recompute every number of a written report from MLflow, as `orchestrator verify`."""
+    import pandas as pd
+
+    from reports.build import PROVENANCE
+    from reports.verify import verify as verify_report
+
+    path = Path(folder)
+    if not (path / PROVENANCE).exists():
+        raise UserInputError("FOLDER", str(folder), f"no {PROVENANCE} there: give a folder written by "
+                                                    "`orchestrator report`")
+    problems = verify_report(path, tracking_uri)
+    cells = len(pd.read_csv(path / "cells.csv")) if (path / "cells.csv").exists() else 0
+    return Verification(path, cells, problems)
+
+
+# --- models and machines ----------------------------------------------------------------------------
+
+
+def probe(model: str, *, task: str = "stsb", language: str | None = None, split: str = "test",
+          pooling: str = "mean", layers: Sequence[int] | None = None, data_dir: str | None = None,
+          max_seq_length: int = 128, precision: str = "auto", device: str = "auto", suite: str | None = None,
+          max_eval_samples: int | None = None) -> pd.DataFrame:
+    """Zero-shot layer profile of an encoder, as `orchestrator probe`: every layer (or `layers`) pooled
+    and scored in one forward pass per batch; one row per layer with its scores (Spearman x100) and
+    parameter count. `suite="sts"` scores STS12-16, STS-B and SICK-R (test) and their average instead."""
+    import pandas as pd
+
+    from trainables.contract import parse_config
+    from trainables.evaluation.probe import probe_layers, probe_suite
+    from trainables.evaluation.sts_suite import suite_tasks
+    from trainables.kinds.probe import ProbeConfig
+
+    if split not in ("dev", "test"):
+        raise UserInputError("--split", split, "use dev or test")
+    if suite is not None:
+        suite_tasks(suite)
+    cfg = parse_config(ProbeConfig, dict(
+        model=model, task=task, language=language, layers=list(layers) if layers is not None else None,
+        pooling=pooling, splits=[split], max_seq_length=max_seq_length, precision=precision, device=device,
+        data_dir=data_dir, max_eval_samples=max_eval_samples))
+    if suite is not None:
+        return pd.DataFrame(probe_suite(cfg, suite))
+    return pd.DataFrame([{k.removeprefix(f"{split}_"): v for k, v in row.items()} for row in probe_layers(cfg)])
+
+
+def doctor(*, address: str | None = None, study: str | Path | None = None, storage: Storage = None,
+           data_dir: str | Path | None = None) -> list[Check]:
+    """Check the cluster (nodes, resources, versions), storage from every node and, with `study`, its
+    model, data and tracker (else the data folder), as `orchestrator doctor`: one `Check` (name, ok,
+    detail) each."""
+    from orchestrator.checkup import Check, cluster_checks, study_checks
+    from orchestrator.config import load_study as read_config
+    from orchestrator.launcher import connect_ray
+    from orchestrator.study_folder import DEFAULT_STORAGE
+
+    use_data_dir(data_dir)
+    checks: list[Check] = []
+    config = None
+    if study:
+        checks += study_checks(Path(study))
+        try:
+            config = read_config(study)
+        except UserInputError:
+            config = None
+    folder = Path(storage or (config.storage_path if config and config.storage_path else DEFAULT_STORAGE))
+    try:
+        ray = connect_ray(address)
+        checks += cluster_checks(ray, folder.expanduser().resolve(),
+                                 config.resources.gpu if config else 0.0, config.resources.cpu if config else 1.0)
+    except UserInputError as exc:
+        checks.append(Check("ray cluster", False, str(exc)))
+    if not study:
+        from trainables.data.tasks import data_dir as data_folder
+
+        data = data_folder()
+        if data is None:
+            checks.append(Check("data folder", True, "none here: tasks load from the Hugging Face hub"))
+        else:
+            checks.append(Check("data folder", data.is_dir(), str(data) if data.is_dir() else
+                                f"{data} does not exist; give --data-dir or set ORCHESTRATOR_DATA_DIR to the "
+                                "data folder"))
+    return checks

@@ -1,0 +1,166 @@
+"""The public Python API (`import orchestrator as orc`): every verb of the CLI as a typed, documented
+function; the same errors as exceptions; a launch from Python that writes what the CLI writes and, when
+interrupted, resumes like the CLI."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+import orchestrator as orc
+from benchmarks.instant import instant_executor
+from orchestrator import launcher
+from orchestrator.cli import app
+from trainables.errors import UserInputError
+
+runner = CliRunner()
+EPOCHS = 2
+
+
+def score(config: dict, seed: int, epoch: int) -> float:
+    return 50 + 5 * config["layer"] + 0.5 * seed + epoch
+
+
+def study_file(folder, tiny_bert, data_dir, name="api", **changes):
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": name, "model": tiny_bert, "ablate": {"layer": [1, 2, 3]}, "replicate": {"seeds": [0, 1, 2]},
+        "train": {"epochs": EPOCHS}, "data_dir": str(data_dir), "report": {"baseline": {"layer": 3}},
+        "tracking": {"mlflow_uri": f"sqlite:///{folder / 'mlflow.db'}"}, **changes}))
+    return path
+
+
+@pytest.fixture()
+def no_ray(monkeypatch):
+    """`orc.launch` as it runs, with Ray Tune's execution of the trials replaced by benchmarks/instant.py."""
+    monkeypatch.setattr(launcher, "connect_ray", lambda address: None)
+    monkeypatch.setattr(launcher, "check_cluster", lambda ray, study: None)
+    monkeypatch.setattr(launcher, "run_tuner", instant_executor(score, slots=4))
+
+
+def test_every_public_name_resolves_with_types_and_a_docstring():
+    for name in orc.__all__:
+        thing = getattr(orc, name)
+        assert inspect.getdoc(thing), name
+        if inspect.isfunction(thing):
+            signature = inspect.signature(thing)
+            assert signature.return_annotation is not inspect.Signature.empty, name
+            assert all(p.annotation is not inspect.Parameter.empty for p in signature.parameters.values()), name
+    assert set(orc.__all__) <= set(dir(orc))
+    with pytest.raises(AttributeError):
+        orc.no_such_thing  # noqa: B018
+
+
+def test_a_launch_from_python_writes_what_the_cli_writes(tmp_path, tiny_bert, synthetic_data_dir, no_ray,
+                                                         monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    study = orc.load_study(study_file(tmp_path, tiny_bert, synthetic_data_dir), ["train.epochs=3"], name="api3")
+    planned = orc.plan(study)
+    assert (planned.name, planned.trials, planned.rounds_per_trial) == ("api3", 9, 3)
+    assert list(planned.cells.columns) == ["index", "cell", "layer", "tuning_trials", "replicates"]
+    assert list(planned.cells.cell) == ["layer=1", "layer=2", "layer=3"]
+
+    result = orc.launch(study, storage=tmp_path / "studies", progress=False)
+    assert result.finished and result.counts["completed"] == 9 and result.study.name == "api3"
+    folder = tmp_path / "studies" / "api3"
+    assert yaml.safe_load((folder / "study.yaml").read_text())["train"] == {"epochs": 3}
+    report = result.report
+    assert report is not None and report.folder.resolve() == tmp_path / "reports" / "api3"
+    assert {p.name for p in report.files} >= {"report.md", "runs.csv", "cells.csv", "ablation.tex"}
+    # the tables as DataFrames say what report.md says
+    ablation = report.tables["ablation"]
+    assert list(ablation.columns) == ["1", "2", "3"]
+    markdown = (report.folder / "report.md").read_text()
+    assert all(value.rstrip("*") in markdown for value in ablation.iloc[0])
+    test = (orc.results("api3", storage=tmp_path / "studies", phase="replicate")
+            .groupby("layer").test_spearman.agg(["mean", "std"]))
+    for column in ("mean", "std"):  # the report's cells are the results' replicates, and cells.csv holds them
+        assert report.cells.set_index("layer")[column].to_numpy() == pytest.approx(test[column].to_numpy())
+        assert pd.read_csv(report.folder / "cells.csv")[column].to_numpy() == pytest.approx(test[column].to_numpy())
+
+    # status and verify: the CLI prints exactly what the API returns
+    shown = runner.invoke(app, ["status", "api3", "--storage", str(tmp_path / "studies"), "--json"])
+    assert json.loads(shown.stdout) == orc.status("api3", storage=tmp_path / "studies").as_dict()
+    checked = orc.verify(report.folder)
+    assert checked.ok and checked.cells == 3
+    cells = pd.read_csv(report.folder / "cells.csv")
+    cells.loc[0, "mean"] += 1.0
+    cells.to_csv(report.folder / "cells.csv", index=False)
+    tampered = orc.verify(report.folder)
+    assert not tampered.ok and any("layer=1" in problem for problem in tampered.problems)
+
+
+def test_results_of_two_studies_compare_in_one_frame(tmp_path, tiny_bert, synthetic_data_dir, no_ray, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = study_file(tmp_path, tiny_bert, synthetic_data_dir)
+    for name, epochs in (("short", 1), ("long", 3)):
+        orc.launch(path, [f"train.epochs={epochs}"], name=name, storage=tmp_path / "studies", progress=False)
+    both = pd.concat([orc.results(name, storage=tmp_path / "studies", phase="replicate")
+                      for name in ("short", "long")])
+    means = both.groupby(["study", "layer"]).best_dev_spearman.mean().unstack("study")
+    assert (means["long"] - means["short"]).to_numpy() == pytest.approx([2.0, 2.0, 2.0])  # epoch 3 vs 1
+    together = orc.report(["short", "long"], storage=tmp_path / "studies")
+    assert together.folder.resolve() == tmp_path / "reports" / "short+long" and "study" in together.cells.columns
+
+
+@pytest.mark.parametrize(("call", "cli"), [
+    (lambda s: orc.load_study(s / "api.yaml", ["train.epochs=zero"]),
+     ["validate", "{s}/api.yaml", "train.epochs=zero"]),
+    (lambda s: orc.plan(s / "api.yaml", ["trian.epochs=1"]), ["plan", "{s}/api.yaml", "trian.epochs=1"]),
+    (lambda s: orc.status("nothing", storage=s / "studies"), ["status", "nothing", "--storage", "{s}/studies"]),
+    (lambda s: orc.resume("nothing", storage=s / "studies"), ["resume", "nothing", "--storage", "{s}/studies"]),
+    (lambda s: orc.results("nothing", storage=s / "studies"), None),
+    (lambda s: orc.report("nothing", storage=s / "studies"), ["report", "nothing", "--storage", "{s}/studies"]),
+    (lambda s: orc.verify(s), ["verify", "{s}"]),
+    (lambda s: orc.sync("nothing", storage=s / "studies"), ["sync", "nothing", "--storage", "{s}/studies"]),
+])
+def test_errors_are_the_clis_one_line_raised(tmp_path, tiny_bert, synthetic_data_dir, call, cli):
+    study_file(tmp_path, tiny_bert, synthetic_data_dir)
+    with pytest.raises(UserInputError) as raised:
+        call(tmp_path)
+    assert "\n" not in str(raised.value)
+    if cli is not None:
+        printed = runner.invoke(app, [arg.format(s=tmp_path) for arg in cli])
+        assert printed.exit_code == 2 and printed.stderr == f"error: {raised.value}\n"
+
+
+def test_a_python_launch_interrupted_by_keyboard_interrupt_resumes_like_the_cli(tmp_path, tiny_bert,
+                                                                                 synthetic_data_dir, monkeypatch):
+    """A notebook's interrupt while the driver runs its own code (not Tune's loop): the KeyboardInterrupt
+    reaches the caller, the runs are closed, the lock is let go, and `orc.resume` runs each trial once."""
+    def interrupt(finished: int) -> None:
+        if finished == 4:
+            raise KeyboardInterrupt
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(launcher, "connect_ray", lambda address: None)
+    monkeypatch.setattr(launcher, "check_cluster", lambda ray, study: None)
+    monkeypatch.setattr(launcher, "run_tuner", instant_executor(score, slots=3, on_finished=interrupt))
+    storage = tmp_path / "studies"
+    with pytest.raises(KeyboardInterrupt):
+        orc.launch(study_file(tmp_path, tiny_bert, synthetic_data_dir), storage=storage, progress=False)
+    stopped = orc.status("api", storage=storage)
+    assert not stopped.complete and stopped.counts["completed"] == 4 and not stopped.running_now
+    runs = orc.results("api", storage=storage)
+    assert sorted(runs.outcome) == ["completed"] * 4 + ["interrupted"] * 2  # 3 at a time: 2 were mid-way
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    statuses = [r.info.status for r in client.search_runs([client.get_experiment_by_name("api").experiment_id])]
+    assert "RUNNING" not in statuses
+
+    monkeypatch.setattr(launcher, "run_tuner", instant_executor(score, slots=2))
+    resumed = orc.resume("api", storage=storage, progress=False)
+    assert resumed.finished and resumed.counts["completed"] == 9 and resumed.report is not None
+    finished = orc.results("api", storage=storage)
+    assert len(finished) == 9 and set(finished.outcome) == {"completed"} and finished.run_id.is_unique
+    keys = [json.loads(line)["key"] for line in (storage / "api" / "journal.jsonl").read_text().splitlines()
+            if json.loads(line)["event"] == "finished"]
+    assert sorted(keys) == sorted(set(keys))  # no trial finished twice
+    epochs = orc.results("api", storage=storage, curves=True).groupby("trial_key").epoch.apply(list)
+    assert len(epochs) == 9 and all(run == [1, 2] for run in epochs)  # the interrupted ones went on, not again
