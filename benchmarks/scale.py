@@ -131,11 +131,10 @@ def measure(trials: int, data_dir: str, folder: Path) -> dict:
     report_s, _ = cli("report", spec["name"], "--storage", str(folder / "studies"), "--out",
                       str(folder / "reports" / spec["name"]))
     verify_s, _ = cli("verify", str(folder / "reports" / spec["name"]))
-    results_s, rows = python("from orchestrator.frames import results; "
-                             f"print(len(results({spec['name']!r}, {str(folder / 'studies')!r})))")
+    where = f"{spec['name']!r}, storage={str(folder / 'studies')!r}"
+    results_s, rows = python(f"import orchestrator as orc; print(len(orc.results({where})))")
     assert int(rows) == trials, rows
-    curves_s, _ = python("from orchestrator.frames import results; "
-                         f"print(len(results({spec['name']!r}, {str(folder / 'studies')!r}, curves=True)))")
+    curves_s, _ = python(f"import orchestrator as orc; print(len(orc.results({where}, curves=True)))")
     return {"trials": trials, "cells": cells, "driver_ms": 1000 * driver, "early_ms": 1000 * early,
             "late_ms": 1000 * late, "launch_s": launch_s,
             "parts": {k: 1000 * v / trials for k, v in sorted(timers.seconds.items(), key=lambda kv: -kv[1])},

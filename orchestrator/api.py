@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config import StudySpec, models_of, read_study
-from orchestrator.launcher import LaunchResult
 from orchestrator.study import Study, studies_in
 from trainables.errors import UserInputError
 
@@ -34,6 +33,7 @@ if TYPE_CHECKING:
 
     from orchestrator.checkup import Check
     from orchestrator.estimate import Estimate, Pilot
+    from orchestrator.launcher import LaunchResult
     from orchestrator.planning import StudyPlan
     from orchestrator.study_state import StudyState
     from reports.build import Report

@@ -7,8 +7,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mlflow.tracking import MlflowClient
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 PAGE = 10_000
 
@@ -26,6 +28,8 @@ def open_store(uri: str) -> MlflowClient:
     migrations) on first use, and two processes doing that at once collide (`table … already exists`,
     alembic's row-count errors), leaving a half-made store: two studies launched at once into one new
     `mlflow.db`. The first use is serialised by an exclusive `flock` on `<database>.lock` beside it."""
+    from mlflow.tracking import MlflowClient  # here: reading run ids from SQLite needs no MLflow import
+
     if not uri.startswith("sqlite:///"):
         return MlflowClient(tracking_uri=uri)
     database = Path(uri.removeprefix("sqlite:///"))
@@ -82,13 +86,49 @@ def study_parent(client: MlflowClient, study: str, study_uid: str | None = None)
 
 def child_run_ids(tracking_uri: str, study: str, study_uid: str | None = None) -> dict[str, str]:
     """Trial key -> MLflow run id of every trial run of a study (read only: a SQLite store that does not
-    exist is not created)."""
-    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).exists():
-        raise FileNotFoundError(f"no MLflow store at {tracking_uri}")
+    exist is not created). A SQLite store is read with sqlite3: `search_runs` loads every run's params,
+    metrics and tags, 17 s for 10,000 runs, where three indexed queries take well under a second."""
+    if tracking_uri.startswith("sqlite:///"):
+        database = Path(tracking_uri.removeprefix("sqlite:///"))
+        if not database.exists():
+            raise FileNotFoundError(f"no MLflow store at {tracking_uri}")
+        return sqlite_child_run_ids(database, study, study_uid)
+    from mlflow.tracking import MlflowClient
+
     client = MlflowClient(tracking_uri=tracking_uri)
     experiment, parent = study_parent(client, study, study_uid)
     if parent is None:
         return {}
     children = search_all(client, [experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
-    return {run.data.tags["orchestrator.trial_key"]: run.info.run_id for run in children
-            if "orchestrator.trial_key" in run.data.tags and run.data.tags.get("orchestrator.role") != "stage"}
+    return {run.data.tags[TRIAL_KEY]: run.info.run_id for run in children
+            if TRIAL_KEY in run.data.tags and run.data.tags.get(ROLE) != "stage"}
+
+
+TRIAL_KEY, ROLE = "orchestrator.trial_key", "orchestrator.role"
+PARENT_SQL = """SELECT r.run_uuid FROM runs r
+  JOIN tags role ON role.run_uuid = r.run_uuid AND role.key = 'orchestrator.role' AND role.value = 'study'
+  LEFT JOIN tags uid ON uid.run_uuid = r.run_uuid AND uid.key = 'orchestrator.study_uid'
+  WHERE r.experiment_id = ? AND r.lifecycle_stage = 'active' AND (? IS NULL OR uid.value = ?)
+  ORDER BY r.start_time DESC LIMIT 1"""
+CHILDREN_SQL = """SELECT trial.value, r.run_uuid FROM runs r
+  JOIN tags parent ON parent.run_uuid = r.run_uuid AND parent.key = 'mlflow.parentRunId' AND parent.value = ?
+  JOIN tags trial ON trial.run_uuid = r.run_uuid AND trial.key = 'orchestrator.trial_key'
+  LEFT JOIN tags role ON role.run_uuid = r.run_uuid AND role.key = 'orchestrator.role'
+  WHERE r.lifecycle_stage = 'active' AND (role.value IS NULL OR role.value != 'stage')"""
+
+
+def sqlite_child_run_ids(database: Path, study: str, study_uid: str | None) -> dict[str, str]:
+    """`child_run_ids` of a SQLite store, with the runs `search_runs` would return (active runs of the
+    active experiment, the study folder's parent or else the newest), opened read only."""
+    import contextlib
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as store:
+        experiment = store.execute("SELECT experiment_id FROM experiments WHERE name = ? AND lifecycle_stage = "
+                                   "'active'", (study,)).fetchone()
+        if experiment is None:
+            return {}
+        parent = store.execute(PARENT_SQL, (experiment[0], study_uid, study_uid)).fetchone()
+        if parent is None:
+            return {}
+        return dict(store.execute(CHILDREN_SQL, (parent[0],)).fetchall())

@@ -172,3 +172,33 @@ def test_the_journal_keeps_what_a_trial_reported_not_its_flattened_config():
     result = {"epoch": 1, "dev_spearman": 71.5, "config/trial/lr": 2e-5, "config/cell": "layer=1",
               "config": {"trial": {}}, "time_total_s": 3.0, "trial_id": "x"}
     assert trial_metrics(result) == {"epoch": 1, "dev_spearman": 71.5}
+
+
+def test_run_ids_read_from_sqlite_are_the_runs_mlflow_returns(launched):
+    """The SQLite shortcut (10,000 runs: 17 s through `search_runs`, 0.1 s through sqlite3) must return the
+    runs MLflow's own search does: the study's parent's children, not deleted ones, not stage runs."""
+    from mlflow.tracking import MlflowClient
+
+    from reports.store import search_all, sqlite_child_run_ids, study_parent
+
+    uri = f"sqlite:///{launched / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment, parent = study_parent(client, "r")
+    children = search_all(client, [experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    stage = client.create_run(experiment.experiment_id, tags={"mlflow.parentRunId": parent.info.run_id,
+                                                               "orchestrator.role": "stage",
+                                                               "orchestrator.trial_key": "stage"})
+    deleted = children[0]
+    client.delete_run(deleted.info.run_id)
+    try:
+        expected = {r.data.tags["orchestrator.trial_key"]: r.info.run_id for r in search_all(
+            client, [experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+            if r.data.tags.get("orchestrator.role") != "stage"}
+        found = sqlite_child_run_ids(launched / "mlflow.db", "r", parent.data.tags["orchestrator.study_uid"])
+        assert found == expected and len(found) == 9 and deleted.info.run_id not in found.values()
+        assert sqlite_child_run_ids(launched / "mlflow.db", "r", None) == expected  # the newest parent
+        assert sqlite_child_run_ids(launched / "mlflow.db", "r", "another-folder") == {}
+        assert sqlite_child_run_ids(launched / "mlflow.db", "nothing", None) == {}
+    finally:
+        client.restore_run(deleted.info.run_id)
+        client.delete_run(stage.info.run_id)
