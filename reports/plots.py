@@ -6,21 +6,17 @@ from __future__ import annotations
 import numbers
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
+from matplotlib.figure import Figure  # not pyplot: a report must not change the backend of a notebook it runs in
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from reports.aggregate import row_groups  # noqa: E402
-from reports.labels import axis_label, metric_label, value_label  # noqa: E402
+from reports.aggregate import row_groups
+from reports.labels import axis_label, metric_label, value_label
 
 
 def _save(figure, stem: Path) -> Path:
     figure.tight_layout()
     figure.savefig(stem.with_suffix(".png"), dpi=150)
     figure.savefig(stem.with_suffix(".pdf"))
-    plt.close(figure)
     return stem
 
 
@@ -38,7 +34,8 @@ def _legend_title(labels: dict | None, rows: list[str]) -> str | None:
 
 def layer_plot(summary: pd.DataFrame, rows: list[str], column: str, selected: dict, metric: str, stem: Path,
                labels: dict | None = None) -> Path:
-    figure, axis = plt.subplots(figsize=(6, 4))
+    figure = Figure(figsize=(6, 4))
+    axis = figure.subplots()
     for label, group in row_groups(summary, rows):
         group = group.dropna(subset=["mean"]).sort_values(column)
         if not len(group):
@@ -64,7 +61,8 @@ def layer_plot(summary: pd.DataFrame, rows: list[str], column: str, selected: di
 
 
 def pareto_plot(summary: pd.DataFrame, rows: list[str], metric: str, stem: Path, labels: dict | None = None) -> Path:
-    figure, axis = plt.subplots(figsize=(6, 4))
+    figure = Figure(figsize=(6, 4))
+    axis = figure.subplots()
     valid = summary.dropna(subset=["mean", "params"])
     for label, group in row_groups(valid, rows):
         group = group.sort_values("params")
