@@ -164,3 +164,53 @@ def test_a_python_launch_interrupted_by_keyboard_interrupt_resumes_like_the_cli(
     assert sorted(keys) == sorted(set(keys))  # no trial finished twice
     epochs = orc.results("api", storage=storage, curves=True).groupby("trial_key").epoch.apply(list)
     assert len(epochs) == 9 and all(run == [1, 2] for run in epochs)  # the interrupted ones went on, not again
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_python_launch_raises_study_interrupted_and_resume_finishes(tiny_bert, synthetic_data_dir,
+                                                                                     tmp_path):
+    """A real Ray launch from a Python script, SIGINT to its process group (what Ctrl-C, or a notebook's
+    interrupt, sends): the script gets `StudyInterrupted` once Tune has stopped the trials at their
+    checkpoints; `orc.resume` from Python then finishes the study with every trial run once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from collections import Counter
+
+    from mlflow.tracking import MlflowClient
+
+    study = study_file(tmp_path, tiny_bert, synthetic_data_dir, name="stop", replicate={"seeds": [0, 1]},
+                       train={"epochs": 6, "batch_size": 8, "max_seq_length": 32}, resources={"cpu": 1})
+    storage = tmp_path / "studies"
+    script = tmp_path / "run.py"
+    script.write_text("import sys\nimport orchestrator as orc\n"
+                      f"try:\n    orc.launch({str(study)!r}, storage={str(storage)!r})\n"
+                      "except orc.StudyInterrupted as stopped:\n"
+                      "    print(f'stopped with {stopped.result.counts[\"completed\"]} completed', flush=True)\n"
+                      "    sys.exit(3)\n")
+    log = open(tmp_path / "run.log", "w")  # noqa: SIM115 (the child writes it)
+    driver = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    deadline = time.monotonic() + 300
+    while "[1/6]" not in (tmp_path / "run.log").read_text() and time.monotonic() < deadline:
+        assert driver.poll() is None, (tmp_path / "run.log").read_text()[-2000:]
+        time.sleep(0.2)
+    os.killpg(driver.pid, signal.SIGINT)
+    assert driver.wait(timeout=180) == 3, (tmp_path / "run.log").read_text()[-2000:]
+    log.close()
+    output = (tmp_path / "run.log").read_text()
+    assert "stopped with " in output and "Traceback" not in output
+    stopped = orc.status("stop", storage=storage)
+    assert not stopped.complete and not stopped.running_now and stopped.counts["completed"] < 6
+
+    result = orc.resume("stop", storage=storage, progress=False)
+    assert result.finished and result.counts["completed"] == 6
+    runs = orc.results("stop", storage=storage)
+    assert len(runs) == 6 and set(runs.outcome) == {"completed"} and runs.run_id.is_unique
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    children = [r for r in client.search_runs([client.get_experiment_by_name("stop").experiment_id])
+                if "mlflow.parentRunId" in r.data.tags]
+    assert Counter(r.data.tags["orchestrator.trial_key"] for r in children).most_common(1)[0][1] == 1
+    assert {r.info.status for r in children} == {"FINISHED"}
