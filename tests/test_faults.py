@@ -520,9 +520,9 @@ def test_a_terminal_that_is_gone_ends_the_progress_view_not_the_study(tiny_bert,
             return False
 
     study, storage = launched(tmp_path, tiny_bert, synthetic_data_dir, empty_store, stop_after=2)
-    from orchestrator.launcher import open_state
+    from orchestrator.study import Study
 
-    view = ProgressCallback(open_state("s", storage), ["banner"], stream=GoneTerminal(), live=False)
+    view = ProgressCallback(Study.named("s", storage).state(), ["banner"], stream=GoneTerminal(), live=False)
     view.setup()
     view.last_line = -1e9  # a heartbeat is due
     view.poll()
