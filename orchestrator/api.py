@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from reports.build import Report
     from reports.record import DataRecord, PluginRecord
 
+__all__ = ["Plan", "Status", "StudyInterrupted", "Verification", "doctor", "launch", "list_studies", "load_study",
+           "plan", "probe", "report", "results", "resume", "schema", "status", "sync", "verify"]
+
 Storage = str | Path | None
 
 
