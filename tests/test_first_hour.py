@@ -64,6 +64,7 @@ def test_examples_validate_with_the_default_data_folder_and_no_variable(data_dir
     for example in ("stsb_layers", "stsb_languages", "quickstart"):
         result = run_cli("validate", f"examples/{example}.yaml")
         assert result.returncode == 0, result.stderr
+        assert result.stderr == ""  # nothing to warn of: STS-B's own 7 train/test pairs are recorded, not said
         assert result.stdout.startswith(f"ok: {example}: ")
     plan = run_cli("plan", "examples/quickstart.yaml")
     assert plan.returncode == 0 and "trials: 9 tuning + 6 replicate = 15" in plan.stdout
@@ -239,17 +240,19 @@ def test_one_mistake_repeated_by_every_cell_is_said_once(tmp_path, synthetic_dat
 
 
 def finished_result(folder: Path) -> SimpleNamespace:
-    return SimpleNamespace(study_dir=folder, finished=True, reconciled={},
+    report = SimpleNamespace(folder=Path("reports") / folder.name, files=["report.md"] * 9)
+    return SimpleNamespace(study_dir=folder, finished=True, reconciled={}, report=report,
                            counts={"completed": 13, "pruned": 2, "diverged": 0, "failed": 0, "planned": 15})
 
 
 def test_a_finished_run_ends_with_its_wall_time_and_what_to_do_next(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli, "write_report", lambda name, storage: Path("reports") / name)
     monkeypatch.setattr(sys, "argv", [".venv/bin/orchestrator", "launch", "examples/quickstart.yaml"])
-    cli.finish(finished_result(tmp_path / "studies" / "quickstart"), started=time.monotonic() - 221)
+    result = finished_result(tmp_path / "studies" / "quickstart")
+    cli.run_to_end("quickstart", None, time.monotonic() - 221, lambda: result)
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-4:] == [
+    assert lines[-5:] == [
+        "report: reports/quickstart/report.md (9 files)",
         "quickstart: done in 3m41s. Next:",
         "  .venv/bin/orchestrator ui quickstart              # the runs in the MLflow UI",
         "  .venv/bin/orchestrator verify reports/quickstart  # every number of the report checked against MLflow",
@@ -258,11 +261,17 @@ def test_a_finished_run_ends_with_its_wall_time_and_what_to_do_next(tmp_path, mo
 
 
 def test_the_hints_name_the_storage_folder_when_it_is_not_the_default(tmp_path, monkeypatch, capsys):
+    from orchestrator.api import StudyInterrupted
+
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["/usr/bin/python", "-m", "orchestrator.cli"])
     result = finished_result(tmp_path / "elsewhere" / "quickstart")
     result.finished = False
+
+    def stopped():
+        raise StudyInterrupted(result)
+
     with pytest.raises(typer.Exit):
-        cli.finish(result, started=time.monotonic())
+        cli.run_to_end("quickstart", tmp_path / "elsewhere", time.monotonic(), stopped)
     assert capsys.readouterr().err.splitlines()[-1] == (f"interrupted: orchestrator resume quickstart --storage "
                                                         f"{tmp_path / 'elsewhere'}")
