@@ -483,8 +483,11 @@ def test_sighup_stops_a_launch_like_ctrl_c_unless_nohup_ignores_it():
 
     from orchestrator.launcher import TERMINATED, graceful_sigterm
 
-    previous = signal.getsignal(signal.SIGHUP)
+    previous = signal.getsignal(signal.SIGHUP), signal.getsignal(signal.SIGINT)
     try:
+        # a terminal's defaults: CI starts the suite under nohup in the background (both signals ignored)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         with pytest.raises(KeyboardInterrupt), graceful_sigterm():  # Tune's SIGINT handler stands in here
             os.kill(os.getpid(), signal.SIGHUP)
             time.sleep(5)
@@ -497,7 +500,8 @@ def test_sighup_stops_a_launch_like_ctrl_c_unless_nohup_ignores_it():
         assert TERMINATED["signal"] is None and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
     finally:
         TERMINATED["signal"] = None
-        signal.signal(signal.SIGHUP, previous)
+        signal.signal(signal.SIGHUP, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
 
 
 def test_a_terminal_that_is_gone_ends_the_progress_view_not_the_study(tiny_bert, synthetic_data_dir, tmp_path,
