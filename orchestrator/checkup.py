@@ -7,8 +7,11 @@ on a busy cluster and prove what each node, not only the driver, can see.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
+import statistics
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +95,162 @@ def cluster_checks(ray, storage: Path, gpu_per_trial: float = 0.0, cpu_per_trial
     return checks
 
 
+DOCTOR_EXPERIMENT = "orchestrator-doctor"  # where the tracking checks write their probe run (then deleted)
+
+
+QUICK_REQUESTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+                  "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}  # a failing store fails a check, not hangs it
+
+
+@contextlib.contextmanager
+def _quick_requests():
+    """MLflow's requests without retries for the duration of the checks; the caller's settings come back."""
+    saved = {name: os.environ.get(name) for name in QUICK_REQUESTS}
+    os.environ.update(QUICK_REQUESTS)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _artifact_probe(uri: str, run_id: str, token: str) -> dict:
+    """Runs on one node: writes a small artifact into the probe run, through the tracking URI as this
+    node sees it (a proxied artifact store through the server, any other store directly)."""
+    import ray
+    from mlflow.tracking import MlflowClient
+
+    node_ip = ray.util.get_node_ip_address()
+    try:
+        with _quick_requests():
+            MlflowClient(uri).log_text(run_id, token, f"doctor/{node_ip.replace(':', '_')}.txt")
+        return {"node_ip": node_ip, "error": None}
+    except Exception as exc:  # the node cannot reach the server or the artifact store
+        return {"node_ip": node_ip, "error": _one_line(exc)}
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+
+
+def _milliseconds(seconds: list[float]) -> str:
+    return f"median {1000 * statistics.median(seconds):.0f} ms, max {1000 * max(seconds):.0f} ms"
+
+
+def tracking_checks(uri: str, ray=None, base: Path | None = None, requests: int = 10) -> list[Check]:
+    """A SQLite store: writable. A tracking server: it answers, its backend store takes a run's writes and
+    gives them back, its artifact store takes a file from every node (a task per node when `ray` is
+    given, else from here), and the round-trip time of a write and of a read."""
+    from orchestrator.planning import check_tracking_uri
+
+    if not uri.startswith(("http://", "https://")):
+        try:
+            check_tracking_uri(uri, base or Path.cwd())
+            return [Check("tracking", True, uri)]
+        except UserInputError as exc:
+            return [Check("tracking", False, str(exc))]
+    import urllib.request
+
+    started = time.perf_counter()
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=10) as answer:
+            answer.read()
+    except OSError as exc:
+        return [Check("tracking server", False, f"{uri} does not answer ({exc}); start it or fix the URL")]
+    checks = [Check("tracking server", True, f"{uri} answers in {1000 * (time.perf_counter() - started):.0f} ms")]
+    with _quick_requests():
+        return checks + _server_checks(uri, ray, requests)
+
+
+def _server_checks(uri: str, ray, requests: int) -> list[Check]:
+    """The backend store (a probe run's writes read back), the latency, and the artifact store."""
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    client, run, checks = MlflowClient(uri), None, []
+    try:
+        experiment = client.get_experiment_by_name(DOCTOR_EXPERIMENT)
+        if experiment is None:
+            experiment_id = client.create_experiment(DOCTOR_EXPERIMENT)
+        else:
+            experiment_id = experiment.experiment_id
+            if experiment.lifecycle_stage == "deleted":
+                client.restore_experiment(experiment_id)
+        run = client.create_run(experiment_id, run_name="doctor")
+        writes, reads = [], []
+        for step in range(requests):
+            started = time.perf_counter()
+            client.log_batch(run.info.run_id, metrics=[Metric("probe", float(step), int(time.time() * 1000), step)])
+            writes.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            client.get_run(run.info.run_id)
+            reads.append(time.perf_counter() - started)
+        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "probe"))
+        checks.append(Check("tracking backend", steps == list(range(requests)),
+                            f"a run created, {requests} writes read back" if steps == list(range(requests)) else
+                            f"{requests} writes made, {len(steps)} read back; the server's backend store loses writes"))
+        checks.append(Check("tracking latency", True, f"a write {_milliseconds(writes)}; a read {_milliseconds(reads)} "
+                                                      f"({requests} requests each)"))
+        checks.append(_artifact_check(client, uri, run, ray))
+    except Exception as exc:  # the server answers but its backend store (the database) does not take writes
+        checks.append(Check("tracking backend", False, f"{_one_line(exc)}; check the server's --backend-store-uri "
+                                                       "(is the database up and writable?)"))
+    finally:
+        if run is not None:
+            _remove_probe(client, uri, run)
+    return checks
+
+
+def _artifact_check(client, uri: str, run, ray) -> Check:
+    token = uuid.uuid4().hex
+    if ray is None:
+        reports = [{"node_ip": "this machine", "error": None}]
+        try:
+            client.log_text(run.info.run_id, token, "doctor/this-machine.txt")
+        except Exception as exc:  # the artifact store refuses, or is not reachable from here
+            reports[0]["error"] = _one_line(exc)
+    else:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        remote = ray.remote(num_cpus=0)(_artifact_probe)
+        try:
+            reports = ray.get([remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+                n["NodeID"], soft=False)).remote(uri, run.info.run_id, token) for n in ray.nodes() if n["Alive"]],
+                timeout=120)
+        except Exception as exc:  # a node that cannot run the probe within two minutes
+            return Check("tracking artifacts", False, f"the probe did not run on every node ({_one_line(exc)})")
+    failed = [f"{r['node_ip']} ({r['error']})" for r in reports if r["error"]]
+    where = f"the artifact store ({run.info.artifact_uri.rsplit('/', 2)[0]})"
+    import tempfile
+
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            written = [a.path for a in client.list_artifacts(run.info.run_id, "doctor")]
+            unread = [path for path in written
+                      if Path(client.download_artifacts(run.info.run_id, path, folder)).read_text() != token]
+    except Exception as exc:  # written (or not) but not readable from here
+        return Check("tracking artifacts", False, f"{where} not readable from this machine ({_one_line(exc)})")
+    if failed or unread or len(written) < len(reports):
+        problem = "; ".join(failed) or f"{len(written)} of {len(reports)} files read back"
+        return Check("tracking artifacts", False, f"{where} not written by every node: {problem}; every node must "
+                                                  "reach the server (not 127.0.0.1 on a cluster) and its store")
+    writers = f"every node ({len(reports)})" if ray else "this machine"
+    return Check("tracking artifacts", True, f"{where} written by {writers} and read back")
+
+
+def _remove_probe(client, uri: str, run) -> None:
+    """The probe run and its files go (the run to MLflow's trash, as `mlflow gc` expects)."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    for remove in (lambda: get_artifact_repository(run.info.artifact_uri, tracking_uri=uri).delete_artifacts(),
+                   lambda: client.delete_run(run.info.run_id)):
+        with contextlib.suppress(Exception):  # a store that cannot delete keeps a few bytes; nothing needs them
+            remove()
+
+
 def study_checks(study_file: Path) -> list[Check]:
     """The study file, its model (offline or online), its data, and its tracking URI."""
     from orchestrator.config import load_study, models_of
@@ -113,11 +272,12 @@ def study_checks(study_file: Path) -> list[Check]:
             checks.append(Check("model", True, f"{model} from {where}" + (" (offline)" if offline else "")))
         except UserInputError as exc:
             checks.append(Check("model", False, str(exc)))
-    try:
-        check_tracking_uri(study.tracking.mlflow_uri, study_file.parent)
-        checks.append(Check("tracking", True, study.tracking.mlflow_uri))
-    except UserInputError as exc:
-        checks.append(Check("tracking", False, str(exc)))
+    if not study.tracking.mlflow_uri.startswith(("http://", "https://")):  # a server: checked with the cluster
+        try:
+            check_tracking_uri(study.tracking.mlflow_uri, study_file.parent)
+            checks.append(Check("tracking", True, study.tracking.mlflow_uri))
+        except UserInputError as exc:
+            checks.append(Check("tracking", False, str(exc)))
     try:
         plan = build_plan(study, study_file.parent.resolve())
         checks.append(Check("data and plan", True, f"{len(plan.cells)} cells, "

@@ -330,13 +330,17 @@ def sync(name: str = NAME, storage: str | None = STORAGE, debug: bool = DEBUG) -
 @user_errors
 def doctor(address: str | None = ADDRESS, study: Annotated[str | None, typer.Option(
         "--study", help="Also check this study file: model, data, tracking URI, plan.")] = None,
-           storage: str | None = STORAGE, data_dir: str | None = DATA_DIR, debug: bool = DEBUG) -> None:
-    """Check the cluster (nodes, resources, versions), storage from every node, and a study's model,
-    data and tracker: one line per check; exit 1 if any fails."""
+           storage: str | None = STORAGE, data_dir: str | None = DATA_DIR, tracking_uri: Annotated[
+               str | None, typer.Option("--tracking-uri", help="Check this MLflow tracking server (else the "
+                                        "study's, if it is one): its backend, its artifact store from every node, "
+                                        "its latency.")] = None,
+           debug: bool = DEBUG) -> None:
+    """Check the cluster (nodes, resources, versions), storage from every node, a tracking server, and a
+    study's model, data and tracker: one line per check; exit 1 if any fails."""
     from orchestrator import api
 
     quiet_libraries()
-    checks = api.doctor(address=address, study=study, storage=storage, data_dir=data_dir)
+    checks = api.doctor(address=address, study=study, storage=storage, data_dir=data_dir, tracking_uri=tracking_uri)
     for check in checks:
         typer.echo(check.line())
     if not all(c.ok for c in checks):

@@ -11,7 +11,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,17 +24,12 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from orchestrator.journal import Journal
+from tests.services import MlflowServer, free_port
 
 pytestmark = pytest.mark.slow
 
 HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"  # loopback addresses: Ray resolves 127.0.0.1 to the host's IP
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def matching(pattern: str) -> list[int]:
@@ -111,38 +105,6 @@ class RayCluster:
         shutil.rmtree(self.temp, ignore_errors=True)
 
 
-class MlflowServer:
-    """`mlflow server` on 127.0.0.1 with a SQLite backend and an artifact destination."""
-
-    def __init__(self, folder: Path):
-        self.folder, self.port = folder, free_port()
-        self.uri = f"http://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> MlflowServer:
-        self.process = subprocess.Popen(
-            [str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{self.folder / 'server.db'}",
-             "--artifacts-destination", str(self.folder / "artifacts"), "--host", "127.0.0.1",
-             "--port", str(self.port), "--workers", "1"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        import urllib.request
-
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.uri + "/health", timeout=2):
-                    return self
-            except OSError:
-                time.sleep(0.5)
-        raise RuntimeError("mlflow server did not start")
-
-    def stop(self) -> None:
-        if self.process is not None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-            self.process = None
-
-
 @pytest.fixture()
 def cluster(tmp_path):
     cluster = RayCluster(tmp_path).start()
@@ -213,10 +175,13 @@ def shape(report: str) -> str:
 def test_a_study_on_two_nodes_tracked_by_a_server_reports_like_a_local_one(cluster, server, tiny_bert, data_dir,
                                                                             tmp_path):
     doctor = orchestrator("doctor", "--address", cluster.address, "--storage", str(tmp_path / "shared"),
-                          env=cluster.env, cwd=tmp_path, timeout=300)
+                          "--tracking-uri", server.uri, env=cluster.env, cwd=tmp_path, timeout=300)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr[-2000:]
     assert "ok    ray cluster: 2 node(s) alive, 2 CPUs" in doctor.stdout
     assert "written by every node and read back by the driver" in doctor.stdout
+    # the artifact store through the server, from a task pinned to each of the two nodes
+    assert "ok    tracking artifacts: the artifact store (mlflow-artifacts:/1) " \
+        "written by every node (2) and read back" in doctor.stdout.splitlines()
 
     study = write_study(tmp_path, tiny_bert, data_dir, server.uri)
     result = orchestrator("launch", str(study), "--address", cluster.address, "--storage", str(tmp_path / "shared"),
