@@ -12,7 +12,7 @@ import math
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunStatus, RunTag
@@ -41,23 +41,26 @@ STATUS_OF = {Outcome.COMPLETED: "FINISHED", Outcome.PRUNED: "KILLED", Outcome.DI
              Outcome.FAILED: "FAILED"}
 
 
-def run_name(record: TrialRecord, cell_key: str) -> str:
+def run_name(record: TrialRecord, cell_key: str, constant: Collection[str] = ()) -> str:
     """What the runs table shows first, short enough for its name column: `L2 · s1` (a replicate),
     `L2 mean · tune 3`, and after a pruned trial ends `L2 · tune 3 · pruned` (the run's tags say
-    everything else: its axes, seed, outcome and epochs)."""
+    everything else: its axes, seed, outcome and epochs). Axes in `constant` (one value in every cell
+    of the study, like `pooling: mean` beside three layers) are left out, as the tables leave them out."""
     what = f"s{record.seed}" if record.phase == "replicate" else f"tune {record.key.rsplit('-t', 1)[-1]}"
-    name = " · ".join(part for part in (short_cell(cell_key), what) if part)
+    name = " · ".join(part for part in (short_cell(cell_key, constant), what) if part)
     return name + " · pruned" if record.outcome == Outcome.PRUNED else name
 
 
 NAMED_BY_VALUE = ("pooling", "language", "task", "loss", "pretrain", "objective", "mode")
 
 
-def short_cell(cell_key: str) -> str:
+def short_cell(cell_key: str, constant: Collection[str] = ()) -> str:
     """A cell in a few characters: `layer=2 pooling=mean` is `L2 mean`, a model its folder's name;
     other axes keep their name (`lr=3e-05`); the one cell of a study without axes is ``."""
     parts = []
     for axis, value in _cell_values(cell_key).items():
+        if axis in constant:
+            continue
         if axis == "layer":
             parts.append(f"L{value}")
         elif axis == "model":
@@ -67,6 +70,15 @@ def short_cell(cell_key: str) -> str:
         else:
             parts.append(f"{axis}={value}")
     return " ".join(parts)
+
+
+def constant_axes(cells: Iterable[Mapping[str, object]]) -> frozenset[str]:
+    """The axes with one value in every cell of a study of more than one cell (a one-cell study keeps
+    its axes in its run names: they are all that tells its runs from another study's)."""
+    cells = list(cells)
+    if len(cells) < 2:
+        return frozenset()
+    return frozenset(axis for axis in cells[0] if all(str(cell.get(axis)) == str(cells[0][axis]) for cell in cells))
 
 
 def git_commit(folder: Path) -> str:
@@ -79,9 +91,11 @@ def git_commit(folder: Path) -> str:
 
 def shared_view(summary: dict) -> dict:
     """The runs table a study's `ui` link opens (MLflow's shared view state, stored as an experiment
-    tag): the replicate runs grouped by the ablation axes (each group shows its runs' average), the
-    axes, seed, outcome, best dev and test score as columns."""
-    axes = list(summary["cells"][0])
+    tag): the replicate runs grouped by the ablation axes that vary (each group shows its runs' average),
+    those axes, seed, outcome, best dev and test score as columns; an axis with one value in every cell
+    is in every run's tags but takes no column and no group."""
+    constant = constant_axes(summary["cells"])
+    axes = [axis for axis in summary["cells"][0] if axis not in constant]
     metric = summary.get("metric", "dev_spearman")
     test = "test_" + metric.removeprefix("dev_")
     replicates = summary.get("replicate_trials", 1) != 0
@@ -126,6 +140,7 @@ class StudyTracker:
         self.stage_links: dict[tuple[str, str], str] = {}  # (trial key, stage folder) -> stage run
         self.nodes: dict[str, list[str]] = {}
         self.data: list[DataRecord] = []  # the study's data sets (from its record), logged as dataset inputs
+        self.constant: frozenset[str] = frozenset()  # axes with one value in every cell: not in run names
 
     def _runs(self, filter_string: str):
         return search_all(self.client, [self.experiment_id], filter_string)
@@ -158,6 +173,7 @@ class StudyTracker:
             self.log_datasets(self.parent_id, record.data)
         self.client.log_text(self.parent_id, record.to_json(), RECORD_FILE)  # every launch: the latest plan
         self.data = list(record.data)
+        self.constant = constant_axes(record.cells)
         for run in self._runs(f"tags.`mlflow.parentRunId` = '{self.parent_id}'"):
             self.children[run.data.tags.get(TRIAL_KEY, "")] = run.info.run_id
         return self.parent_id
@@ -171,7 +187,7 @@ class StudyTracker:
             return run_id
         tags = {"mlflow.parentRunId": self.parent_id, TRIAL_KEY: record.key, "cell": cell_key, "phase": record.phase,
                 "seed": str(record.seed), "ray.trial_id": ray_trial_id, "cell_index": str(record.cell)}
-        run = self.client.create_run(self.experiment_id, run_name=run_name(record, cell_key), tags=tags)
+        run = self.client.create_run(self.experiment_id, run_name=run_name(record, cell_key, self.constant), tags=tags)
         self.logged[run.info.run_id] = set()
         self.children[record.key] = run.info.run_id
         self.fill_identity(run.info.run_id, record, cell_key)
@@ -326,7 +342,7 @@ class StudyTracker:
             return
         tags = [RunTag("outcome", record.outcome.value)]  # one request: a 10,000-trial study pays each per trial
         if record.outcome == Outcome.PRUNED and record.cell_key:
-            tags.append(RunTag("mlflow.runName", run_name(record, record.cell_key)))
+            tags.append(RunTag("mlflow.runName", run_name(record, record.cell_key, self.constant)))
         if record.error:
             tags.append(RunTag("error", record.error[:5000]))
         self.client.log_batch(run_id, tags=tags)
@@ -346,6 +362,8 @@ class StudyTracker:
         """Bring MLflow up to the journal (idempotent): create the runs it lacks, log the epochs it
         lacks, close the runs of finished trials with their outcome and artifacts."""
         counts = {"runs": 0, "epochs": 0, "closed": 0, "filled": 0}
+        if not self.constant:  # attached, not started: the names of the runs it creates as start_parent's
+            self.constant = constant_axes(_cell_values(key) for key in cell_keys.values())
         existing = {run.data.tags.get(TRIAL_KEY, ""): run
                     for run in self._runs(f"tags.`mlflow.parentRunId` = '{self.parent_id}'")}
         for key, record in records.items():
@@ -393,7 +411,8 @@ class StudyTracker:
             if record is not None and record.finished:
                 self.client.set_tag(run.info.run_id, "outcome", record.outcome.value)
                 if record.outcome == Outcome.PRUNED and record.cell_key:
-                    self.client.set_tag(run.info.run_id, "mlflow.runName", run_name(record, record.cell_key))
+                    self.client.set_tag(run.info.run_id, "mlflow.runName",
+                                           run_name(record, record.cell_key, self.constant))
                 self.client.set_terminated(run.info.run_id, status=STATUS_OF[record.outcome])
                 changed["closed"] += 1
             else:

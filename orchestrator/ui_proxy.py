@@ -6,7 +6,8 @@ MLflow 3.17 keeps a GenAI / model-training mode per browser in localStorage
 that never chose one a clicked run opens in the GenAI view (mlflow/mlflow#24498), whatever the
 experiment's tag or the URL the user started from. `orchestrator ui` serves MLflow through this
 proxy, which adds one line of script to the page's head: the mode is set to model training unless
-the browser already holds a choice.
+the browser already holds a choice, and MLflow's chat assistant is not opened on a first visit (its
+button stays).
 
 The proxy serves MLflow's REST API, which can delete runs, so it keeps the checks MLflow's own server
 would make on its port: a request whose `Host` is not the loopback name the proxy listens on is
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import http.server
+import json
 import re
 import sys
 import threading
@@ -29,8 +31,13 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 MODE_KEY = "mlflow.workflowType_v1"
-SCRIPT = (f'<script>try{{if(!localStorage.getItem("{MODE_KEY}"))'
-          f'localStorage.setItem("{MODE_KEY}",JSON.stringify("machine_learning"))}}catch(e){{}}</script>').encode()
+# MLflow 3.17 opens its chat assistant (an LLM provider to set up, a quarter of the window) on a
+# browser's first visit unless this is set; the button that opens it stays
+ASSISTANT_SHOWN_KEY = "mlflow.assistant.fab.autoOpenedOnFirstLoad_v1"
+BROWSER_DEFAULTS = {MODE_KEY: "machine_learning", ASSISTANT_SHOWN_KEY: True}  # set only where the browser has none
+SCRIPT = ("<script>try{" + "".join(f'if(!localStorage.getItem("{key}"))localStorage.setItem("{key}",'
+                                   f'{json.dumps(json.dumps(value))});' for key, value in BROWSER_DEFAULTS.items())
+          + "}catch(e){}</script>").encode()
 # per-connection headers, and what the proxy sets itself (the length of a rewritten page; the
 # browser's origin, which MLflow's own cross-origin checks would compare with its port, not ours:
 # the proxy makes those checks itself, against its own origin)

@@ -38,6 +38,36 @@ def test_run_names_are_short_enough_for_the_runs_table(key, phase, seed, cell, o
     assert run_name(record, cell) == name
 
 
+@pytest.mark.parametrize(("cells", "constant", "groups"), [
+    ([{"layer": 2, "pooling": "mean"}, {"layer": 4, "pooling": "mean"}], {"pooling"}, ["ablate.layer"]),
+    ([{"layer": 2, "pooling": "mean"}, {"layer": 2, "pooling": "cls"}], {"layer"}, ["ablate.pooling"]),
+    ([{"layer": 2, "pooling": "mean"}, {"layer": 4, "pooling": "cls"}], set(), ["ablate.layer", "ablate.pooling"]),
+    ([{"layer": 2, "pooling": "mean"}], set(), ["ablate.layer", "ablate.pooling"]),  # one cell: its axes name it
+])
+def test_an_axis_with_one_value_takes_no_group_no_column_and_no_part_of_a_run_name(cells, constant, groups):
+    """The quickstart's runs table grouped by layer and by `pooling: mean` (every group header cut off
+    at `Group: ablate...`), and named every run `L2 mean · s1`: the tables put such an axis in the caption."""
+    from orchestrator.tracking import constant_axes, run_name, shared_view
+
+    assert constant_axes(cells) == constant
+    view = shared_view({"cells": cells})
+    assert [key["groupByData"] for key in view["groupBy"]["groupByKeys"]] == groups
+    assert [c for c in view["selectedColumns"] if c.startswith("tags.`ablate.")] == [f"tags.`{g}`" for g in groups]
+    record = TrialRecord("c0-s1", 0, "replicate", 1, {}, {})
+    expected = {frozenset({"pooling"}): "L2 · s1", frozenset({"layer"}): "mean · s1"}.get(frozenset(constant),
+                                                                                      "L2 mean · s1")
+    assert run_name(record, "layer=2 pooling=mean", constant_axes(cells)) == expected
+
+
+def test_a_launch_names_its_runs_without_the_axes_every_cell_shares(tmp_path):
+    uri, tracker = started(tmp_path)
+    tracker.start_parent(tmp_path / "study.yaml", StudyRecord.from_legacy(
+        {"cells": [{"layer": 1, "pooling": "mean"}, {"layer": 2, "pooling": "mean"}]}, "s"), "0", "uid-1")
+    record = TrialRecord("c1-s0", 1, "replicate", 0, {}, {"layer": 2, "pooling": "mean"})
+    run_id = tracker.start_trial(record, "layer=2 pooling=mean", "ray1")
+    assert tracker.client.get_run(run_id).info.run_name == "L2 · s0"
+
+
 def test_an_epoch_reported_again_is_logged_once_per_run_and_step(tmp_path):
     uri, tracker = started(tmp_path)
     record = TrialRecord("c0-s0", 0, "replicate", 0, {}, {"layer": 1})
@@ -234,6 +264,7 @@ def test_the_ui_link_opens_the_ablation_grouped_and_a_child_run_in_the_model_tra
     import shutil
     import subprocess
     import sys
+    import tempfile
     import time
     import urllib.request
 
@@ -260,10 +291,11 @@ def test_the_ui_link_opens_the_ablation_grouped_and_a_child_run_in_the_model_tra
                                "--port", str(port), "--workers", "1"], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
 
-    def page(path: str, at: int = port) -> str:
+    def page(path: str, at: int = port) -> str:  # a browser's first visit: a profile of its own each time
+        profile = tempfile.mkdtemp(dir=tmp_path)
         done = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1600,1000",
-                               "--virtual-time-budget=30000", "--dump-dom", f"http://127.0.0.1:{at}/{path}"],
-                              capture_output=True, text=True, timeout=180)
+                               f"--user-data-dir={profile}", "--virtual-time-budget=30000", "--dump-dom",
+                               f"http://127.0.0.1:{at}/{path}"], capture_output=True, text=True, timeout=180)
         return done.stdout
 
     try:
@@ -276,6 +308,7 @@ def test_the_ui_link_opens_the_ablation_grouped_and_a_child_run_in_the_model_tra
                 assert time.monotonic() < deadline and server.poll() is None, "mlflow ui did not start"
                 time.sleep(0.5)
         landing = page(runs_path(uri, "s"))
+        assistant = "Ask questions about your experiments"  # MLflow's chat panel, opened on a first visit
         assert "viewStateShareKey=ablation" in runs_path(uri, "s")
         for text in ("Group by: ablate.layer", "Group: 1", "Group: 2", "L1 · s0", "L2 · s1",
                      "best_dev_spearman", "test_spearman"):
@@ -289,6 +322,7 @@ def test_the_ui_link_opens_the_ablation_grouped_and_a_child_run_in_the_model_tra
         try:
             through = page(plain, proxy.server_address[1])
             assert "L2 · s1" in through and "Evaluation runs" not in through
+            assert assistant in landing and assistant not in through  # `ui` does not open the chat on the table
         finally:
             proxy.shutdown()
     finally:
