@@ -262,9 +262,12 @@ def test_simcse_and_micse_of_one_seed_draw_the_same_dropout_masks(config, masks)
 
 def test_fused_attention_runs_eager_only_where_the_pairing_needs_it():
     from trainables.learners.contrastive import uses_eager_attention
+    from trainables.models.attention import INFERENCE
     from trainables.models.dropout import ATTENTION
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert not uses_eager_attention(True, ATTENTION, cpu) and not uses_eager_attention(False, ATTENTION, cuda)
     assert uses_eager_attention(True, "sdpa", cpu) and not uses_eager_attention(False, "sdpa", cpu)
     assert uses_eager_attention(False, "sdpa", cuda)  # CUDA's fused kernels draw masks of their own
+    # torch masks: the encoder's attention is SDPA in training whatever evaluation runs (unfused on a CPU)
+    assert uses_eager_attention(False, INFERENCE, cuda) and not uses_eager_attention(False, INFERENCE, cpu)

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from trainables.models.attention import INFERENCE
 from trainables.models.dropout import (
     ATTENTION,
     FastDropout,
@@ -153,7 +154,7 @@ def test_torch_masks_stay_available_and_a_wrong_name_is_one_line(tiny_bert):
 
     model = build_sentence_encoder(tiny_bert, 2, dropout_masks="torch")
     assert not any(isinstance(m, FastDropout) for m in model.modules())
-    assert model.encoder.config._attn_implementation == "sdpa"
+    assert model.encoder.config._attn_implementation == INFERENCE  # SDPA in training, unfused evaluation on a CPU
     with pytest.raises(UserInputError, match="dropout_masks"):
         load_encoder(tiny_bert, dropout_masks="fastest")
     count = use_fast_dropout(nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.2)))

@@ -15,6 +15,7 @@ from trainables.kinds.contrastive import (
     resolve_attention_layers,
 )
 from trainables.learners.base import Learner
+from trainables.models.attention import INFERENCE as INFERENCE_ATTENTION
 from trainables.models.batching import TokenCache
 from trainables.models.dropout import ATTENTION as FAST_ATTENTION
 from trainables.models.encoder import build_sentence_encoder, count_parameters, encoder_depth, load_tokenizer
@@ -39,7 +40,7 @@ def uses_eager_attention(aligns_attention: bool, implementation: str, device: to
     SimCSE runs eager attention too."""
     if implementation == FAST_ATTENTION:
         return False
-    return aligns_attention or (device.type != "cpu" and implementation == "sdpa")
+    return aligns_attention or (device.type != "cpu" and implementation in ("sdpa", INFERENCE_ATTENTION))
 
 
 class ContrastiveLearner(Learner):

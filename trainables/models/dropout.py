@@ -13,7 +13,7 @@ Applied by swapping the encoder's `nn.Dropout` modules (embeddings, after attent
 feed-forward of every block; MPNet's attention probabilities too) and, for encoders whose attention
 runs fused (BERT's SDPA, which applies its own `bernoulli_` dropout to the attention
 probabilities), by an attention function that computes the same math with these masks in training
-and calls the fused kernel unchanged in evaluation."""
+and evaluates as trainables.models.attention does (unfused on a CPU, the fused kernel elsewhere)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ import math
 
 import torch
 from torch import nn
+
+from trainables.models.attention import attention as inference_attention
 
 BITS = 15
 LEVELS = 1 << BITS  # 32768
@@ -83,9 +85,9 @@ def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     dropout = dropout if module.training else 0.0
-    if dropout == 0.0 and not kwargs.get("output_attentions"):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=scaling,
-                                      position_bias=position_bias, **kwargs)
+    if dropout == 0.0 and not kwargs.get("output_attentions"):  # evaluation: unfused on a CPU, else SDPA's kernel
+        return inference_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=scaling,
+                                   position_bias=position_bias, **kwargs)
     causal = kwargs.get("is_causal") or (attention_mask is None and getattr(module, "is_causal", False))
     if causal or key.shape[1] != query.shape[1]:  # a decoder, grouped-query heads: SDPA with torch's masks
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,

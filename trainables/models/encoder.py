@@ -53,14 +53,19 @@ def load_encoder(name: str, random_init: bool = False, seed: int = 0,
 
 
 def prepare_for_training(model: PreTrainedModel, dropout_masks: str) -> PreTrainedModel:
-    """`dropout_masks: fast` draws training's dropout masks with trainables.dropout; the word
-    embeddings get the row-wise gradient (the same gradient, without a dense zero-fill per chunk)."""
+    """`dropout_masks: fast` draws training's dropout masks with trainables.dropout; either way
+    evaluation's attention runs unfused on a CPU (trainables.models.attention); the word embeddings
+    get the row-wise gradient (the same gradient, without a dense zero-fill per chunk)."""
     if dropout_masks not in DROPOUT_MASKS:
         raise one_of("dropout_masks", dropout_masks, DROPOUT_MASKS)
     if dropout_masks == "fast":
         from trainables.models.dropout import use_fast_dropout
 
         use_fast_dropout(model)
+    else:
+        from trainables.models.attention import use_inference_attention
+
+        use_inference_attention(model)
     from trainables.models.embedding_grad import use_row_gradients
 
     use_row_gradients(model)

@@ -1,0 +1,77 @@
+"""Evaluation's attention on a CPU: two matmuls around an fp32 softmax instead of SDPA's fused kernel.
+
+On a CPU, torch's fused attention kernel (flash attention for CPUs) is built for long sequences;
+on sentences (MiniLM: head size 32, STS-B test's sentences 5-46 tokens, median 12) it took 25 %
+of an evaluation for 0.9 % of its FLOPs, as benchmarks/profile_step.py splits it. Here the scores
+are one batched matmul, the softmax and the weighted sum a second one, all in fp32 from the inputs
+as they come (under bf16 autocast, bf16 values: their products are exact in fp32), the output
+rounded once to the inputs' dtype. In fp32 that is the kernel's result to rounding (about 1e-6);
+in bf16 it is the exact result rounded once, closer to it than the kernel (which rounds its
+probabilities to bf16 on the way). Attention is about 1 % of an encoder's FLOPs on sentences, so
+fp32 there costs little. Used only in evaluation (no dropout, no attention probabilities asked
+for) and only on a CPU: CUDA's fused kernels are fast on short sequences, so there SDPA runs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+INFERENCE = "sdpa_cpu_inference"
+
+
+def runs_unfused(module: nn.Module, query: torch.Tensor, key: torch.Tensor, dropout: float, kwargs: dict) -> bool:
+    """Whether this call is evaluation attention on a CPU of an encoder (not causal, one key head per
+    query head, no probabilities returned)."""
+    return (query.device.type == "cpu" and not module.training and dropout == 0.0
+            and not kwargs.get("output_attentions") and not kwargs.get("is_causal")
+            and not getattr(module, "is_causal", False) and key.shape[1] == query.shape[1])
+
+
+def unfused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, scaling: float | None = None,
+                      position_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q kᵀ · scale + mask) v as (batch, heads, queries, head size), in fp32, rounded once to q's dtype."""
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    dtype = query.dtype
+    with torch.autocast(query.device.type, enabled=False):
+        scores = torch.matmul(query.float(), key.float().transpose(-2, -1)).mul_(scale)
+        if position_bias is not None:
+            scores = scores.add_(position_bias.float())
+        if attention_mask is not None:
+            if attention_mask.dtype == torch.bool:
+                # a finite floor, not -inf: a row with no key left (none in an encoder's padding mask) stays finite
+                scores = scores.masked_fill_(~attention_mask, torch.finfo(torch.float32).min)
+            else:
+                scores = scores.add_(attention_mask[..., : key.shape[-2]].float())
+        return torch.matmul(torch.softmax(scores, dim=-1), value.float()).to(dtype)
+
+
+def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+              position_bias: torch.Tensor | None = None, **kwargs):
+    """transformers' SDPA attention, unfused in evaluation on a CPU (as above); training, CUDA and
+    anything else (dropout with torch's masks, a decoder, grouped-query heads) call SDPA unchanged."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if runs_unfused(module, query, key, dropout, kwargs):
+        output = unfused_attention(query, key, value, attention_mask, scaling, position_bias)
+        return output.transpose(1, 2).contiguous(), None
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  position_bias=position_bias, **kwargs)
+
+
+def use_inference_attention(model: nn.Module) -> bool:
+    """Route an encoder's SDPA attention through `attention` (evaluation unfused on a CPU, training as
+    before); True when it did (the model runs SDPA through transformers' attention interface)."""
+    config = getattr(model, "config", None)
+    if (config is None or getattr(config, "_attn_implementation", None) != "sdpa"
+            or not getattr(model, "_supports_attention_backend", False)):
+        return False
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(INFERENCE, attention)
+    AttentionMaskInterface.register(INFERENCE, sdpa_mask)
+    model.set_attn_implementation(INFERENCE)
+    return True
