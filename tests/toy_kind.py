@@ -67,3 +67,30 @@ class FullDiskToyKind(ToyKind):
 
     def build(self, cfg, device, dtype) -> Learner:
         return FullDiskLearner(cfg)
+
+
+class PackedLearner(ToyLearner):
+    """Notes the GPUs Ray gave its trial, then waits until $TOY_PACKING holds one note per trial of
+    the study ($TOY_PACKING_TRIALS): it finishes only if all of them ran at the same time."""
+
+    def train_round(self, round_: int) -> dict[str, float]:
+        import json
+        import time
+        from pathlib import Path
+
+        folder, trials = Path(os.environ["TOY_PACKING"]), int(os.environ["TOY_PACKING_TRIALS"])
+        if round_ == 1:
+            note = {"seed": self.cfg.seed, "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                    "device": self.cfg.device}
+            (folder / f"{self.cfg.seed}.json").write_text(json.dumps(note))
+            deadline = time.monotonic() + 240
+            while len(list(folder.glob("*.json"))) < trials:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"only {len(list(folder.glob('*.json')))} of {trials} trials ran together")
+                time.sleep(0.2)
+        return super().train_round(round_)
+
+
+class PackedToyKind(ToyKind):
+    def build(self, cfg, device, dtype) -> Learner:
+        return PackedLearner(cfg)

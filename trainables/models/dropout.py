@@ -102,7 +102,8 @@ def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
         scores = torch.matmul(query * root, key.transpose(-2, -1) * root)
         if attention_mask is not None:
             if attention_mask.dtype == torch.bool:
-                scores = scores + torch.zeros((), dtype=scores.dtype).masked_fill(~attention_mask, float("-inf"))
+                floor = torch.zeros((), dtype=scores.dtype, device=scores.device)  # on the device: a CUDA mask
+                scores = scores + floor.masked_fill(~attention_mask, float("-inf"))
             else:
                 scores = scores + attention_mask[..., : key.shape[-2]].float()
         if position_bias is not None:

@@ -37,9 +37,15 @@ def _cpu_has_fast_bf16() -> bool:
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
+BF16_CUDA_CAPABILITY = (8, 0)  # Ampere: the first GPUs with bf16 tensor cores
+
+
 def bf16_is_fast(device: torch.device) -> bool:
+    """Native bf16 matmuls: a GPU of compute capability 8.0 or later (A100, L4, H100; earlier ones,
+    P100, V100, T4, emulate bf16, which `torch.cuda.is_bf16_supported()` counts as support), or a CPU
+    with AMX or AVX512-BF16."""
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
+        return torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= BF16_CUDA_CAPABILITY
     return device.type == "cpu" and _cpu_has_fast_bf16()
 
 
