@@ -198,7 +198,7 @@ def test_a_saved_model_loads_in_sentence_transformers_and_scores_the_runs_test(c
     """On any machine. It failed on CPUs with AVX512-BF16 for two reasons: precision auto trained and
     scored under bf16 autocast there; and the contrastive example's CLS vectors had collapsed (every
     cosine within 3e-5), so its Spearman ranked rounding noise. Scoring is fp32 now, the example
-    pools by mean, and a collapsed split is degenerate."""
+    pools by mean (a collapsed split is now scored in float64 and flagged, see test_evaluation)."""
     import pandas as pd
     from scipy.stats import spearmanr
     from sentence_transformers import SentenceTransformer
