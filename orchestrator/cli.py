@@ -556,19 +556,22 @@ def run_to_end(name: str, storage: str | Path | None, started: float, start: Cal
     wall time (MLflow down: how to catch up). Stopped by Ctrl-C or SIGTERM: the summary, how to continue,
     and exit 130 (143)."""
     from orchestrator import api
-    from orchestrator.launcher import TERMINATED
+    from orchestrator.launcher import TERMINATED, shutdown_ray
     from orchestrator.progress import duration
 
     try:
         result = start()
     except api.StudyInterrupted as stopped:
+        shutdown_ray()  # first, with Ctrl-C held off: a second Ctrl-C lands in it otherwise
         summarize(stopped.result)
         typer.echo(f"interrupted: {cli_name()} resume {name}{study_options(stopped.result.study_dir.parent)}",
                    err=True)
         raise typer.Exit(128 + TERMINATED["signal"] if TERMINATED["signal"] else INTERRUPTED) from None
     except KeyboardInterrupt:  # a second Ctrl-C (Tune handles the first): one line, not a traceback
+        shutdown_ray()
         typer.echo(f"interrupted: {cli_name()} resume {name}{study_options(storage)}", err=True)
         raise typer.Exit(INTERRUPTED) from None
+    shutdown_ray()
     summarize(result)
     cli, options = cli_name(), study_options(result.study_dir.parent)
     if result.report is None:

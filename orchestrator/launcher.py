@@ -96,7 +96,8 @@ def connect_ray(address: str | None):
     if target == "local":  # Ray's advice about its own default token auth is not the user's business here
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     try:
-        ray.init(address=target, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        with hangup_ignored_by_children(target == "local"):
+            ray.init(address=target, include_dashboard=False, log_to_driver=False, configure_logging=False)
     except (ConnectionError, ValueError, RuntimeError) as exc:
         auth = "" if os.environ.get("RAY_AUTH_MODE") == "token" else (
             "; if the cluster uses token authentication, set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN or "
@@ -104,6 +105,23 @@ def connect_ray(address: str | None):
         raise UserInputError("--address", target, f"cannot reach a Ray cluster there ({exc}); start one or "
                                                   f"omit --address for a local Ray{auth}") from None
     return ray
+
+
+@contextlib.contextmanager
+def hangup_ignored_by_children(local: bool):
+    """A local Ray's daemons and workers start with SIGHUP ignored (an ignored signal stays ignored
+    across exec): a closed terminal sends SIGHUP to the whole process group, and a GCS and raylet that
+    died of it left the driver waiting 60 s for its cluster, then ending with exit 1, instead of
+    stopping the trials at their checkpoints as it does (`graceful_sigterm`). The driver's own
+    handling of SIGHUP is restored at once."""
+    if not local or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 def check_cluster(ray, study: StudyConfig) -> None:
@@ -372,6 +390,24 @@ def no_forwarded_secrets():
 
 
 TERMINATED = {"signal": None}  # the stop signal a launch received, for the CLI's exit code
+
+
+def shutdown_ray() -> None:
+    """Disconnect from Ray (a local one stops) with Ctrl-C held off for the second it takes: a Ctrl-C
+    that landed in Ray's own shutdown at exit printed an `Exception ignored in atexit callback`
+    traceback below the launch's last line. Nothing to do when Ray was never started."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        ray.shutdown()
+    except Exception as exc:  # a cluster already gone: nothing left to stop
+        logging.getLogger("orchestrator").debug("ray.shutdown: %s", exc)
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager
