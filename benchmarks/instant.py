@@ -31,9 +31,12 @@ def no_timer(name: str, function: Callable) -> Callable:
 
 
 def instant_executor(score: Score, slots: int = 16, wrap: Callable[[str, Callable], Callable] = no_timer,
-                     on_finished: Callable[[int], None] | None = None) -> Callable:
+                     on_finished: Callable[[int], None] | None = None,
+                     epoch_seconds: Callable[[dict, int], float] | None = None) -> Callable:
     """An executor for `launch`: `wrap(name, function)` may time the adapter calls (benchmarks/scale.py);
-    `on_finished(n)` is called after the n-th trial ends (a tick for a benchmark, an interrupt for a test)."""
+    `on_finished(n)` is called after the n-th trial ends (a tick for a benchmark, an interrupt for a test);
+    `epoch_seconds(config, epoch)`: the wall time each epoch claims to take, stamped on its report as a
+    worker stamps it (no time passes), so that the compute accounting has known figures."""
 
     def execute(plan, state, tracker, storage, name, max_concurrent, progress, banner) -> None:
         searcher = PlanSearcher(state, slots)
@@ -58,7 +61,7 @@ def instant_executor(score: Score, slots: int = 16, wrap: Callable[[str, Callabl
                     start(0, [], trial)
                     done = state.records[config["trial_key"]].results  # a resumed trial goes on from there
                     best = max((r["dev_spearman"] for r in done), default=None)
-                    running[trial.trial_id] = [trial, len(done), best]
+                    running[trial.trial_id] = [trial, len(done), best, len(done) + 1]  # + the attempt's first epoch
                 if not running:
                     return
                 for trial_id in list(running):
@@ -66,12 +69,16 @@ def instant_executor(score: Score, slots: int = 16, wrap: Callable[[str, Callabl
                     cfg = trial.config["trial"]
                     dev = score(cfg, cfg["seed"], epoch)
                     best = dev if best is None else max(best, dev)
-                    running[trial_id][1:] = [epoch, best]
+                    running[trial_id][1:3] = [epoch, best]
                     metrics = {"epoch": epoch, "dev_spearman": dev, "train_loss": 1.0 / epoch,
                                "best_dev_spearman": best, "params": 1000 * (1 + cfg.get("layer", 0)),
                                "node_ip": "10.0.0.1"}
                     if epoch == cfg["epochs"] and cfg.get("score_test"):
                         metrics["test_spearman"] = dev - 1.0
+                    if epoch_seconds is not None:  # one attempt per trial of this launch, as a worker stamps it
+                        elapsed = sum(epoch_seconds(cfg, e) for e in range(running[trial_id][3], epoch + 1))
+                        metrics.update({"attempt": trial.trial_id, "attempt_s": elapsed,
+                                        "hardware_cpu_model": "Instant CPU", "hardware_gpu_model": "none"})
                     result(0, [], trial, metrics)
                     stop = prune(None, trial, metrics) == "STOP"
                     if stop or epoch == cfg["epochs"]:

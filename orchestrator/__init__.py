@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         plan,
         probe,
         report,
+        reproduce,
         results,
         resume,
         schema,
@@ -36,17 +37,18 @@ if TYPE_CHECKING:
     )
     from orchestrator.config import StudySpec
     from orchestrator.launcher import LaunchResult
+    from orchestrator.reproduce import Reproduction
     from orchestrator.study import Study
     from reports.build import Report
     from trainables.errors import UserInputError
 
-__all__ = ["LaunchResult", "Plan", "Report", "Status", "Study", "StudyInterrupted", "StudySpec", "UserInputError",
-           "Verification", "doctor", "launch", "list_studies", "load_study", "plan", "probe", "report", "results",
-           "resume", "schema", "status", "sync", "verify"]
+__all__ = ["LaunchResult", "Plan", "Report", "Reproduction", "Status", "Study", "StudyInterrupted", "StudySpec",
+           "UserInputError", "Verification", "doctor", "launch", "list_studies", "load_study", "plan", "probe",
+           "report", "reproduce", "results", "resume", "schema", "status", "sync", "verify"]
 
 
-HOMES = {"LaunchResult": "orchestrator.launcher", "Report": "reports.build", "Study": "orchestrator.study",
-         "StudySpec": "orchestrator.config", "UserInputError": "trainables.errors"}
+HOMES = {"LaunchResult": "orchestrator.launcher", "Report": "reports.build", "Reproduction": "orchestrator.reproduce",
+         "Study": "orchestrator.study", "StudySpec": "orchestrator.config", "UserInputError": "trainables.errors"}
 
 
 def __getattr__(name: str) -> Any:

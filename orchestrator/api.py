@@ -35,12 +35,13 @@ if TYPE_CHECKING:
     from orchestrator.estimate import Estimate, Pilot
     from orchestrator.launcher import LaunchResult
     from orchestrator.planning import StudyPlan
+    from orchestrator.reproduce import Reproduction
     from orchestrator.study_state import StudyState
     from reports.build import Report
     from reports.record import DataRecord, PluginRecord
 
 __all__ = ["Plan", "Status", "StudyInterrupted", "Verification", "doctor", "launch", "list_studies", "load_study",
-           "plan", "probe", "report", "results", "resume", "schema", "status", "sync", "verify"]
+           "plan", "probe", "report", "reproduce", "results", "resume", "schema", "status", "sync", "verify"]
 
 Storage = str | Path | None
 
@@ -128,6 +129,7 @@ class Plan:
     plugins: list[PluginRecord] = field(default_factory=list)
     estimate: Estimate | None = None
     pilot: Pilot | None = None
+    estimate_kept: Path | None = None  # the study folder that keeps the estimate for the launch's record
 
     @property
     def trials(self) -> int:
@@ -135,10 +137,12 @@ class Plan:
 
 
 def plan(study: StudySpec | str | Path, overrides: Sequence[str] = (), *, name: str | None = None,
-         estimate: bool = False, data_dir: str | Path | None = None) -> Plan:
+         estimate: bool = False, data_dir: str | Path | None = None, storage: Storage = None) -> Plan:
     """The study's plan (a loaded study, or a study file with `overrides` and a new `name`), validated as
     `orchestrator validate` does and as `orchestrator plan` shows it; `estimate` runs a short pilot on
-    this machine and estimates trial-hours and wall time (as `plan --estimate`)."""
+    this machine and estimates trial-hours and wall time (as `plan --estimate`), kept in the study's
+    folder under `storage` so that a launch of the same study file records it (its report puts it beside
+    what the study spent)."""
     import pandas as pd
 
     from trainables.data.declaration import DataDeclaration
@@ -158,13 +162,22 @@ def plan(study: StudySpec | str | Path, overrides: Sequence[str] = (), *, name: 
         found = estimate_plan(resolved, pilots)
         pilot = max(pilots.values(), key=lambda p: p.unit_s * p.units_per_round)
     config = spec.config
+    kept = None
+    if found is not None:
+        from orchestrator.estimate import save_estimate
+        from orchestrator.study_folder import study_dir, unwritable
+
+        folder = study_dir(storage or config.storage_path, config.name)
+        if unwritable(folder) is None:
+            save_estimate(folder, spec.text, found)
+            kept = folder
     return Plan(config.name, config.trainable, task_name(config.task), models_of(config), cells,
                 {k: str(v) for k, v in resolved.tuned.items()}, list(resolved.seeds), resolved.metric, resolved.mode,
                 resolved.tuning_trials, resolved.replicate_trials, resolved.round_name, resolved.epochs,
                 resolved.max_trial_epochs, config.resources.cpu,
                 config.budget.hours if config.budget is not None else None,
                 list(resolved.data) if isinstance(config.task, DataDeclaration) else [], list(resolved.plugins),
-                found, pilot)
+                found, pilot, kept)
 
 
 def as_spec(study: StudySpec | str | Path, overrides: Sequence[str], name: str | None) -> StudySpec:
@@ -319,11 +332,13 @@ def results(name: str, *, storage: Storage = None, phase: str | None = None,
 
 
 def report(names: str | Sequence[str], *, storage: Storage = None, tracking_uri: str | None = None,
-           out: str | Path | None = None, formats: Sequence[str] | None = None) -> Report:
+           out: str | Path | None = None, formats: Sequence[str] | None = None, bundle: bool = False) -> Report:
     """Write the report of one study (or one report across several, the study an axis of its tables) to
     `out` (default `reports/NAME` or `reports/A+B`) from their MLflow runs, as `orchestrator report`:
     the tables as DataFrames (`.tables`), the per-cell summary, the tests against the baseline and the
-    files written. `formats`: some of markdown, latex, csv (default: the study's `report.formats`)."""
+    files written. `formats`: some of markdown, latex, csv (default: the study's `report.formats`).
+    `bundle`: also one archive for a paper's supplementary material beside the folder (`OUT-bundle.tar.gz`:
+    the report, study file, record, locked environment, data hashes, the code, a README per cell)."""
     from reports.build import FORMATS, make_report
     from reports.collect import collect, combine
 
@@ -331,13 +346,36 @@ def report(names: str | Sequence[str], *, storage: Storage = None, tracking_uri:
     bad = [f for f in formats or () if f not in FORMATS]
     if bad:
         raise UserInputError("formats", bad[0], f"use some of {', '.join(FORMATS)}")
+    if bundle and len(names) > 1:
+        raise UserInputError("--bundle", " ".join(names), "a bundle holds one study: bundle each study's report")
     collected = []
     for name in names:
         study = Study.named(name, storage)
         collected.append(collect(tracking_uri or study.tracking_uri, name, study.study_uid))
     runs = collected[0] if len(collected) == 1 else combine(collected)
     folder = Path(out) if out else Path("reports") / "+".join(names)
-    return make_report(runs, folder, tuple(formats) if formats else None)
+    written = make_report(runs, folder, tuple(formats) if formats else None)
+    if not bundle:
+        return written
+    from dataclasses import replace
+
+    from reports.bundle import write_bundle
+
+    if runs.record is None or not runs.record.data:
+        raise UserInputError("--bundle", runs.name, "the study ran before the orchestrator recorded its data hashes "
+                                                    "and environment; launch it again to bundle it")
+    return replace(written, bundle=write_bundle(runs, folder, folder.parent / f"{folder.name}-bundle.tar.gz"))
+
+
+def reproduce(folder: str | Path, *, cell: str, seed: int, data_dir: str | Path | None = None,
+              tolerance: float = 1e-6) -> Reproduction:
+    """Rerun one replicate of a report (its folder, or an unpacked bundle) from its stored config and seed,
+    after checking that the data's rows and the model's weights are the study's, as `orchestrator
+    reproduce`: the reported and recomputed scores (`.reported`, `.recomputed`), whether they match within
+    `tolerance` (`.matches`) and, when they do not, how this environment differs from the launch's."""
+    from orchestrator.reproduce import reproduce as rerun
+
+    return rerun(folder, cell, seed, str(data_dir) if data_dir is not None else None, tolerance)
 
 
 @dataclass(frozen=True)

@@ -195,8 +195,9 @@ def validate(study_file: str = STUDY_FILE, overrides: Overrides = None, name: Ne
 @user_errors
 def plan(study_file: str = STUDY_FILE, overrides: Overrides = None, name: NewName = None,
          estimate: bool = typer.Option(False, "--estimate", help="Run a short pilot and estimate trial-hours and "
-                                                                 "wall time."),
-         data_dir: str | None = DATA_DIR, debug: bool = DEBUG) -> None:
+                                                                 "wall time; kept in the study's folder, so its "
+                                                                 "report shows it beside what the study spent."),
+         data_dir: str | None = DATA_DIR, storage: str | None = STORAGE, debug: bool = DEBUG) -> None:
     """List every ablation cell, the trials per phase and the total trial-rounds (epochs, cycles, ...)."""
     from rich.console import Console
     from rich.table import Table
@@ -204,7 +205,8 @@ def plan(study_file: str = STUDY_FILE, overrides: Overrides = None, name: NewNam
     from orchestrator import api
 
     quiet_libraries()
-    found = api.plan(study_file, overrides or (), name=name, estimate=estimate, data_dir=data_dir)
+    found = api.plan(study_file, overrides or (), name=name, estimate=estimate, data_dir=data_dir,
+                     storage=storage)
     table = Table(title=f"{found.name}: {found.trainable} on {found.task} · {', '.join(found.models)}")
     table.add_column("#", justify="right")
     table.add_column("cell")
@@ -232,6 +234,9 @@ def plan(study_file: str = STUDY_FILE, overrides: Overrides = None, name: NewNam
         if found.budget_hours is not None:
             verdict = "within" if guess.wall_hours <= found.budget_hours else "OVER"
             console.print(f"budget: {found.budget_hours:g} h: {verdict}")
+        if found.estimate_kept is not None:
+            console.print(f"kept in {found.estimate_kept}: the launch of this study file records it and its report "
+                          "shows it beside what the study spent")
 
 
 @app.command()
@@ -497,6 +502,10 @@ def report(names: Annotated[list[str], typer.Argument(help="One study, or severa
            out: str | None = typer.Option(None, help="Output folder (default: reports/NAME or reports/A+B)."),
            formats: str | None = typer.Option(None, "--format", help="Comma list of md, tex, csv (default: the "
                                                                       "study's report.formats)."),
+           bundle: bool = typer.Option(False, "--bundle", help="Also write one archive for a paper's supplementary "
+                                                               "material (NAME-bundle.tar.gz beside the report): the "
+                                                               "report, study file, record, locked environment, data "
+                                                               "hashes, the code and a README to reproduce any cell."),
            storage: str | None = STORAGE, debug: bool = DEBUG) -> None:
     """Paper tables (Markdown, LaTeX), plots and tidy CSVs from a study's MLflow runs; with several
     studies, one report whose tables have the study (its `report.label`) as an axis."""
@@ -509,8 +518,37 @@ def report(names: Annotated[list[str], typer.Argument(help="One study, or severa
         raise UserInputError("--format", bad[0], "use a comma list of md, tex, csv")
     quiet_libraries()
     written = api.report(names, storage=storage, tracking_uri=tracking_uri, out=out,
-                         formats=[known[f] for f in chosen] or None)
+                         formats=[known[f] for f in chosen] or None, bundle=bundle)
     typer.echo(f"report: {written.folder / 'report.md'} ({len(written.files)} files)")
+    if written.bundle is not None:
+        typer.echo(f"bundle: {written.bundle} ({written.bundle.stat().st_size / 2**20:.1f} MiB; its README says how "
+                   "to reproduce any cell)")
+
+
+@app.command()
+@user_errors
+def reproduce(folder: Annotated[str, typer.Argument(help="A folder written by `orchestrator report` (or an unpacked "
+                                                         "--bundle).")],
+              cell: Annotated[str, typer.Option(help="The cell's axis values, e.g. layer=3 or "
+                                                     "'layer=3 pooling=mean'.")],
+              seed: Annotated[int, typer.Option(help="The replicate seed.")],
+              data_dir: Annotated[str | None, typer.Option(help="The folder holding the study's data (default: the "
+                                                                "one the study used).")] = None,
+              tolerance: Annotated[float, typer.Option(min=0.0, help="The largest difference that counts as the "
+                                                                     "same score.")] = 1e-6,
+              debug: bool = DEBUG) -> None:
+    """Rerun one replicate of a report from its stored config and seed (the data's and the model's sha256
+    checked first) and print the reported and recomputed dev and test scores side by side; exit 1, naming
+    what of the environment differs from the launch's, when they differ."""
+    from orchestrator import api
+    from orchestrator.reproduce import render
+
+    quiet_libraries()
+    result = api.reproduce(folder, cell=cell, seed=seed, data_dir=data_dir, tolerance=tolerance)
+    for line in render(result):
+        typer.echo(line)
+    if not result.matches:
+        raise typer.Exit(1)
 
 
 @app.command()

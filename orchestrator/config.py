@@ -130,6 +130,13 @@ class ReportSection(Section):
                          "(signed-rank) or permutation (exact sign flips); rank and permutation tests need many "
                          "seeds to reach significance after correction, and the footnote says when they cannot")
     label: str | None = Field(None, description="this study's name in a report across studies (default: its name)")
+    detect: float | None = Field(None, gt=0, description="a difference of the test metric (×100 points) the study "
+                                                         "should be able to see: stats.csv and the footnote give the "
+                                                         "seeds the paired t-test needs to detect it with 80 % power")
+    expected_max: Literal["with_replacement", "without_replacement"] = Field(
+        "with_replacement", description="the expected best dev score over n tuning trials (Dodge et al. 2019): "
+                                        "with_replacement (the paper's empirical-CDF estimator) or "
+                                        "without_replacement (unbiased for n up to the trials run)")
 
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")

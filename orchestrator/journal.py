@@ -16,6 +16,9 @@ from typing import Any
 
 from trainables.errors import StorageFullError, UserInputError, storage_full
 
+ATTEMPT, ATTEMPT_S = "attempt", "attempt_s"  # every report's stamp: which attempt, seconds since it started
+HARDWARE = "hardware_"  # an attempt's first report: the machine it runs on (cpu_model, gpu_model, ...)
+
 
 class Outcome(str, Enum):
     """How a trial ended; all outcome handling goes through this small enum."""
@@ -51,6 +54,25 @@ class TrialRecord:
     @property
     def last(self) -> dict:
         return self.results[-1] if self.results else {}
+
+    @property
+    def wall_s(self) -> float | None:
+        """Seconds its trial function ran, summed over its attempts (each attempt's last stamp); None for a
+        trial whose reports carry no stamps (run before they existed, or by an executor without them)."""
+        last: dict[str, float] = {}
+        for result in self.results:
+            if ATTEMPT in result and isinstance(result.get(ATTEMPT_S), int | float):
+                last[result[ATTEMPT]] = max(last.get(result[ATTEMPT], 0.0), float(result[ATTEMPT_S]))
+        return round(sum(last.values()), 4) if last else None
+
+    @property
+    def hardware(self) -> dict[str, str]:
+        """What its latest attempt's first report said about the machine (`hardware_*`)."""
+        found: dict[str, str] = {}
+        for result in self.results:
+            if any(k.startswith(HARDWARE) for k in result):
+                found = {k.removeprefix(HARDWARE): str(v) for k, v in result.items() if k.startswith(HARDWARE)}
+        return found
 
     @property
     def rounds_reached(self) -> int:

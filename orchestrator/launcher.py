@@ -59,15 +59,13 @@ class LaunchResult:
 
 
 def provenance() -> dict[str, str]:
-    """Where a study record came from: this orchestrator, Python and torch (when installed), and when."""
+    """Where a study record came from: the key packages' versions, the commit of this orchestrator's
+    checkout (and whether it had uncommitted changes), the driver's machine, and when."""
     import datetime
-    import platform
 
-    try:
-        torch_version = version("torch")
-    except PackageNotFoundError:
-        torch_version = "absent"
-    return {"orchestrator": package_version(), "python": platform.python_version(), "torch": torch_version,
+    from reports.environment import git_state, machine, package_versions
+
+    return {**package_versions(), **git_state(), **{f"driver_{k}": v for k, v in machine().items()},
             "written": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
 
 
@@ -164,8 +162,11 @@ def launch(study_file: StudySpec | str | Path, storage: str | Path | None = None
     plan = build_plan(study, base_dir, stage_root=folder.stages)
     if resume:  # the data it was launched with, or a refusal naming the split that changed
         check_unchanged(folder.record(study), plan.data, study.task)
+    from orchestrator.estimate import saved_estimate
+
+    estimated = saved_estimate(folder.folder, spec.text)  # `plan --estimate` of this very study file, if it ran
     if study.budget is not None and not resume:  # a pilot on this machine, before anything is written
-        from orchestrator.estimate import check_budget, estimate
+        from orchestrator.estimate import check_budget, estimate, estimate_summary
 
         try:
             found = estimate(plan)
@@ -173,6 +174,7 @@ def launch(study_file: StudySpec | str | Path, storage: str | Path | None = None
             raise UserInputError("budget", {"hours": study.budget.hours}, f"{exc.fix}; remove budget to launch "
                                                                           "without an estimate") from None
         check_budget(plan, found)
+        estimated = estimate_summary(found, "budget")
     uri = meta.get("tracking_uri") or tracking_uri(study, base_dir)
     problem = unwritable(folder.models) if study.save != "none" else None
     if problem:
@@ -187,7 +189,7 @@ def launch(study_file: StudySpec | str | Path, storage: str | Path | None = None
         if not resume:
             clear_unstarted(folder.folder)  # what a first launch that failed before its first trial left
         return run_locked(spec, plan, folder, {**meta, "tracking_uri": uri}, stored, changed,
-                          resume, max_concurrent, progress, executor or run_tuner)
+                          resume, max_concurrent, progress, executor or run_tuner, estimated)
 
 
 def refuse_existing(study: Study, resume: bool) -> None:
@@ -220,21 +222,26 @@ def refuse_unwritable_store(uri: str, name: str, resume: bool) -> None:
 
 
 def run_locked(spec: StudySpec, plan: StudyPlan, folder: Study, meta: dict, stored, changed,
-               resume: bool, max_concurrent, progress: bool, executor: Callable) -> LaunchResult:
+               resume: bool, max_concurrent, progress: bool, executor: Callable,
+               estimated: dict | None = None) -> LaunchResult:
     """Everything a launch writes, while it holds the folder's lock."""
     study = spec.config
     base_dir, uri = Path(meta["base_dir"]), meta["tracking_uri"]
+    previous = folder.record(study) if resume else None
+    record = plan_record(plan, provenance(), inputs=True,
+                         estimate=estimated or (previous.estimate if previous is not None else None))
     journal = folder.journal()
     if changed:  # an extension: the journal learns which cells its earlier indices meant, then the new file
         record_cells(journal, folder, stored, base_dir)
-    record = plan_record(plan, provenance())
     folder.record_launch(journal, spec.text, meta, record, [c.key for c in plan.cells])  # the file as run
     state = StudyState(plan, journal, folder.optuna_log)
     from orchestrator.tracking import ResilientTracker, StudyTracker
 
     try:
         tracker = StudyTracker(uri, study.name, folder.artifacts)
+        tracker.resources = dict(record.resources)
         tracker.start_parent(folder.study_file, record, package_version(), meta.get("study_uid"))
+        tracker.client.log_artifact(tracker.parent_id, str(folder.environment))
         if changed:
             tracker.client.log_artifact(tracker.parent_id, str(folder.study_file))
             tracker.client.set_tag(tracker.parent_id, "orchestrator.extended", ",".join(changed)[:5000])
@@ -312,6 +319,7 @@ def close_tracking(resilient, state: StudyState, finished: bool) -> dict[str, in
             time.sleep(2)
         if resilient.offline_since is not None:
             raise ConnectionError(f"still unreachable after {grace:g} s")
+        resilient.tracker.log_compute(state.records, {c.index: c.key for c in state.plan.cells})
         return {**resilient.tracker.reconcile(state.records, finished), **{
             f"replayed_{k}": v for k, v in resilient.synced.items()}, "outages": resilient.outages}
     except Exception as exc:
@@ -489,10 +497,12 @@ def _sync(study: Study) -> dict[str, int]:
     state = study.state()
     tracker = StudyTracker(study.tracking_uri, study.name)
     tracker.data = list(state.plan.data)  # runs sync creates get their dataset inputs too
+    tracker.resources = {"cpu": state.plan.study.resources.cpu, "gpu": state.plan.study.resources.gpu}
     try:
         tracker.attach_parent(study.study_uid)
     except RuntimeError as exc:
         raise UserInputError("NAME", study.name, f"{exc}; give the study's name as launched") from None
     counts = tracker.sync(state.records, {c.index: c.key for c in state.plan.cells})
+    tracker.log_compute(state.records, {c.index: c.key for c in state.plan.cells})
     closed = tracker.reconcile(state.records, state.is_complete())
     return {**counts, "closed": counts["closed"] + closed["closed"], "killed": closed["killed"]}

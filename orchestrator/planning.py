@@ -105,11 +105,44 @@ class StudyPlan:
         return config
 
 
-def plan_record(plan: StudyPlan, provenance: dict[str, str] | None = None) -> StudyRecord:
+def search_settings(study: StudyConfig) -> dict[str, Any]:
+    """How each cell was tuned, as the record keeps it for the report: sampler, its seed and random
+    startup trials, the pruner and its rungs, trials per cell, the tuning trials' training seed."""
+    tune = study.tune
+    if tune is None:
+        return {}
+    return {"sampler": tune.sampler, "sampler_seed": tune.sampler_seed, "startup_trials": tune.startup_trials,
+            "scheduler": tune.scheduler, "grace_epochs": tune.grace_epochs, "reduction_factor": tune.reduction_factor,
+            "trials": tune.trials, "seed": tune.seed}
+
+
+def defaults_of(plan: StudyPlan) -> dict[str, Any]:
+    """The kind's defaults for every config field the study leaves to it (neither set, ablated, tuned
+    nor managed): with the base config they make every trial's configuration explicit in the record."""
+    from pydantic_core import PydanticUndefined
+
+    given = set(plan.base) | {k for cell in plan.cells for k in cell.values} | set(plan.tuned) | MANAGED
+    out = {}
+    for name, info in plan.kind.Config.model_fields.items():
+        if name in given or info.default is PydanticUndefined:
+            continue
+        out[name] = info.default
+    return json.loads(json.dumps(out, default=str))
+
+
+def plan_record(plan: StudyPlan, provenance: dict[str, str] | None = None, inputs: bool = False,
+                estimate: dict[str, float] | None = None) -> StudyRecord:
     """The study record a launch stores beside the journal and on the MLflow parent run, so that
     `status`, `report`, `verify` and `sync` rebuild the plan without the data folder, the model or
-    the hub, and read what the kind declares without importing it."""
+    the hub, and read what the kind declares without importing it. `inputs`: hash the data sets and
+    models the cells read (a launch does; the data and the model are here then)."""
     kind = plan.kind
+    data, models = list(plan.data), []
+    if inputs:
+        from orchestrator.inputs import model_records, with_files
+
+        data = [with_files(d) for d in plan.data]
+        models = model_records([c.values for c in plan.cells], plan.base)
     return StudyRecord(
         name=plan.study.name, kind=KindRecord(name=plan.study.trainable, path=plan.kind_path,
                                               round_name=kind.round_name, round_table=kind.round_table,
@@ -119,8 +152,9 @@ def plan_record(plan: StudyPlan, provenance: dict[str, str] | None = None) -> St
         tuned={k: repr(v) for k, v in plan.tuned.items()}, seeds=list(plan.seeds),
         base=json.loads(json.dumps(plan.base, default=str)), origins=plan.origins, epochs=plan.epochs,
         cell_reports=list(plan.cell_reports), cell_costs=list(plan.cell_costs), tuning_trials=plan.tuning_trials,
-        replicate_trials=plan.replicate_trials, provenance=provenance or {}, data=list(plan.data),
-        plugins=list(plan.plugins))
+        replicate_trials=plan.replicate_trials, provenance=provenance or {}, data=data,
+        plugins=list(plan.plugins), resources={"cpu": plan.study.resources.cpu, "gpu": plan.study.resources.gpu},
+        search=search_settings(plan.study), models=models, estimate=estimate, defaults=defaults_of(plan))
 
 
 def plan_from_record(study: StudyConfig, record: StudyRecord) -> StudyPlan:

@@ -35,6 +35,7 @@ from orchestrator.study_folder import (
     study_dir,
     write_atomic,
 )
+from reports.environment import LOCK_FILE, environment_lock
 from reports.record import StudyRecord
 from trainables.errors import UserInputError
 
@@ -93,6 +94,11 @@ class Study:
     @property
     def artifacts(self) -> Path:
         return self.folder / ARTIFACTS
+
+    @property
+    def environment(self) -> Path:
+        """The launch's locked environment (`environment.txt`: every distribution, `name==version`)."""
+        return self.folder / LOCK_FILE
 
     @property
     def ray(self) -> Path:
@@ -206,6 +212,7 @@ class Study:
         journal.write("launch", **meta)  # the study id lives in the journal too
         write_atomic(self.folder / META, json.dumps(meta, indent=1))
         write_atomic(self.folder / RECORD, record.to_json())
+        write_atomic(self.environment, environment_lock())  # every distribution this launch runs with
         (self.folder / PLAN).unlink(missing_ok=True)  # a folder from before records: the record replaces it
         journal.write("cells", keys=cells)
 

@@ -325,7 +325,7 @@ class StudyState:
         if outcome == Outcome.FAILED and storage_full(error):
             self.storage_full = error
         self._count_finished(record)
-        self.journal.write("finished", key=key, outcome=outcome.value, error=error)
+        self.journal.write("finished", key=key, outcome=outcome.value, error=error, wall_s=record.wall_s)
         trial = self.asked.pop(key, None)
         if trial is not None:
             study = self.studies[record.cell]

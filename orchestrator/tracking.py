@@ -18,10 +18,11 @@ from pathlib import Path
 from mlflow.entities import Metric, Param, RunStatus, RunTag
 
 from orchestrator.config import flatten
-from orchestrator.journal import Outcome, TrialRecord, remove_checkpoint
+from orchestrator.journal import ATTEMPT_S, Outcome, TrialRecord, remove_checkpoint
 from orchestrator.ui_proxy import SHARED_VIEW, SHARED_VIEW_TAG  # noqa: F401 (SHARED_VIEW: the UI's link to the view)
+from reports.compute import trial_compute
 from reports.record import RECORD_FILE, DataRecord, StudyRecord
-from reports.store import BOOKKEEPING_TAGS, CONSTANT_PARAMS, open_store, search_all
+from reports.store import BOOKKEEPING_TAGS, CONFIG_TAG, CONSTANT_PARAMS, HARDWARE_TAG, open_store, search_all
 from trainables.training.checkpoints import ARTIFACTS
 
 log = logging.getLogger("orchestrator.tracking")
@@ -33,6 +34,7 @@ ROLE = "orchestrator.role"
 TRIAL_KEY = "orchestrator.trial_key"
 STUDY_UID = "orchestrator.study_uid"
 SUPERSEDED = "orchestrator.superseded"
+MAX_TAG = 8000  # MLflow's longest tag value; a longer config is rebuilt from the study record
 EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 TERMINAL = {RunStatus.to_string(s) for s in (RunStatus.FINISHED, RunStatus.FAILED, RunStatus.KILLED)}
 # a pruned trial was stopped early by its cell's pruner: KILLED, so the runs table does not show it as
@@ -141,6 +143,7 @@ class StudyTracker:
         self.nodes: dict[str, list[str]] = {}
         self.data: list[DataRecord] = []  # the study's data sets (from its record), logged as dataset inputs
         self.constant: frozenset[str] = frozenset()  # axes with one value in every cell: not in run names
+        self.resources: dict[str, float] = {}  # cpu and gpu each trial holds: its CPU- and GPU-hours
 
     def _runs(self, filter_string: str):
         return search_all(self.client, [self.experiment_id], filter_string)
@@ -243,6 +246,9 @@ class StudyTracker:
         missing = [Param(k, str(v)[:6000]) for k, v in flatten("", record.config, {}).items() if k not in params]
         labels = [RunTag(f"ablate.{k}", str(v)) for k, v in _cell_values(cell_key).items()
                   if f"ablate.{k}" not in tags]
+        exact = json.dumps(record.config, sort_keys=True, default=str)
+        if CONFIG_TAG not in tags and len(exact) <= MAX_TAG:  # the config as the trial got it, types and all
+            labels.append(RunTag(CONFIG_TAG, exact))
         for start in range(0, len(missing), 100):  # MLflow takes at most 100 params per batch
             self.client.log_batch(run_id, params=missing[start:start + 100],
                                   tags=labels if start == 0 else [])
@@ -268,7 +274,7 @@ class StudyTracker:
         numbers = {k: v for k, v in metrics.items()
                    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))}
         numeric = [Metric(k, float(v), now, step) for k, v in numbers.items()
-                   if k not in BOOKKEEPING_TAGS and k not in CONSTANT_PARAMS]
+                   if k not in BOOKKEEPING_TAGS and k not in CONSTANT_PARAMS and k != ATTEMPT_S]
         params, epoch_done = [], False
         if "epoch" in metrics and step in self.logged[run_id]:
             numeric = []  # a retried trial reports an epoch again: MLflow keeps the first, identical report
@@ -345,8 +351,36 @@ class StudyTracker:
             tags.append(RunTag("mlflow.runName", run_name(record, record.cell_key, self.constant)))
         if record.error:
             tags.append(RunTag("error", record.error[:5000]))
-        self.client.log_batch(run_id, tags=tags)
+        tags += [RunTag(f"{HARDWARE_TAG}{k}", v[:5000]) for k, v in record.hardware.items()]
+        now = int(time.time() * 1000)
+        spent = [Metric(k, v, now, 0) for k, v in trial_compute(record.wall_s, self.resources).items()]
+        self.client.log_batch(run_id, metrics=spent, tags=tags)
         self.client.set_terminated(run_id, status=STATUS_OF[record.outcome])
+
+    def log_compute(self, records: dict[str, TrialRecord], cell_keys: dict[int, str]) -> dict[str, float]:
+        """What the study spent so far onto its parent run: `compute.*` metrics (CPU- and GPU-hours in
+        total and per phase, the pruned trials' share) and `compute.csv` (per cell and phase)."""
+        import tempfile
+
+        import pandas as pd
+
+        from reports.compute import spent, totals
+
+        if self.parent_id is None:
+            return {}
+        trials = pd.DataFrame([{"cell": cell_keys.get(r.cell, str(r.cell)), "phase": r.phase,
+                                "outcome": r.outcome.value if r.outcome else None, "wall_s": r.wall_s}
+                               for r in records.values()])  # superseded replicates spent their time too
+        figures = totals(trials, self.resources) if len(trials) else {}
+        if not figures:
+            return {}
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in figures.items()])
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "compute.csv"
+            spent(trials, self.resources).to_csv(path, index=False)
+            self.client.log_artifact(self.parent_id, str(path))
+        return figures
 
     def attach_parent(self, study_uid: str | None = None) -> str:
         """The study folder's existing parent run and its children, without changing their status."""

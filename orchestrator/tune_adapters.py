@@ -19,7 +19,7 @@ from ray.tune.search import Searcher
 from rich.console import Console
 from rich.live import Live
 
-from orchestrator.journal import Outcome, remove_checkpoint
+from orchestrator.journal import ATTEMPT, ATTEMPT_S, Outcome, remove_checkpoint
 from orchestrator.progress import duration, eta_seconds, status_table, trial_line, work_units
 from orchestrator.study_state import FINISHED, StudyState
 from trainables.errors import storage_full
@@ -205,14 +205,19 @@ def run_trial(config: dict) -> None:
 
     from trainables.errors import TrainingDivergedError
     from trainables.kinds import load_kind
+    from trainables.kinds.base import TrainingKind
     from trainables.training.runtime import release_memory
 
-    run = load_kind(config["kind"]).run
+    kind = load_kind(config["kind"])
+    if isinstance(kind, TrainingKind):  # a fresh worker's one-time imports are the worker's, not this trial's
+        import trainables.training.loop  # noqa: F401
+    run = kind.run
+    clock = AttemptClock()
 
     def report(metrics: dict, checkpoint_dir: str | None = None) -> None:
         clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
         checkpoint = tune.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
-        tune.report(clean, checkpoint=checkpoint)
+        tune.report({**clean, **clock.stamp()}, checkpoint=checkpoint)
 
     checkpoint = tune.get_checkpoint()
     try:
@@ -225,9 +230,31 @@ def run_trial(config: dict) -> None:
             run(config["trial"], report)
     except TrainingDivergedError as exc:
         with tempfile.TemporaryDirectory():
-            tune.report({"diverged": 1, "error": str(exc)})
+            tune.report({"diverged": 1, "error": str(exc), **clock.stamp()})
     finally:
         release_memory()
+
+
+class AttemptClock:
+    """The wall time of one attempt of a trial (a retry or a resumed launch starts another), from when its
+    kind starts the trial (a fresh worker's imports done) to each report, stamped on every report with the
+    attempt's id; the first report of an attempt also names the machine it runs on. The journal keeps every
+    stamp, so a trial's wall time is the sum of its attempts' last stamps (orchestrator.journal.TrialRecord.wall_s)
+    however often it was interrupted."""
+
+    def __init__(self):
+        import uuid
+
+        self.attempt, self.started, self.first = uuid.uuid4().hex[:12], time.monotonic(), True
+
+    def stamp(self) -> dict:
+        stamp = {ATTEMPT: self.attempt, ATTEMPT_S: round(time.monotonic() - self.started, 4)}
+        if self.first:
+            from reports.environment import gpus, machine
+
+            self.first = False
+            stamp.update({f"hardware_{k}": v for k, v in {**machine(), **gpus()}.items()})
+        return stamp
 
 
 HEARTBEAT_S = 60.0

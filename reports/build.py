@@ -37,9 +37,12 @@ from reports.captions import (
 )
 from reports.captions import labels as report_labels
 from reports.collect import StudyRuns
+from reports.compute import compute_grid
+from reports.evp import budget_grid, budget_plot
 from reports.labels import axis_label, in_sentence, metric_label, value_label
 from reports.latex import latex_document, to_latex
 from reports.plots import layer_plot, pareto_plot
+from reports.power import add_power, attach_power_note
 from reports.provenance import provenance_lines, record_provenance
 from reports.render import N_NOTE, Cell, Grid, Note, markdown_notes, to_markdown
 from reports.render import _number as text_of
@@ -415,6 +418,8 @@ TABLES: dict[str, Callable[[TableContext], Grid | None]] = {
     "suite": lambda c: suite_grid(c.runs, c.decimals) if c.declared("suite") else None,
     "cycles": lambda c: cycle_grid(c.runs, c.decimals) if c.declared("rounds") else None,
     "tuning": lambda c: tuning_grid(c.runs),
+    "budget": lambda c: budget_grid(c.runs, c.stats),
+    "compute": lambda c: compute_grid(c.runs),
 }
 
 
@@ -430,6 +435,7 @@ class Report:
     cells: pd.DataFrame
     stats: pd.DataFrame
     runs: pd.DataFrame
+    bundle: Path | None = None  # the supplementary archive, when one was asked for (`report --bundle`)
 
 
 def table_frame(grid: Grid) -> pd.DataFrame:
@@ -463,9 +469,12 @@ def make_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] | None = No
         stats = compare_to_baseline(runs, summary, rows, column, baseline_spec[column], runs.test_metric,
                                     correction=runs.report.get("correction", "holm"),
                                     seed_test=runs.report.get("seed_test", "t"))
+        stats = add_power(stats, runs, runs.test_metric, float(runs.report.get("alpha", LEVEL)),
+                          runs.report.get("detect"))
 
     context = TableContext(runs, summary, stats, rows, column, decimals)
     grids = [(name, grid) for name, table in TABLES.items() if (grid := table(context)) is not None]
+    attach_power_note(grids, stats, runs.report.get("detect"))
 
     figures = []
     if column and not summary.empty and summary["mean"].notna().any():
@@ -473,7 +482,9 @@ def make_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] | None = No
         figures.append(layer_plot(summary, rows, column, selected, runs.test_metric, out / "score_by_layer", labels))
         if summary["params"].notna().any():
             figures.append(pareto_plot(summary, rows, runs.test_metric, out / "score_by_params", labels))
-        written += [p for stem in figures for p in (stem.with_suffix(".png"), stem.with_suffix(".pdf"))]
+    tuned_curves = budget_plot(runs, out / "expected_dev_by_trials")
+    figures += [tuned_curves] if tuned_curves is not None else []
+    written += [p for stem in figures for p in (stem.with_suffix(".png"), stem.with_suffix(".pdf"))]
 
     runs.runs.to_csv(out / "runs.csv", index=False)  # always: every table is recomputed from it
     written.append(out / "runs.csv")
@@ -485,6 +496,10 @@ def make_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] | None = No
     if not stats.empty:
         stats.to_csv(out / "stats.csv", index=False)
         written.append(out / "stats.csv")
+    from reports.paper import write_supplement
+
+    supplement, sections = write_supplement(context, out, formats)
+    written += supplement
     notes = runs.report.get("notes", "short")
     if "latex" in formats:
         width = (runs.report.get("latex") or {}).get("width", "auto")
@@ -495,7 +510,9 @@ def make_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] | None = No
         metric = f"{metric_label(runs.test_metric, labels)} ×100"
         captions = {"score_by_layer": f"{metric} by {in_sentence(label_of(runs, column))}, mean ± std over seeds; "
                                       "circle: the dev-selected cell",
-                    "score_by_params": f"{metric} against the truncated model's parameters"}
+                    "score_by_params": f"{metric} against the truncated model's parameters",
+                    "expected_dev_by_trials": "expected best dev score against the tuning trials of each cell "
+                                              "(Dodge et al. 2019), ± the sd of that best"}
         (out / "report.tex").write_text(latex_document([name for name, _ in grids],
                                                        [(stem.name, captions[stem.name]) for stem in figures],
                                                        runs.name))
@@ -520,6 +537,7 @@ def make_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] | None = No
                          "</details>", ""]
     for stem in figures:
         markdown += [f"![{stem.name}]({stem.name}.png)", ""]
+    markdown += sections
     if "markdown" in formats:
         (out / "report.md").write_text("\n".join(markdown))
         written.append(out / "report.md")

@@ -14,7 +14,15 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from reports.record import LEGACY_PLAN_FILE, RECORD_FILE, StudyRecord
-from reports.store import BOOKKEEPING_TAGS, CONSTANT_PARAMS, open_store, search_all, study_parent
+from reports.store import (
+    BOOKKEEPING_TAGS,
+    CONFIG_TAG,
+    CONSTANT_PARAMS,
+    HARDWARE_TAG,
+    open_store,
+    search_all,
+    study_parent,
+)
 from trainables.errors import UserInputError
 
 BASE_COLUMNS = ["run_id", "trial_key", "cell", "phase", "seed", "outcome", "status", "error"]
@@ -40,6 +48,16 @@ class StudyRuns:
     mode: str = "max"  # whether a greater dev score is better (max) or a smaller one (min)
     round_name: str = "epoch"  # what one report of a trial covers (the kind's round: epoch, cycle, round)
     record: StudyRecord | None = None  # the study record read from the parent run (None: a combined report)
+    superseded: pd.DataFrame | None = None  # replicates of a config more tuning replaced: they spent compute
+    study_file: dict = field(default_factory=dict)  # the study file as launched (the parent run's study.yaml)
+    configs: dict = field(default_factory=dict)  # run id -> the trial's exact config (its `orchestrator.config`)
+    parent_run_id: str | None = None  # the study's MLflow parent run (its study file, record and environment)
+
+    def parent_artifact(self, path: str) -> str | None:
+        """The text of an artifact of the study's parent run (None when absent)."""
+        if self.client is None or self.parent_run_id is None:
+            return None
+        return _artifact_text(self.client, self.parent_run_id, path)
 
     @property
     def test_metric(self) -> str:
@@ -88,12 +106,10 @@ def collect(tracking_uri: str, study: str, study_uid: str | None = None) -> Stud
     study_file = _artifact_yaml(client, parent.info.run_id, "study.yaml") or {}
     record = read_parent_record(client, parent.info.run_id, study, study_file.get("trainable", "finetune"))
     axes, tuned, planned = record.axes, list(record.tuned), record.planned_cells
-    rows = []
+    rows, superseded, configs = [], [], {}
     for run in children:
         tags = run.data.tags
         if tags.get("orchestrator.role") == "stage":  # a shared stage (e.g. DAPT) is not a trial
-            continue
-        if tags.get("orchestrator.superseded") == "1":  # a replicate of a config more tuning replaced
             continue
         row = {"run_id": run.info.run_id, "trial_key": tags.get("orchestrator.trial_key"), "cell": tags.get("cell"),
                "phase": tags.get("phase"), "seed": _number(tags.get("seed")), "outcome": tags.get("outcome"),
@@ -105,14 +121,20 @@ def collect(tracking_uri: str, study: str, study_uid: str | None = None) -> Stud
         # bookkeeping logged as tags and params (older runs have them as metrics, read above)
         row.update({k: _number(tags[k]) for k in BOOKKEEPING_TAGS if k in tags})
         row.update({k: _number(run.data.params[k]) for k in CONSTANT_PARAMS if k in run.data.params})
-        rows.append(row)
+        row.update({k: v for k, v in tags.items() if k.startswith(HARDWARE_TAG)})
+        if CONFIG_TAG in tags:
+            configs[run.info.run_id] = json.loads(tags[CONFIG_TAG])
+        # a replicate of a config more tuning replaced: out of every table, but it spent compute
+        (superseded if tags.get("orchestrator.superseded") == "1" else rows).append(row)
     frame = pd.DataFrame(rows, columns=BASE_COLUMNS + axes + tuned if not rows else None)
     frame = sort_runs(frame, [key for key, _ in planned])
     return StudyRuns(study, frame, axes, record.metric, study_file.get("report") or {}, client,
                      len(record.seeds) or None, tracking_uri,
                      parent.data.tags.get("orchestrator.study_uid"), dict(parent.data.tags),
                      study_file.get("replicate") or {}, tuned=tuned, planned_cells=planned,
-                     mode=record.mode, round_name=record.kind.round_name, record=record)
+                     mode=record.mode, round_name=record.kind.round_name, record=record,
+                     superseded=pd.DataFrame(superseded), study_file=study_file, configs=configs,
+                     parent_run_id=parent.info.run_id)
 
 
 def sort_runs(frame: pd.DataFrame, planned: list[str]) -> pd.DataFrame:

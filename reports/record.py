@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainables.errors import UserInputError
 
-RECORD_VERSION = 2  # 2: the data (per-split sha256) and the plugins a study uses
+RECORD_VERSION = 3  # 2: the data (per-split sha256) and the plugins; 3: data files, licenses, models, resources,
+# the search, the estimate, the defaults
 RECORD_FILE = "study_record.json"
 LEGACY_PLAN_FILE = "plan.json"
 
@@ -32,6 +33,16 @@ class KindRecord(BaseModel):
     exports_models: bool = False
     stages: list[str] = Field(default_factory=list)  # shared stages its cells use (dapt, teacher)
     tables: list[str] | None = None  # the extra report tables its cells feed (rounds, suite); None: not recorded
+
+
+class DataFile(BaseModel):
+    """A file a study read (a data file, a model's weights) and its sha256, as `sha256sum` computes it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str  # relative to the data set's location (a model's folder)
+    sha256: str
+    bytes: int
 
 
 class SplitRecord(BaseModel):
@@ -59,6 +70,11 @@ class DataRecord(BaseModel):
     origin: str = ""  # the declaration's files or hub id, or the data folder a built-in task was read from
     splits: dict[str, SplitRecord] = Field(default_factory=dict)
     overlap: int = 0  # distinct test pairs that are also train pairs
+    files: list[DataFile] = Field(default_factory=list)  # every file its splits were read from, with its sha256
+    title: str = ""  # its folder's PROVENANCE.md: the title
+    license: str = ""  # ... and the license section
+    provenance_file: str = ""
+    provenance_match: bool | None = None  # every file's sha256 is one PROVENANCE.md lists (None: it lists none)
 
 
 class PluginRecord(BaseModel):
@@ -73,6 +89,18 @@ class PluginRecord(BaseModel):
     distribution: str
     version: str
     target: str  # its module:attribute
+
+
+class ModelRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str  # as the study names it (hub id or folder)
+    source: str
+    path: str  # the folder it resolved to at launch
+    license: str = ""
+    depth: int | None = None
+    architecture: str = ""
+    files: list[DataFile] = Field(default_factory=list)  # its weights
 
 
 class StudyRecord(BaseModel):
@@ -93,9 +121,14 @@ class StudyRecord(BaseModel):
     cell_costs: list[float] = Field(default_factory=list)
     tuning_trials: int = 0
     replicate_trials: int = 0
-    provenance: dict[str, str] = Field(default_factory=dict)  # orchestrator version, python, written at
+    provenance: dict[str, str] = Field(default_factory=dict)  # versions, commit, machine, written at
     data: list[DataRecord] = Field(default_factory=list)  # empty in records from before data were recorded
     plugins: list[PluginRecord] = Field(default_factory=list)
+    resources: dict[str, float] = Field(default_factory=dict)  # cpu and gpu per trial
+    search: dict[str, Any] = Field(default_factory=dict)  # sampler, its seed and startup trials, pruner, trials
+    models: list[ModelRecord] = Field(default_factory=list)
+    estimate: dict[str, float] | None = None  # `plan --estimate` or `budget:`'s pilot, when one ran
+    defaults: dict[str, Any] = Field(default_factory=dict)  # the kind's defaults for every field the study left
 
     @property
     def axes(self) -> list[str]:

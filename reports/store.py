@@ -21,6 +21,8 @@ PAGE = 10_000
 BOOKKEEPING_TAGS = ("epoch", "round", "cycle", "best_epoch", "degenerate", "test_epoch", "test_degenerate",
                     "corpus_sentences", "pairs", "transductive")
 CONSTANT_PARAMS = ("params",)
+HARDWARE_TAG = "hardware."  # a trial run's tags: hardware.cpu_model, hardware.gpu_model, ... of its worker
+CONFIG_TAG = "orchestrator.config"  # a trial run's exact config as JSON: what `orchestrator reproduce` reruns
 
 
 def open_store(uri: str) -> MlflowClient:

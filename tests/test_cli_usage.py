@@ -21,7 +21,8 @@ def required_args(verb: str) -> list[str]:
     args = []
     for param in VERBS[verb].params:
         if param.required:
-            args += ["x"] if param.param_type_name == "argument" else [param.opts[0], "x"]
+            value = "0" if param.type_descriptor.annotation in (int, float) else "x"  # a number parses as one
+            args += [value] if param.param_type_name == "argument" else [param.opts[0], value]
     return args
 
 
@@ -74,7 +75,7 @@ def test_every_numeric_option_declares_a_range_where_it_has_one():
 
 @pytest.mark.parametrize(("verb", "option", "value", "fix"), ranged_cases())
 def test_a_value_outside_an_options_declared_range_is_one_line(verb, option, value, fix):
-    shown = value if value.lstrip("-").isdigit() else repr(value)
+    shown = value if value.lstrip("-").replace(".", "", 1).isdigit() else repr(value)  # numbers unquoted
     assert one_line([verb, *required_args(verb), option, value]) == f"error: {option}: {shown} is not valid; {fix}"
 
 
@@ -112,8 +113,8 @@ def in_range(value: str, param) -> bool:
         number = float(value.strip())
     except ValueError:
         return False
-    if not number.is_integer():
-        return False
+    if not number.is_integer() and param.type_descriptor.annotation is int or number != number:
+        return False  # a fraction is no whole number; NaN is in no range
     return (param.min is None or number >= param.min) and (param.max is None or number <= param.max)
 
 

@@ -424,11 +424,14 @@ def test_plan_estimate_runs_a_pilot_and_a_budget_refuses_an_expensive_launch(tin
     assert result.exit_code == 0, result.output
     assert "step " in result.stdout and "15 per round" in result.stdout  # 240 train pairs / 16
     assert "trial-h on" in result.stdout and "budget: 1e-06 h: OVER" in result.stdout
+    kept = json.loads((tmp_path / "studies" / "priced" / "estimate.json").read_text())  # for the report, later
+    assert kept["trial_hours"] > 0 and kept["from_budget"] == 0
     refused = CliRunner().invoke(app, ["launch", str(tmp_path / "study.yaml"), "--storage", str(tmp_path / "s")])
     assert refused.exit_code == 2
     assert refused.stderr.startswith("error: budget.hours: 1e-06 is not valid; the plan is estimated at ")
     assert "h over: raise the budget or shrink the study" in refused.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["studies", "study.yaml"]  # the refused launch: nothing
+    assert [p.name for p in (tmp_path / "studies" / "priced").iterdir()] == ["estimate.json"]
 
 
 def test_the_estimate_counts_each_distinct_pretraining_stage_once(tiny_bert, synthetic_data_dir, tmp_path):

@@ -3,6 +3,8 @@ a parent run of its own."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -214,11 +216,12 @@ def test_a_run_that_never_got_its_params_gets_them_from_the_journal(tmp_path, mo
     replay = StudyTracker(uri, "s", tmp_path / "artifacts")
     replay.attach_parent("uid-1")
     counts = replay.sync({"c0-s0": record}, {0: "layer=1"})
-    assert counts["filled"] == 4 and counts["runs"] == 0  # 3 params and the ablate tag, on the same run
+    assert counts["filled"] == 5 and counts["runs"] == 0  # 3 params, the ablate tag and the config, on the same run
     again = replay.sync({"c0-s0": record}, {0: "layer=1"})
     assert again["filled"] == 0  # idempotent
     run = MlflowClient(uri).get_run(run.info.run_id)
     assert run.data.params == {"layer": "1", "lr": "2e-05", "seed": "0"} and run.data.tags["ablate.layer"] == "1"
+    assert json.loads(run.data.tags["orchestrator.config"]) == record.config  # its types kept, for reproduce
     summary = summarize(collect(uri, "s", "uid-1"))
     assert summary.loc[0, "layer"] == 1 and summary.loc[0, "mean"] == 77.0
 

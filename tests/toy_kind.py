@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 
 import torch
 from pydantic import Field
@@ -22,6 +23,7 @@ class ToyConfig(TrainingConfig):
     language: str | None = None
     epochs: int = Field(3, ge=1)
     lr: float = Field(0.5, gt=0)
+    sleep_s: float = Field(0.0, ge=0, description="seconds each round takes (a known wall time for the compute tests)")
 
 
 class ToyLearner(Learner):
@@ -36,6 +38,7 @@ class ToyLearner(Learner):
         return {"model": self.weight}
 
     def train_round(self, round_: int) -> dict[str, float]:
+        time.sleep(self.cfg.sleep_s)
         with torch.no_grad():
             self.weight.weight += self.cfg.lr * torch.randn(1, 1)  # the loop seeded this round's stream
         return {"train_loss": float(self.weight.weight.detach().abs())}

@@ -1,0 +1,220 @@
+"""`orchestrator reproduce REPORT --cell layer=3 --seed 1`: rerun one replicate of a report (a report
+folder or an unpacked bundle) from what it stores — the run's exact config, its kind, the study record —
+in a scratch folder, after checking that the data's rows and the model's weights are the ones the study
+ran on, and put the reported and the recomputed dev and test scores side by side. On the same machine and
+precision they match to 1e-6 (same seed, same numbers); when they do not, it names what of the
+environment differs from the launch's (package versions, the machine)."""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reports.environment import (
+    KEY_PACKAGES,
+    LOCK_FILE,
+    cpu_model,
+    environment_lock,
+    lock_differences,
+    normalise,
+    package_versions,
+    read_lock,
+)
+from reports.paper import REPLICATES_FILE
+from reports.record import RECORD_FILE, StudyRecord
+from trainables.errors import UserInputError
+
+TOLERANCE = 1e-6
+
+
+@dataclass
+class Reproduction:
+    entry: dict
+    reported: dict[str, float]
+    recomputed: dict[str, float]
+    checked: list[str] = field(default_factory=list)  # what was verified before the run (data, model)
+    environment: list[str] = field(default_factory=list)  # how this environment differs from the launch's
+    tolerance: float = TOLERANCE
+
+    def difference(self, name: str) -> float:
+        return abs(self.recomputed.get(name, math.nan) - self.reported[name])
+
+    @property
+    def matches(self) -> bool:
+        return all(self.difference(name) <= self.tolerance for name in self.reported)
+
+
+def parse_cell(text: str) -> dict[str, str]:
+    """`layer=3`, `layer=3 pooling=mean` or `layer=3,pooling=mean` as {axis: value}."""
+    parts = [p for p in text.replace(",", " ").split() if p]
+    if not parts or not all("=" in p and p.split("=", 1)[0] and p.split("=", 1)[1] for p in parts):
+        raise UserInputError("--cell", text, "give the cell's axis values as AXIS=VALUE, e.g. --cell layer=3 or "
+                                             "--cell 'layer=3 pooling=mean'")
+    return dict(p.split("=", 1) for p in parts)
+
+
+def read_report(folder: Path) -> tuple[list[dict], StudyRecord]:
+    """A report folder's (or unpacked bundle's) replicates and study record."""
+    report = folder / "report" if (folder / "report" / REPLICATES_FILE).exists() else folder
+    if not (report / REPLICATES_FILE).exists():
+        raise UserInputError("REPORT", str(folder), f"no {REPLICATES_FILE} there: give a folder written by "
+                                                    "`orchestrator report` (or an unpacked --bundle)")
+    try:
+        entries = json.loads((report / REPLICATES_FILE).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise UserInputError("REPORT", str(folder), f"{REPLICATES_FILE} is damaged; write the report again with "
+                                                    "`orchestrator report`") from None
+    record = StudyRecord.from_json((report / RECORD_FILE).read_text(encoding="utf-8"), str(report / RECORD_FILE))
+    return entries, record
+
+
+def find_replicate(entries: list[dict], cell: dict[str, str], seed: int) -> dict:
+    """The completed replicate of the cell whose axis values are `cell` (a value written as the report
+    shows it) and of `seed`."""
+    def fits(entry: dict) -> bool:
+        return all(str(entry["values"].get(axis)) == value for axis, value in cell.items())
+
+    cells = list(dict.fromkeys(e["cell"] for e in entries))
+    axes = list(entries[0]["values"]) if entries else []
+    unknown = [axis for axis in cell if axis not in axes]
+    if unknown:
+        raise UserInputError("--cell", unknown[0], f"not an axis of the study; its axes: {', '.join(axes) or 'none'}")
+    matching = list(dict.fromkeys(e["cell"] for e in entries if fits(e)))
+    if len(matching) != 1:
+        shown = ", ".join(cells) if not matching else ", ".join(matching)
+        problem = "matches no completed cell" if not matching else "matches several cells; name every axis"
+        raise UserInputError("--cell", " ".join(f"{k}={v}" for k, v in cell.items()), f"{problem}: {shown}")
+    found = [e for e in entries if e["cell"] == matching[0] and e["seed"] == seed]
+    if not found:
+        seeds = sorted(e["seed"] for e in entries if e["cell"] == matching[0])
+        raise UserInputError("--seed", seed, f"{matching[0]} has completed replicates of seeds "
+                                             f"{', '.join(map(str, seeds))}")
+    return found[0]
+
+
+def check_data(record: StudyRecord, config: dict) -> list[str]:
+    """The rows this machine reads for the config's task (the same code as a launch), against the
+    record's sha256 of each split the study ran on; a split whose rows differ stops the reproduction
+    before anything runs."""
+    from orchestrator.study_data import read_study_data
+
+    recorded = {(d.name, d.language): d for d in record.data}
+    if not recorded:
+        return ["data: not checked (the study's record has no data hashes)"]
+    lines = []
+    for found in read_study_data([(config.get("task"), config.get("language"))], config.get("data_dir")):
+        before = recorded.get((found.name, found.language))
+        name = f"{found.name}/{found.language}"
+        if before is None:
+            lines.append(f"data: {name}: not in the record, not checked")
+            continue
+        for split, now in found.splits.items():
+            old = before.splits.get(split)
+            if old is not None and old.sha256 != now.sha256:
+                raise UserInputError("data", f"{name} {split}", f"its rows here ({now.source}) are not the ones the "
+                                     f"study ran on (sha256 {now.sha256[:12]}… of {now.rows} rows, recorded "
+                                     f"{old.sha256[:12]}… of {old.rows}): give --data-dir the folder that holds the "
+                                     "study's data (its files' sha256 are in the bundle's data.sha256)")
+        lines.append(f"data: {name} {', '.join(found.splits)}: the rows the study ran on (sha256 checked, "
+                     f"{found.origin})")
+    return lines
+
+
+def check_model(record: StudyRecord, config: dict) -> list[str]:
+    """The model's weights against the record's sha256 of them."""
+    from orchestrator.inputs import model_record
+
+    name = config.get("model")
+    recorded = {m.name: m for m in record.models}
+    if name is None or name not in recorded:
+        return [f"model: {name}: not checked (not in the record)"] if name else []
+    found = model_record(str(name))
+    before = {f.path: f.sha256 for f in recorded[name].files}
+    now = {f.path: f.sha256 for f in found.files}
+    if before != now:
+        raise UserInputError("model", name, f"its weights here ({found.path}) are not the ones the study ran on "
+                                            f"(sha256 {', '.join(v[:12] + '…' for v in now.values()) or 'none'}; "
+                                            f"recorded {', '.join(v[:12] + '…' for v in before.values())}): "
+                                            "give the model the study used")
+    return [f"model: {name}: the weights the study ran on (sha256 checked, from {found.path})"]
+
+
+def rerun(entry: dict, config: dict) -> dict[str, float]:
+    """The trial, run here with its kind in a scratch folder (its stage caches too); its last report."""
+    from trainables.kinds import load_kind
+
+    kind = load_kind(entry["kind"])
+    fields = kind.Config.model_fields
+    last: dict = {}
+
+    def report(metrics: dict, checkpoint_dir: str | None = None) -> None:
+        last.update(metrics)
+
+    with tempfile.TemporaryDirectory(prefix="orchestrator-reproduce-") as scratch:
+        scratch_config = {**config, **({"cache_dir": scratch} if "cache_dir" in fields else {}),
+                          **({"export_model": False} if "export_model" in fields else {})}
+        kind.run(scratch_config, report)
+    return {k: float(v) for k, v in last.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def environment_differences(record: StudyRecord, folder: Path, entry: dict) -> list[str]:
+    """How this environment differs from the launch's: key packages, every pinned distribution (the
+    report's or bundle's environment.txt) and the trial's machine."""
+    recorded = {k: v for k, v in record.provenance.items() if k in package_versions()}
+    now = package_versions()
+    out = [f"{name}: {recorded[name]} then, {now[name]} now" for name in recorded if recorded[name] != now[name]]
+    for where in (folder / LOCK_FILE, folder / "report" / LOCK_FILE):
+        if where.exists():  # every other distribution (the key packages are named above)
+            named = {normalise(d) for d in KEY_PACKAGES.values()}
+            out += [line for line in lock_differences(read_lock(where.read_text()), read_lock(environment_lock()))
+                    if line.split(":")[0] not in named]
+            break
+    machine = entry.get("hardware", {}).get("cpu_model")
+    if machine and machine != cpu_model():
+        out.append(f"cpu: {machine} then, {cpu_model()} now")
+    return out
+
+
+def reproduce(folder: str | Path, cell: str, seed: int, data_dir: str | None = None,
+              tolerance: float = TOLERANCE) -> Reproduction:
+    folder = Path(folder)
+    entries, record = read_report(folder)
+    entry = find_replicate(entries, parse_cell(cell), seed)
+    config = dict(entry["config"])
+    if data_dir is not None:
+        config["data_dir"] = str(Path(data_dir).expanduser().resolve())
+    elif config.get("data_dir") and not Path(config["data_dir"]).is_dir():
+        raise UserInputError("--data-dir", config["data_dir"], "the study's data folder is not here: give "
+                                                               "--data-dir the folder that holds its data")
+    checked = check_data(record, config) + check_model(record, config)
+    recomputed = rerun(entry, config)
+    reported = dict(entry["reported"])
+    result = Reproduction(entry, reported, recomputed, checked, tolerance=tolerance)
+    if not result.matches:
+        result.environment = environment_differences(record, folder, entry)
+    return result
+
+
+def render(result: Reproduction) -> list[str]:
+    """What the command prints: the checks, then reported and recomputed scores side by side."""
+    entry = result.entry
+    lines = [f"reproduce {entry['cell']} · seed {entry['seed']} (MLflow run {entry['run_id']}; config "
+             f"{entry['config_source']})", *result.checked]
+    width = max(len(name) for name in result.reported) if result.reported else 10
+    lines.append(f"{'':{width}}  {'reported':>20}  {'recomputed':>20}  {'difference':>11}")
+    for name, value in result.reported.items():
+        again = result.recomputed.get(name, math.nan)
+        lines.append(f"{name:{width}}  {value:20.12f}  {again:20.12f}  {abs(again - value):11.3g}")
+    if result.matches:
+        lines.append(f"match: every score within {result.tolerance:g}")
+        return lines
+    lines.append(f"differs: a score is more than {result.tolerance:g} away from the reported one")
+    if result.environment:
+        lines += ["the environment differs from the launch's:", *[f"  {line}" for line in result.environment]]
+    else:
+        lines.append("the environment is the launch's (every package version, the CPU): the difference comes from "
+                     "elsewhere (a GPU kernel that is not deterministic, another precision, other threads)")
+    return lines
