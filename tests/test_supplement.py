@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
-from orchestrator.launch import launch
 
 from benchmarks.instant import instant_executor
 from orchestrator.journal import Journal, TrialRecord
+from orchestrator.launcher import launch
 from reports.build import build_report
 from reports.collect import collect
 from reports.compute import spent, totals
