@@ -195,8 +195,9 @@ def test_a_plan_estimate_is_recorded_and_the_report_puts_it_beside_what_was_spen
 @pytest.mark.slow
 def test_a_ray_study_reports_cpu_hours_that_match_its_trials_known_wall_time(monkeypatch, synthetic_data_dir,
                                                                            tiny_bert, tmp_path):
-    """Toy trials that sleep a known time per round, on a local Ray: the report's CPU-hours per cell and
-    in all are the rounds each trial ran × its sleep × 2 CPUs, within 5 %."""
+    """Toy trials that sleep a known time per round, on a local Ray (1 CPU each): every trial's wall time
+    is at least its sleeps and at most what the driver saw on its own clock, and the report's CPU-hours per
+    cell, per phase and in all are the trials' wall time × their CPU, within 5 % (and at least the sleeps)."""
     from reports.environment import cpu_model
     from trainables.kinds import KINDS
 
@@ -212,18 +213,25 @@ def test_a_ray_study_reports_cpu_hours_that_match_its_trials_known_wall_time(mon
     assert result.finished and result.counts["failed"] == 0
     records = Journal(result.study_dir / "journal.jsonl").records()
     slept = {key: r.rounds_reached * r.config["sleep_s"] for key, r in records.items()}
-    for key, record in records.items():  # what each trial ran: its sleeps and a little more, within what the
-        # driver saw on its own clock (from handing the trial out to hearing it finish)
-        assert slept[key] <= record.wall_s <= slept[key] * 1.05 + 0.1, (key, record.wall_s, slept[key])
+    for key, record in records.items():  # what each trial ran: its sleeps and a little more (a round's
+        # evaluation and checkpoint; seconds more on a loaded machine), within what the driver saw on its own
+        # clock (from handing the trial out to hearing it finish, a fresh worker's imports included)
+        assert slept[key] <= record.wall_s <= slept[key] + 1.5 * record.rounds_reached, (key, record.wall_s)
         assert record.wall_s <= record.ended - record.started
         assert record.hardware["cpu_model"] == cpu_model()
     build_report(collect(f"sqlite:///{tmp_path / 'mlflow.db'}", "slept"), tmp_path / "report")
     table = pd.read_csv(tmp_path / "report" / "compute.csv").set_index(["cell", "phase"])
     for cell, sleep in (("sleep_s=1.0", 1.0), ("sleep_s=2.0", 2.0)):
-        truth = sum(slept[k] for k, r in records.items() if r.config["sleep_s"] == sleep) / 3600
-        measured = table.loc[(cell, "tune"), "cpu_hours"] + table.loc[(cell, "replicate"), "cpu_hours"]
-        assert measured == pytest.approx(truth, rel=0.05)
-    assert table.loc[("total", "all"), "cpu_hours"] == pytest.approx(sum(slept.values()) / 3600, rel=0.05)
+        for phase in ("tune", "replicate"):
+            mine = [r for r in records.values() if r.config["sleep_s"] == sleep and r.phase == phase]
+            assert len(mine) == (3 if phase == "tune" else 2)
+            measured = table.loc[(cell, phase), "cpu_hours"]
+            assert measured == pytest.approx(sum(r.wall_s for r in mine) * 1 / 3600, rel=0.05)
+            assert measured >= sum(slept[r.key] for r in mine) / 3600
+            assert table.loc[(cell, phase), "gpu_hours"] == 0
+    wall = sum(r.wall_s for r in records.values())
+    assert table.loc[("total", "all"), "cpu_hours"] == pytest.approx(wall / 3600, rel=0.05)
+    assert sum(slept.values()) / 3600 <= table.loc[("total", "all"), "cpu_hours"]
     assert cpu_model() in (tmp_path / "report" / "report.md").read_text()
 
 
