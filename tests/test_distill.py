@@ -92,6 +92,44 @@ def test_the_pretrained_head_is_sentence_transformers_cross_encoder(tiny_bert):
     assert linear.encoder.pooler is None and not hasattr(linear, "classifier")
 
 
+def test_a_model_reports_the_same_size_whether_its_layer_is_null_or_its_depth(tiny_bert):
+    """`params` counts what the forward reads. With `layer: null` the encoder keeps its pretrained
+    pooler, which a pooling head (bi-encoder) or `head: linear` never reads: it was counted (the
+    cross-encoder heads study reported 22.7 M for both heads, where the linear one reads 22.57 M), and
+    the same model cut at its full depth reported 0.15 M less. `head: pretrained` reads it: counted."""
+    from trainables.models.encoder import (
+        build_sentence_encoder,
+        count_parameters,
+        encoder_layers,
+        used_parameter_count,
+    )
+
+    depth = len(encoder_layers(CrossEncoder(tiny_bert, head="linear").encoder))
+    for build in (lambda layer: CrossEncoder(tiny_bert, layer, head="linear"),
+                  lambda layer: build_sentence_encoder(tiny_bert, layer)):
+        full, cut = build(None), build(depth)
+        assert full.encoder.pooler is not None and cut.encoder.pooler is None  # kept with null, not read
+        assert used_parameter_count(full) == used_parameter_count(cut) == count_parameters(cut)
+    pretrained, linear = CrossEncoder(tiny_bert, head="pretrained"), CrossEncoder(tiny_bert, head="linear")
+    hidden = pretrained.classifier.config.hidden_size
+    assert used_parameter_count(pretrained) == count_parameters(pretrained)  # its pooler is read
+    # the pooler (dense + tanh) is the difference; both classifiers are hidden + 1
+    assert used_parameter_count(pretrained) - used_parameter_count(linear) == hidden * hidden + hidden
+
+
+def test_the_runs_params_are_the_same_for_layer_null_and_the_full_depth(tiny_bert, synthetic_data_dir):
+    """End to end: what a cross-encoder (linear head) and a fine-tuned bi-encoder run logs as `params`."""
+    from trainables.models.encoder import encoder_depth, load_config
+
+    depth = encoder_depth(load_config(tiny_bert))
+    common = {"model": tiny_bert, "task": "stsb", "data_dir": str(synthetic_data_dir), "epochs": 1,
+              "batch_size": 32, "max_seq_length": 24, "max_train_samples": 32, "max_eval_samples": 32,
+              "num_threads": 1, "precision": "fp32"}
+    for kind, extra in ((cross_encoder, {"head": "linear"}), (get_kind("finetune"), {})):
+        params = [kind.run({**common, **extra, "layer": layer}, collect([]))["params"] for layer in (None, depth)]
+        assert params[0] == params[1], (kind, params)
+
+
 def test_a_pretrained_head_pools_the_first_token_only(tiny_bert, config):
     with pytest.raises(UserInputError, match=re.escape("pooling: 'mean' is not valid; head: pretrained reads the "
                                                        "first token")):

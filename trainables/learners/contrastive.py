@@ -18,7 +18,7 @@ from trainables.learners.base import Learner
 from trainables.models.attention import INFERENCE as INFERENCE_ATTENTION
 from trainables.models.batching import TokenCache
 from trainables.models.dropout import ATTENTION as FAST_ATTENTION
-from trainables.models.encoder import build_sentence_encoder, count_parameters, encoder_depth, load_tokenizer
+from trainables.models.encoder import build_sentence_encoder, encoder_depth, load_tokenizer, used_parameter_count
 from trainables.names import ATTENTION_LOSSES
 from trainables.objectives.contrastive import ContrastiveModel, contrastive_step, step_batches
 from trainables.training.bi_encoder import build_optimizer, check_finite
@@ -78,7 +78,7 @@ class ContrastiveLearner(Learner):
         self.optimizer = build_optimizer(list(self.model.named_parameters()), cfg.lr, cfg.weight_decay)
         self.scheduler = linear_schedule(self.optimizer, round(cfg.warmup_ratio * cfg.steps), cfg.steps)
         self.test_frame = self.data.test
-        self.info = {"params": count_parameters(self.model.sentence_encoder), "corpus_sentences": len(sentences),
+        self.info = {"params": used_parameter_count(self.model.sentence_encoder), "corpus_sentences": len(sentences),
                      "transductive": int(cfg.transductive)}
 
     def modules(self):

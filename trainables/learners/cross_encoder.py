@@ -11,7 +11,7 @@ from trainables.data.tasks import load_sts_task
 from trainables.errors import one_of
 from trainables.kinds.cross_encoder import CrossEncoderConfig
 from trainables.learners.base import Learner
-from trainables.models.encoder import count_parameters, load_tokenizer
+from trainables.models.encoder import load_tokenizer, used_parameter_count
 from trainables.stages.pretrain import pretrained_start
 from trainables.training.bi_encoder import build_optimizer, epoch_batches
 from trainables.training.cross_encoder import CROSS_LOSSES, CrossEncoder, PairTokens, score_split, train_cross_epoch
@@ -36,7 +36,7 @@ class CrossEncoderLearner(Learner):
         total = math.ceil(len(self.token_lists) / cfg.batch_size) * cfg.epochs
         self.scheduler = linear_schedule(self.optimizer, round(cfg.warmup_ratio * total), total)
         self.test_frame = self.data.test
-        self.info = {"params": count_parameters(self.model), **stage}
+        self.info = {"params": used_parameter_count(self.model), **stage}
 
     def modules(self):
         return {"model": self.model}

@@ -14,7 +14,7 @@ from trainables.evaluation.evaluators import Embedder, STSEvaluator, pair_cosine
 from trainables.kinds.distill import MODES, DistillConfig
 from trainables.learners.base import Learner
 from trainables.models.batching import TokenCache
-from trainables.models.encoder import SentenceEncoder, build_sentence_encoder, count_parameters, load_tokenizer
+from trainables.models.encoder import SentenceEncoder, build_sentence_encoder, load_tokenizer, used_parameter_count
 from trainables.stages.pretrain import pretrained_start
 from trainables.stages.teacher import teacher_labels
 from trainables.training.bi_encoder import fit_bi_encoder
@@ -95,8 +95,8 @@ class DistillLearner(Learner):
         self.history = pd.DataFrame(columns=["cycle", "step", "pair", "label"])
         self.test_frame = self.data.test
         self.info = {**stage, "pairs": len(self.pairs), "transductive": int(cfg.transductive),
-                     "params": count_parameters(self.sides[0].bi),
-                     "cross_params": count_parameters(self.sides[0].cross)}
+                     "params": used_parameter_count(self.sides[0].bi),
+                     "cross_params": used_parameter_count(self.sides[0].cross)}
 
     def modules(self):
         return {f"{s.prefix}{part}": module for s in self.sides for part, module in (("bi", s.bi), ("cross", s.cross))}

@@ -13,7 +13,7 @@ from trainables.evaluation.evaluators import Embedder, make_evaluator
 from trainables.kinds.finetune import FinetuneConfig
 from trainables.learners.base import Learner
 from trainables.models.batching import TokenCache
-from trainables.models.encoder import build_sentence_encoder, count_parameters, load_tokenizer
+from trainables.models.encoder import build_sentence_encoder, load_tokenizer, used_parameter_count
 from trainables.objectives import build_loss
 from trainables.stages.pretrain import pretrained_start
 from trainables.training.bi_encoder import build_optimizer, check_finite, epoch_batches, pair_lengths, train_step
@@ -44,7 +44,7 @@ class FinetuneLearner(Learner):
                                          cfg.lr, cfg.weight_decay)
         self.scheduler = linear_schedule(self.optimizer, round(cfg.warmup_ratio * total), total)
         self.test_frame = data.test
-        self.info = {"params": count_parameters(self.model), **stage}
+        self.info = {"params": used_parameter_count(self.model), **stage}
 
     def modules(self) -> dict[str, torch.nn.Module]:
         return {"model": self.model, "loss": self.loss_fn}

@@ -130,6 +130,15 @@ def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
+def used_parameter_count(model: nn.Module) -> int:
+    """The model's size as a run reports it (`params`): every parameter but those of submodules its
+    forward never reads (`unread_modules()`: the pretrained pooler under a pooling head or a linear
+    cross-encoder head, kept with `layer: null` but neither trained nor part of the model)."""
+    unread = [part for module in model.modules() if hasattr(module, "unread_modules")
+              for part in module.unread_modules()]
+    return count_parameters(model) - sum(count_parameters(part) for part in unread)
+
+
 def truncated_parameter_count(model: PreTrainedModel, num_layers: int) -> int:
     """Parameters of `model` truncated at `num_layers`, without copying it."""
     layers = encoder_layers(model)
@@ -155,6 +164,11 @@ class SentenceEncoder(nn.Module):
         self.pool_layer = build_pooling(pooling, hidden)  # no parameters in the built-ins: the weights stay the same
         self.projection = (nn.Sequential(nn.Linear(hidden, projection_dim), nn.Tanh())
                            if projection_dim else None)
+
+    def unread_modules(self) -> list[nn.Module]:
+        """The encoder's pooler, when it kept one: sentence vectors pool the last hidden states."""
+        pooler = getattr(self.encoder, "pooler", None)
+        return [pooler] if isinstance(pooler, nn.Module) else []
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = last_hidden_state(self.encoder, input_ids, attention_mask)

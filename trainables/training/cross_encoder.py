@@ -64,6 +64,12 @@ class CrossEncoder(nn.Module):
         # the second sentence is segment B, as in pretraining (BERT's next-sentence pairs)
         self.separator = pair_separator(load_tokenizer(name), self.backbone().config)
 
+    def unread_modules(self) -> list[nn.Module]:
+        """Under `head: linear`, the encoder's pooler when it kept one (`layer: null`): the head reads
+        the pooled last hidden state."""
+        pooler = getattr(self.encoder, "pooler", None) if self.head_kind == "linear" else None
+        return [pooler] if isinstance(pooler, nn.Module) else []
+
     def backbone(self) -> nn.Module:
         """The (truncated) transformer: the classifier's base model under `head: pretrained`."""
         return self.classifier.base_model if self.head_kind == "pretrained" else self.encoder
