@@ -10,7 +10,10 @@ measured matmul peak.
    the fraction of the peak; and torch.profiler's split of the step (batching, forward, backward,
    optimizer) with the top operators. `--compile` times the step with the encoder under
    `torch.compile(dynamic=True)` (inductor), the compile time printed apart.
-3. The same for the evaluator's encoding of STS-B test (no gradients).
+3. The same for the evaluator's encoding of STS-B test (no gradients, chunks as the evaluator cuts
+   them), under bf16 autocast and in fp32 (what dev and test are scored in by default): sentences/s
+   with evaluation's unfused attention and with SDPA's fused kernel, the fraction of that dtype's
+   model-shaped matmul, the top operators.
 
     python benchmarks/profile_step.py --data-dir ../shared/data [--model mpnet] [--compile]
 """
@@ -156,19 +159,54 @@ def main() -> None:
     test = list(dict.fromkeys(list(data.test.sentence1) + list(data.test.sentence2)))
     tokens.add(test)
     ids = [tokens[s] for s in test]
-    with torch.no_grad(), autocast(device, dtype):
+    for eval_dtype in [dtype, torch.float32] if dtype != torch.float32 else [dtype]:
+        profile_evaluation(runner["model"], model, ids, tokens.pad_id, eval_dtype, peaks, hidden, inner)
+
+
+def timed_encoding(model, ids, pad_id: int, dtype: torch.dtype, repeats: int = 3) -> float:
+    """Seconds of the best of `repeats` encodings of `ids` (after one that warms up and compiles)."""
+    device = torch.device("cpu")
+    with torch.inference_mode(), autocast(device, dtype):
+        encode_tokens(model, ids, pad_id, device, EVAL_TOKENS_PER_CHUNK, max_chunk=256)
+        best = float("inf")
+        for _ in range(repeats):
+            started = time.perf_counter()
+            encode_tokens(model, ids, pad_id, device, EVAL_TOKENS_PER_CHUNK, max_chunk=256)
+            best = min(best, time.perf_counter() - started)
+    return best
+
+
+def profile_evaluation(runner, model, ids, pad_id: int, dtype: torch.dtype, peaks: dict, hidden: int,
+                       inner: int) -> None:
+    """The evaluator's encoding in `dtype` (bf16 autocast or fp32, what scoring uses by default): its
+    FLOPs, its speed with evaluation's unfused attention and with SDPA's fused kernel, the fraction of
+    this dtype's model-shaped matmul, and the top operators."""
+    device = torch.device("cpu")
+    name = "bf16" if dtype == torch.bfloat16 else "fp32"
+    shaped = max(matmul_peak(dtype, 1024, hidden, inner), matmul_peak(dtype, 1024, inner, hidden))
+    with torch.inference_mode(), autocast(device, dtype):
         counter = FlopCounterMode(display=False)
         with counter:
-            encode_tokens(model, ids, tokens.pad_id, device, EVAL_TOKENS_PER_CHUNK)
-        encode_tokens(runner["model"], ids, tokens.pad_id, device, EVAL_TOKENS_PER_CHUNK)  # compiles, if compiled
-        started = time.perf_counter()
-        encode_tokens(runner["model"], ids, tokens.pad_id, device, EVAL_TOKENS_PER_CHUNK)
-        seconds = time.perf_counter() - started
-    achieved = counter.get_total_flops() / seconds / 1e9
-    print(f"\nevaluation (STS-B test, {len(test)} distinct sentences): {len(test) / seconds:.0f} sentences/s, "
-          f"{counter.get_total_flops() / 1e9:.1f} GFLOP -> {achieved:.0f} GFLOP/s = {100 * achieved / peak:.0f} % of "
-          f"the matmul peak, {100 * achieved / shaped:.0f} % of the model-shaped matmul")
-
+            encode_tokens(model, ids, pad_id, device, EVAL_TOKENS_PER_CHUNK, max_chunk=256)
+    flops = counter.get_total_flops()
+    seconds = timed_encoding(runner, ids, pad_id, dtype)
+    implementation = model.encoder.config._attn_implementation
+    model.encoder.set_attn_implementation("sdpa")
+    fused = timed_encoding(runner, ids, pad_id, dtype)
+    model.encoder.set_attn_implementation(implementation)
+    achieved = flops / seconds / 1e9
+    print(f"\nevaluation in {name} (STS-B test, {len(ids)} distinct sentences, {flops / 1e9:.1f} GFLOP; the "
+          f"{name} matmul at the model's feed-forward shape: {shaped:.0f} GFLOP/s, square peak {peaks[name]:.0f}): "
+          f"{len(ids) / seconds:.0f} sentences/s -> {achieved:.0f} GFLOP/s = {100 * achieved / shaped:.0f} % of the "
+          f"model-shaped matmul ({100 * achieved / peaks[name]:.0f} % of the square peak); with SDPA's fused "
+          f"attention {len(ids) / fused:.0f} sentences/s = {100 * flops / fused / 1e9 / shaped:.0f} %")
+    with profile(activities=[ProfilerActivity.CPU]) as prof, torch.inference_mode(), autocast(device, dtype):
+        encode_tokens(runner, ids, pad_id, device, EVAL_TOKENS_PER_CHUNK, max_chunk=256)
+    events = prof.key_averages()
+    whole = sum(e.self_cpu_time_total for e in events)
+    top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:8]
+    print("  top operators by self time: " + ", ".join(f"{e.key} {100 * e.self_cpu_time_total / whole:.0f} %"
+                                                       for e in top))
 
 if __name__ == "__main__":
     main()
