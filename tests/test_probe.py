@@ -110,3 +110,37 @@ def test_minilm_cls_layers_collapse_but_rank_pairs_as_a_float64_model_does(data_
         float64 = 100 * spearmanr(cosines, test.score).statistic
         assert 0 < rows[k]["test_cosine_spread"] < 1e-4 and np.ptp(cosines) < 1e-4  # collapsed, and flagged
         assert abs(rows[k]["test_spearman"] - float64) < 1.0 and float64 > 20  # real ranking, as in float64
+
+
+def test_every_layer_comes_from_one_forward_pass_per_chunk(tiny_bert, synthetic_data_dir, monkeypatch):
+    """The probe's speed: each distinct sentence of the splits goes through the encoder once, in the
+    evaluator's chunks, and that one pass scores every layer (a probe that re-encoded per layer
+    would run 4x the forwards here); the encoder is cut after the deepest layer asked for."""
+    from trainables.data.tasks import load_task
+    from trainables.evaluation import probe
+    from trainables.models.batching import EVAL_TOKENS_PER_CHUNK, length_chunks
+    from trainables.models.encoder import encoder_layers
+
+    rows_seen, encoders = [], []
+
+    def counted(name, *args, **kwargs):
+        encoder = load_encoder(name, *args, **kwargs)
+        encoder.embeddings.register_forward_hook(lambda module, inputs, output: rows_seen.append(output.shape[0]))
+        encoders.append(encoder)
+        return encoder
+
+    load_encoder = probe.load_encoder
+    monkeypatch.setattr(probe, "load_encoder", counted)
+    config = ProbeConfig(model=tiny_bert, data_dir=str(synthetic_data_dir), precision="fp32", device="cpu")
+    rows = probe_layers(config)
+    assert [r["layer"] for r in rows] == [0, 1, 2, 3] and all("test_spearman" in r for r in rows)
+    data = load_task("stsb", None, synthetic_data_dir)
+    distinct = list(dict.fromkeys(s for split in (data.dev, data.test) for column in ("sentence1", "sentence2")
+                                  for s in split[column]))
+    tokens = TokenCache(load_tokenizer(tiny_bert), 128)
+    chunks = length_chunks([len(ids) for ids in tokens.lookup(distinct)], EVAL_TOKENS_PER_CHUNK, 256)
+    assert len(rows_seen) == len(chunks) and sum(rows_seen) == len(distinct)
+
+    rows_seen.clear()
+    probe_layers(ProbeConfig(model=tiny_bert, data_dir=str(synthetic_data_dir), layers=[1], device="cpu"))
+    assert len(encoder_layers(encoders[-1])) == 1 and sum(rows_seen) == len(distinct)
