@@ -28,10 +28,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make_study(folder: Path, tree: Path) -> Path:
-    """A two-cell study, trials instant, tracked in `folder/mlflow.db`; returns its storage folder."""
-    sys.path.insert(0, str(tree))
-    sys.path.insert(0, str(tree / "tests"))
+def make_study(folder: Path) -> Path:
+    """A two-cell study, trials instant, tracked in `folder/mlflow.db`; returns its storage folder. This
+    checkout makes it (the `ui` of another, `--tree`, is timed on the same folder)."""
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "tests"))
     from conftest import save_tiny_bert
 
     from benchmarks.instant import instant_executor
@@ -69,10 +70,12 @@ def tree_memory(pid: int) -> tuple[int, float, float]:
     return len(processes), pss / 2**20, rss / 2**20
 
 
-def one_start(storage: Path, port: int, env: dict) -> dict:
+def one_start(storage: Path, port: int, env: dict, tree: Path) -> dict:
+    """One `orchestrator ui` of `tree` (run from its root: `python -m` puts the working folder first)."""
     started = time.monotonic()
     ui = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "ui", "ui", "--storage", str(storage),
-                           "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                           "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          cwd=tree)
     line = ui.stdout.readline()
     seconds = time.monotonic() - started
     url = line.split(": ", 1)[-1].split()[0] if "http://" in line else None
@@ -101,10 +104,10 @@ def main() -> None:
     tree = args.tree.resolve()
     env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1"}
     with tempfile.TemporaryDirectory() as scratch:
-        storage = make_study(Path(scratch), tree)
-        runs = []
+        storage = make_study(Path(scratch))
+        runs, load = [], os.getloadavg()[0]
         for number in range(1, args.starts + 1):
-            run = one_start(storage, args.port, env)
+            run = one_start(storage, args.port, env, tree)
             runs.append(run)
             print(f"start {number:2d}: URL after {run['seconds']:5.1f} s, {run['processes']} processes, "
                   f"PSS {run['pss_mib']:.0f} MiB (RSS {run['rss_mib']:.0f} MiB), page "
@@ -121,7 +124,7 @@ def main() -> None:
           f"{statistics.median(r['pss_mib'] for r in runs):.0f} MiB; starts with any stderr line: "
           f"{sum(bool(r['stderr_lines']) for r in runs)}; with a traceback: "
           f"{sum(any('Traceback' in x for x in r['stderr_lines']) for r in runs)}; pages answered: "
-          f"{sum(r['answered'] for r in runs)}")
+          f"{sum(r['answered'] for r in runs)}; load average {load:.1f} before, {os.getloadavg()[0]:.1f} after")
 
 
 if __name__ == "__main__":

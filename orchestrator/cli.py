@@ -259,8 +259,9 @@ def launch(study_file: str = STUDY_FILE, overrides: Overrides = None, name: NewN
     started = time.monotonic()
     quiet_libraries()
     spec = api.load_study(study_file, overrides or (), name=name, data_dir=data_dir, check=False)  # launch checks
-    run_to_end(spec.name, storage, started, lambda: api.launch(spec, storage=storage, address=address,
-                                                               max_concurrent=max_concurrent, resume=resume_existing))
+    where = storage or spec.config.storage_path  # where the study folder goes, for the lines that name it
+    run_to_end(spec.name, where, started, lambda: api.launch(spec, storage=storage, address=address,
+                                                             max_concurrent=max_concurrent, resume=resume_existing))
 
 
 @app.command()
@@ -605,9 +606,9 @@ def run_to_end(name: str, storage: str | Path | None, started: float, start: Cal
         typer.echo(f"interrupted: {cli_name()} resume {name}{study_options(stopped.result.study_dir.parent)}",
                    err=True)
         raise typer.Exit(128 + TERMINATED["signal"] if TERMINATED["signal"] else INTERRUPTED) from None
-    except KeyboardInterrupt:  # a second Ctrl-C (Tune handles the first): one line, not a traceback
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before Tune ran: one line, not a traceback
         shutdown_ray()
-        typer.echo(f"interrupted: {cli_name()} resume {name}{study_options(storage)}", err=True)
+        typer.echo(interrupted_line(name, storage), err=True)
         raise typer.Exit(INTERRUPTED) from None
     shutdown_ray()
     summarize(result)
@@ -625,6 +626,17 @@ def run_to_end(name: str, storage: str | Path | None, started: float, start: Cal
     typer.echo(f"{name}: done in {duration(time.monotonic() - started)}. Next:")
     for command, what in steps:
         typer.echo(f"  {command.ljust(width)}  # {what}")
+
+
+def interrupted_line(name: str, storage: str | Path | None) -> str:
+    """How to go on after a Ctrl-C: `resume` once the launch has stored the study; before that (Ray
+    starting, the folder being made) nothing ran, and `resume` would find no study to continue."""
+    from orchestrator.study import Study
+
+    if Study.named(name, storage).exists():
+        return f"interrupted: {cli_name()} resume {name}{study_options(storage)}"
+    return (f"interrupted before the study began: nothing ran and there is nothing to resume; run the same "
+            f"`{cli_name()} launch` again")
 
 
 def summarize(result) -> None:

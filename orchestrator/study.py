@@ -112,6 +112,10 @@ class Study:
 
     def require(self) -> Study:
         """Itself, or the one line that says no study of that name lives in this storage folder."""
+        if self.folder.is_dir() and not self.exists():  # its launch stopped while it made the folder
+            raise UserInputError("NAME", self.name, f"the launch that made {self.folder} stopped before the study "
+                                                    "began: nothing ran and there is nothing to resume; launch the "
+                                                    "study file again")
         if not self.exists():
             raise UserInputError("NAME", self.name, f"no study folder {self.folder}; give --storage where it "
                                                     "was launched")

@@ -1,0 +1,200 @@
+"""Ctrl-C anywhere in a launch. Python delivers SIGINT to the main thread as a KeyboardInterrupt between
+any two of its bytecodes; here it is raised on entry to the n-th call of the project's own code
+(orchestrator, reports, trainables), for an n a property test draws across a whole launch: validation,
+the study folder being made, the parent run, Optuna's asks and tells, the trials' MLflow runs, the
+journal, the report. Whatever n, the launch ends in the interrupt and nothing else, the CLI's last line
+says how to go on, and doing what it says finishes the study: every trial once, one MLflow run each,
+none left RUNNING, no epoch logged twice, a report that `verify` accepts."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+import orchestrator as orc
+import reports
+import trainables
+from benchmarks.instant import instant_executor
+from orchestrator import launcher
+from orchestrator.cli import app, interrupted_line
+
+PACKAGES = tuple(str(Path(package.__file__).parent) + os.sep for package in (orc, reports, trainables))
+TRIALS = 8  # 2 layers x (2 tuning trials + 2 seeds)
+
+
+class CtrlC:
+    """A trace function that counts the calls into the project's code and raises KeyboardInterrupt on
+    entry to the `at`-th (none when `at` is None: a count of a whole launch)."""
+
+    def __init__(self, at: int | None) -> None:
+        self.at, self.calls, self.where = at, 0, "nowhere: the launch ended first"
+
+    def __call__(self, frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(PACKAGES):
+            self.calls += 1
+            if self.calls == self.at:
+                self.where = f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"
+                sys.settrace(None)
+                raise KeyboardInterrupt
+        return None
+
+    @contextlib.contextmanager
+    def armed(self):
+        previous = sys.gettrace()
+        sys.settrace(self)
+        try:
+            yield self
+        finally:
+            sys.settrace(previous)
+
+
+def score(config: dict, seed: int, epoch: int) -> float:
+    return 50 + 5 * config["layer"] + 10 * config.get("lr", 0) ** 0.5 + 0.5 * seed + epoch
+
+
+def make_study(folder: Path, model: str, data_dir: Path, template: Path) -> Path:
+    shutil.copyfile(template, folder / "mlflow.db")
+    path = folder / "k.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "k", "model": model, "ablate": {"layer": [1, 2]}, "replicate": {"seeds": [0, 1]},
+        "tune": {"params": {"lr": {"loguniform": [1e-5, 1e-3]}}, "trials": 2, "startup_trials": 1},
+        "train": {"epochs": 2}, "data_dir": str(data_dir), "report": {"baseline": {"layer": 2}},
+        "tracking": {"mlflow_uri": f"sqlite:///{folder / 'mlflow.db'}"}}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def instant_trials():
+    """Ray Tune's execution of the trials replaced by benchmarks/instant.py (two at a time)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(launcher, "connect_ray", lambda address: None)
+        patch.setattr(launcher, "check_cluster", lambda ray, study: None)
+        patch.setattr(launcher, "run_tuner", instant_executor(score, slots=2))
+        yield
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    from reports.store import open_store
+
+    path = tmp_path_factory.mktemp("store") / "mlflow.db"
+    open_store(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture(scope="module")
+def calls(instant_trials, tiny_bert, synthetic_data_dir, store, tmp_path_factory) -> int:
+    """How many calls into the project's code a whole launch makes (the second of two: the first
+    imports and fills caches)."""
+    counted = 0
+    for _ in range(2):
+        folder = tmp_path_factory.mktemp("count")
+        with contextlib.chdir(folder), CtrlC(None).armed() as counter:
+            orc.launch(make_study(folder, tiny_bert, synthetic_data_dir, store), storage=folder / "studies",
+                       progress=False)
+        counted = counter.calls
+    return counted
+
+
+def check_finished(folder: Path, result, where: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    storage = folder / "studies"
+    counts = result.counts
+    assert result.finished and counts["completed"] + counts["pruned"] == TRIALS, (where, counts)  # ASHA may prune
+    runs = orc.results("k", storage=storage)
+    assert len(runs) == TRIALS and runs.run_id.is_unique, where
+    assert set(runs.outcome) <= {"completed", "pruned"}, where
+    assert set(runs[runs.phase == "replicate"].outcome) == {"completed"}, where
+    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+    mlflow_runs = client.search_runs([client.get_experiment_by_name("k").experiment_id])
+    assert "RUNNING" not in {r.info.status for r in mlflow_runs}, where
+    children = [r for r in mlflow_runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(mlflow_runs) - len(children) == 1, where  # one parent run, however many launches
+    keys = Counter(r.data.tags["orchestrator.trial_key"] for r in children)
+    assert len(keys) == TRIALS and max(keys.values()) == 1, (where, keys)  # one run per trial, none again
+    status = {r.data.tags["orchestrator.trial_key"]: r.info.status for r in children}
+    assert status == {key: "FINISHED" if outcome == "completed" else "KILLED"  # pruned: KILLED
+                      for key, outcome in zip(runs.trial_key, runs.outcome, strict=True)}, where
+    curves = orc.results("k", storage=storage, curves=True).groupby("trial_key").epoch.apply(list)
+    epochs = {key: [1, 2] if outcome == "completed" else [1] for key, outcome in zip(runs.trial_key, runs.outcome,
+                                                                                   strict=True)}
+    assert curves.to_dict() == epochs, where  # each epoch once, a pruned trial's first only
+    assert result.report is not None and orc.verify(result.report.folder).ok, where
+
+
+@pytest.mark.slow
+@settings(max_examples=int(os.environ.get("CTRL_C_EXAMPLES", "12")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture],
+          phases=[Phase.explicit, Phase.reuse, Phase.generate])  # no shrinking: the failure names where it struck
+@given(position=st.floats(0, 1, exclude_max=True))
+@example(position=0.0)  # before anything is written: `resume` would find no study
+def test_ctrl_c_anywhere_in_a_launch_is_the_interrupt_and_what_the_cli_says_next_finishes_the_study(
+        position, calls, tiny_bert, synthetic_data_dir, store, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ctrl-c")
+    study, storage = make_study(folder, tiny_bert, synthetic_data_dir, store), folder / "studies"
+    ctrl_c = CtrlC(1 + int(position * calls))
+    with contextlib.chdir(folder):  # storage is ./studies: the CLI's lines name the study alone
+        try:
+            with ctrl_c.armed():
+                result = orc.launch(study, storage=storage, progress=False)
+        except KeyboardInterrupt:  # the interrupt itself (StudyInterrupted is one); any other error fails here
+            advice = interrupted_line("k", storage)
+            if advice.startswith("interrupted: "):
+                assert advice == "interrupted: orchestrator resume k", (ctrl_c.where, advice)
+                result = orc.resume("k", storage=storage, progress=False)
+            else:
+                assert advice.endswith("nothing to resume; run the same `orchestrator launch` again"), advice
+                with pytest.raises(orc.UserInputError, match="nothing to resume|no study folder"):
+                    orc.resume("k", storage=storage, progress=False)
+                result = orc.launch(study, storage=storage, progress=False)
+        check_finished(folder, result, ctrl_c.where)
+
+
+def interrupt_when(finished: int):
+    def interrupt(count: int) -> None:
+        if count == finished:
+            raise KeyboardInterrupt
+    return interrupt
+
+
+@pytest.mark.parametrize("storage_path", [False, True])
+def test_the_clis_line_after_ctrl_c_names_what_continues_the_study(tiny_bert, synthetic_data_dir, store, tmp_path,
+                                                                  monkeypatch, storage_path):
+    """Ctrl-C while Ray starts (nothing written yet) says to launch again, not to `resume` a study that
+    does not exist; Ctrl-C mid-study says `resume` with the study file's own `storage_path` when it has
+    one (`resume NAME` alone looked in ./studies). Doing what each says finishes the study."""
+    monkeypatch.chdir(tmp_path)
+    study = make_study(tmp_path, tiny_bert, synthetic_data_dir, store)
+    where = tmp_path / "elsewhere"
+    if storage_path:
+        study.write_text(study.read_text() + f"storage_path: {where}\n")
+    options = [] if storage_path else ["--storage", str(where)]
+
+    def ray_interrupted(address):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launcher, "connect_ray", ray_interrupted)
+    stopped = CliRunner().invoke(app, ["launch", str(study), *options])
+    assert stopped.exit_code == 130 and stopped.stderr.strip().splitlines() == [
+        "interrupted before the study began: nothing ran and there is nothing to resume; run the same "
+        "`orchestrator launch` again"], stopped.output
+    monkeypatch.setattr(launcher, "connect_ray", lambda address: None)
+    monkeypatch.setattr(launcher, "check_cluster", lambda ray, study: None)
+    monkeypatch.setattr(launcher, "run_tuner", instant_executor(score, slots=2, on_finished=interrupt_when(3)))
+    stopped = CliRunner().invoke(app, ["launch", str(study), *options])
+    assert stopped.exit_code == 130, stopped.output
+    assert stopped.stderr.strip().splitlines()[-1] == f"interrupted: orchestrator resume k --storage {where}"
+    monkeypatch.setattr(launcher, "run_tuner", instant_executor(score, slots=2))
+    resumed = CliRunner().invoke(app, ["resume", "k", "--storage", str(where)])
+    assert resumed.exit_code == 0 and "k: finished: " in resumed.stdout, resumed.output
