@@ -496,7 +496,7 @@ def make_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] | None = No
     if not stats.empty:
         stats.to_csv(out / "stats.csv", index=False)
         written.append(out / "stats.csv")
-    from reports.paper import write_supplement
+    from reports.paper import SECTION, write_supplement
 
     supplement, sections = write_supplement(context, out, formats)
     written += supplement
@@ -515,7 +515,7 @@ def make_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] | None = No
                                               "(Dodge et al. 2019), ± the sd of that best"}
         (out / "report.tex").write_text(latex_document([name for name, _ in grids],
                                                        [(stem.name, captions[stem.name]) for stem in figures],
-                                                       runs.name))
+                                                       runs.name, appendix=SECTION))
         written.append(out / "report.tex")
     provenance = producer()
     sources = runs.sources or [{"study": runs.name, "tracking_uri": runs.tracking_uri, "study_uid": runs.study_uid}]

@@ -177,10 +177,12 @@ def to_latex(grid: Grid, label: str, width: str = "auto", notes: str = "short") 
 ACL_GEOMETRY = r"\usepackage[a4paper,textwidth=16cm,textheight=24.7cm,columnsep=0.6cm,top=2.5cm]{geometry}"
 
 
-def latex_document(tables: list[str], figures: list[tuple[str, str]] = (), title: str | None = None) -> str:
+def latex_document(tables: list[str], figures: list[tuple[str, str]] = (), title: str | None = None,
+                   appendix: str | None = None) -> str:
     """`report.tex`: a two-column article with ACL's page (11 pt, two 7.7 cm columns) that
     \\input's every table and includes the figures (PDF file stem, caption), so the tables are seen
-    as a paper shows them."""
+    as a paper shows them; `appendix` (a .tex stem, the reproducibility section) follows on its own
+    one-column page, as a paper's appendix."""
     lines = [r"\documentclass[11pt,twocolumn]{article}", ACL_GEOMETRY, r"\usepackage[T1]{fontenc}",
              r"\usepackage[utf8]{inputenc}", r"\usepackage{booktabs}", r"\usepackage{graphicx}",
              r"\begin{document}"]
@@ -190,5 +192,7 @@ def latex_document(tables: list[str], figures: list[tuple[str, str]] = (), title
     for stem, caption in figures:
         lines += [r"\begin{figure}[t]", r"\centering", rf"\includegraphics[width=\columnwidth]{{{stem}.pdf}}",
                   rf"\caption{{{latex_escape(caption)}}}", r"\end{figure}"]
+    if appendix:
+        lines += [r"\onecolumn", r"\appendix", rf"\input{{{appendix}}}"]
     lines.append(r"\end{document}")
     return "\n".join(lines) + "\n"

@@ -110,7 +110,7 @@ def data_item(record) -> Item:
 
 def _first_line(text: str) -> str:
     line = next((line.strip(" -*") for line in text.splitlines() if line.strip(" -*")), "")
-    return line.replace("**", "")
+    return line.replace("**", "").rstrip(".")  # the sentence it goes into punctuates it
 
 
 def describe_space(written: str) -> str:
@@ -123,6 +123,14 @@ def describe_space(written: str) -> str:
         return DISTRIBUTIONS[found.group(1)].format(**{k: v.strip() for k, v in fields.items()})
     except KeyError:
         return written
+
+
+def in_effect(defaults: dict) -> dict:
+    """The defaults a reader needs to rerun the study: not those left unset (None), nor the settings of a
+    feature the study left off (`pretrain_steps` while `pretrain` is None or False): they change nothing."""
+    off = [name for name, value in defaults.items() if value is None or value is False]
+    return {name: value for name, value in defaults.items()
+            if value is not None and not any(name.startswith(f"{feature}_") for feature in off)}
 
 
 def chosen_values(runs) -> dict[str, dict]:
@@ -147,9 +155,11 @@ def search_item(runs) -> Item:
     fixed = {k: v for k, v in (record.base if record is not None else {}).items()
              if k not in ("task", "model", "language", "data_dir", "num_threads", "device", "cache_dir")}
     defaults = dict(record.defaults) if record is not None else {}
+    shown = in_effect(defaults)
     fixed_text = ", ".join(f"{k} {v}" for k, v in fixed.items()) + (
-        "; the trainable's defaults for the rest: " + ", ".join(f"{k} {v}" for k, v in defaults.items())
-        if defaults else "")
+        "; the trainable's defaults for the rest: " + ", ".join(f"{k} {v}" for k, v in shown.items()) +
+        (f" ({len(defaults) - len(shown)} more that are off or unused, in reproducibility.json)"
+         if len(shown) < len(defaults) else "") if defaults else "")
     if record is None or not record.tuned:
         return Item("search", checklists, question, f"No search: every cell ran the study's fixed configuration "
                     f"({fixed_text}); cells differ only in their ablated values.", {"tuned": {}, "fixed": fixed})

@@ -319,6 +319,10 @@ def test_the_reproducibility_section_answers_every_item_from_the_study(study, ti
         assert f"{cell}: lr {best.tuned['lr']:.3g}" in section
     assert search["fixed"] == {"batch_size": 16, "epochs": 3, "max_train_samples": 100, "max_eval_samples": 50}
     assert search["defaults"]["loss"] == "cosine_mse" and "loss cosine_mse" in section
+    # the defaults a rerun needs, not those of a feature the study left off (pretraining) or left unset
+    assert search["defaults"]["pretrain"] is None and search["defaults"]["pretrain_steps"] == 200
+    assert "pretrain_steps" not in section and "pretrain None" not in section
+    assert "more that are off or unused, in reproducibility.json)" in section
 
     seeds = answers["seeds"]["facts"]
     assert seeds["seeds"] == [0, 1] and seeds["tuning_seed"] == 10000
@@ -359,6 +363,23 @@ def test_the_reproducibility_section_compiles_as_an_appendix(study, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:]
     assert "Reproducibility" in (tmp_path / "reproducibility.tex").read_text()
+    # report.tex ends with it, as the paper's appendix
+    assert "\\onecolumn\n\\appendix\n\\input{reproducibility}\n\\end{document}" in (tmp_path / "report.tex").read_text()
+    done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "report.tex"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:]
+    text = subprocess.run(["pdftotext", "report.pdf", "-"], cwd=tmp_path, capture_output=True, text=True).stdout
+    assert "Reproducibility" in text and "How many runs does each number average" in text
+
+
+def test_only_the_defaults_in_effect_are_listed():
+    from reports.reproducibility import in_effect
+
+    defaults = {"pretrain": None, "pretrain_steps": 200, "pretrain_lr": 5e-5, "loss": "cosine_mse", "select": None,
+                "random_init": False, "random_init_std": 0.02, "max_seq_length": 128, "group_by_length": True,
+                "group_by_length_bins": 8}
+    assert in_effect(defaults) == {"loss": "cosine_mse", "random_init": False, "max_seq_length": 128,
+                                   "group_by_length": True, "group_by_length_bins": 8}
 
 
 def test_a_study_from_before_the_record_kept_these_facts_says_what_it_cannot_answer(tmp_path):
