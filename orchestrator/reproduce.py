@@ -62,13 +62,30 @@ def read_report(folder: Path) -> tuple[list[dict], StudyRecord]:
     if not (report / REPLICATES_FILE).exists():
         raise UserInputError("REPORT", str(folder), f"no {REPLICATES_FILE} there: give a folder written by "
                                                     "`orchestrator report` (or an unpacked --bundle)")
+    damaged = UserInputError("REPORT", str(folder), f"{REPLICATES_FILE} is damaged; write the report again with "
+                                                   "`orchestrator report`")
     try:
         entries = json.loads((report / REPLICATES_FILE).read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise UserInputError("REPORT", str(folder), f"{REPLICATES_FILE} is damaged; write the report again with "
-                                                    "`orchestrator report`") from None
-    record = StudyRecord.from_json((report / RECORD_FILE).read_text(encoding="utf-8"), str(report / RECORD_FILE))
-    return entries, record
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raise damaged from None
+    if not isinstance(entries, list) or not all(is_entry(entry) for entry in entries):
+        raise damaged
+    try:
+        text = (report / RECORD_FILE).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        raise UserInputError("REPORT", str(folder), f"its {RECORD_FILE} is missing or unreadable; write the report "
+                                                    "again with `orchestrator report`") from None
+    return entries, StudyRecord.from_json(text, str(report / RECORD_FILE))
+
+
+ENTRY_FIELDS = {"cell": str, "values": dict, "seed": int, "kind": str, "config": dict, "reported": dict}
+
+
+def is_entry(entry: object) -> bool:
+    """Whether `entry` is a replicate as `orchestrator report` writes it (replicates.json)."""
+    return (isinstance(entry, dict) and all(isinstance(entry.get(k), t) and not isinstance(entry.get(k), bool)
+                                            for k, t in ENTRY_FIELDS.items())
+            and all(isinstance(v, int | float) and not isinstance(v, bool) for v in entry["reported"].values()))
 
 
 def find_replicate(entries: list[dict], cell: dict[str, str], seed: int) -> dict:
@@ -172,7 +189,8 @@ def environment_differences(record: StudyRecord, folder: Path, entry: dict) -> l
             out += [line for line in lock_differences(read_lock(where.read_text()), read_lock(environment_lock()))
                     if line.split(":")[0] not in named]
             break
-    machine = entry.get("hardware", {}).get("cpu_model")
+    hardware = entry.get("hardware")
+    machine = hardware.get("cpu_model") if isinstance(hardware, dict) else None
     if machine and machine != cpu_model():
         out.append(f"cpu: {machine} then, {cpu_model()} now")
     return out
@@ -201,8 +219,8 @@ def reproduce(folder: str | Path, cell: str, seed: int, data_dir: str | None = N
 def render(result: Reproduction) -> list[str]:
     """What the command prints: the checks, then reported and recomputed scores side by side."""
     entry = result.entry
-    lines = [f"reproduce {entry['cell']} · seed {entry['seed']} (MLflow run {entry['run_id']}; config "
-             f"{entry['config_source']})", *result.checked]
+    lines = [f"reproduce {entry['cell']} · seed {entry['seed']} (MLflow run {entry.get('run_id', 'unknown')}; "
+             f"config {entry.get('config_source', 'unknown')})", *result.checked]
     width = max(len(name) for name in result.reported) if result.reported else 10
     lines.append(f"{'':{width}}  {'reported':>20}  {'recomputed':>20}  {'difference':>11}")
     for name, value in result.reported.items():

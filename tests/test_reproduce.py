@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
@@ -114,6 +116,39 @@ def test_data_whose_rows_changed_stops_the_rerun_before_it_runs(toy_report, synt
 def test_a_cell_or_seed_the_report_does_not_have_is_one_line(toy_report, arguments, message):
     result = CliRunner().invoke(app, ["reproduce", str(toy_report), *arguments])
     assert result.exit_code == 2 and result.stderr == message
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+                        st.sampled_from(["cell", "values", "seed", "kind", "config", "reported", "lr"]), inner,
+                        max_size=6), max_leaves=12)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(replicates=JSON, cell=st.sampled_from(["lr=0.5", "lr=1.0", "layer=1", "lr=0.5 lr=1.0"]) | st.text(max_size=20),
+       seed=st.integers(-3, 3))
+def test_a_damaged_report_or_any_cell_is_one_line_never_a_traceback(toy_report, tmp_path_factory, replicates, cell,
+                                                                   seed):
+    """Whatever replicates.json holds and whatever --cell and --seed say: a rerun, or one error line and exit 2."""
+    damaged = tmp_path_factory.mktemp("damaged")
+    shutil.copy(toy_report / "study_record.json", damaged)
+    (damaged / "replicates.json").write_text(json.dumps(replicates))
+    for folder in (damaged, toy_report):
+        result = CliRunner().invoke(app, ["reproduce", str(folder), "--cell", cell, "--seed", str(seed)])
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+        if result.exit_code != 0:
+            assert result.exit_code == 2 and result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+        else:  # only a cell and seed the report has
+            assert folder == toy_report and seed in (1, 2) and result.stdout.rstrip().endswith("match: every score "
+                                                                                              "within 1e-06")
+
+
+def test_a_report_without_its_record_is_one_line(toy_report):
+    (toy_report / "study_record.json").unlink()
+    result = CliRunner().invoke(app, ["reproduce", str(toy_report), "--cell", "lr=0.5", "--seed", "1"])
+    assert result.exit_code == 2
+    assert result.stderr == (f"error: REPORT: '{toy_report}' is not valid; its study_record.json is missing or "
+                             "unreadable; write the report again with `orchestrator report`\n")
 
 
 def test_a_folder_that_is_no_report_is_one_line(tmp_path):
