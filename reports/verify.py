@@ -75,15 +75,27 @@ def compare_text(written: Path, fresh: Path) -> list[str]:
     return problems
 
 
-def verify(folder: str | Path, tracking_uri: str | None = None) -> list[str]:
-    """Every difference between the report in `folder` and what MLflow holds now; empty when none."""
-    folder = Path(folder)
+def read_provenance(folder: Path) -> tuple[dict, list[dict]]:
+    """The report's `provenance.json` and the studies it was written from, or one line saying it is
+    damaged (cut short, not an object, a study or its store missing: edited by hand, a crash mid-write)."""
+    damaged = UserInputError("FOLDER", str(folder), f"{PROVENANCE} is damaged; write the report again with "
+                                                    "`orchestrator report`")
     try:
         provenance = json.loads((folder / PROVENANCE).read_text())
     except (UnicodeDecodeError, json.JSONDecodeError):
-        raise UserInputError("FOLDER", str(folder), f"{PROVENANCE} is damaged; write the report again with "
-                                                    "`orchestrator report`") from None
-    sources = provenance.get("sources") or [provenance]
+        raise damaged from None
+    sources = (provenance.get("sources") or [provenance]) if isinstance(provenance, dict) else None
+    if not isinstance(sources, list) or not all(
+            isinstance(s, dict) and isinstance(s.get("tracking_uri"), str) and isinstance(s.get("study"), str)
+            for s in sources):
+        raise damaged
+    return provenance, sources
+
+
+def verify(folder: str | Path, tracking_uri: str | None = None) -> list[str]:
+    """Every difference between the report in `folder` and what MLflow holds now; empty when none."""
+    folder = Path(folder)
+    provenance, sources = read_provenance(folder)
     studies = [collect(tracking_uri or s["tracking_uri"], s["study"], s.get("study_uid")) for s in sources]
     runs = studies[0] if len(studies) == 1 else combine(studies)
     with tempfile.TemporaryDirectory(prefix="verify-") as scratch:

@@ -539,3 +539,23 @@ def test_adaptive_seeds_report_the_first_stage_std_and_steins_interval(tmp_path,
     assert "± is the std over the 3 first-stage seeds" in note and "std_all_seeds" in note
     assert "ran 3.5 % low" in note if rule == "two_stage" else "ran 6.8 % low" in note
     assert ("Stein's interval" in note) == (rule == "two_stage") and "about 3 %" not in note
+
+
+@pytest.mark.parametrize("damage", [
+    lambda text: text[: len(text) // 2],  # cut short (a crash or a full disk mid-write)
+    lambda text: "42",  # JSON, but no object
+    lambda text: "{}",  # an object without the study or its store
+    lambda text: text.replace('"tracking_uri"', '"tracking"'),  # a key renamed by hand
+    lambda text: "\udcff",  # not UTF-8
+])
+def test_verify_of_a_damaged_provenance_json_is_one_line(tmp_path, damage):
+    from orchestrator.cli import app
+
+    uri = make_store(tmp_path)
+    build_report(collect(uri, "synthetic"), tmp_path / "report")
+    path = tmp_path / "report" / "provenance.json"
+    path.write_bytes(damage(path.read_text()).encode("utf-8", "surrogateescape"))
+    result = CliRunner().invoke(app, ["verify", str(tmp_path / "report")])
+    assert result.exit_code == 2 and result.stderr == (
+        f"error: FOLDER: '{tmp_path / 'report'}' is not valid; provenance.json is damaged; write the report again "
+        "with `orchestrator report`\n"), result.output
