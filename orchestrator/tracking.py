@@ -121,6 +121,9 @@ class StudyTracker:
         if uri.startswith(("http://", "https://")):  # fail fast when the server is down: the outage is
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # handled by ResilientTracker
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
+            # MLflow prints two "View run/experiment at" lines for every run it closes on a server, after a
+            # request to read the run back: one request and two lines of the launch's output per trial
+            os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         self.client = open_store(uri)
         self.uri, self.study_name = uri, study_name
         experiment = self.client.get_experiment_by_name(study_name)

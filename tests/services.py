@@ -145,7 +145,9 @@ class MlflowServer:
             [str(BIN / "mlflow"), "server", "--backend-store-uri", self.backend,
              "--artifacts-destination", str(self.folder / "artifacts"), "--host", "127.0.0.1",
              "--port", str(self.port), "--workers", "1"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            # MLflow's job runner and its seven huey consumers (GenAI jobs) serve nothing a study uses
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
