@@ -14,7 +14,13 @@ cost over the first and the last tenth of the trials (what grows with the study 
 Python, imports included), the replay a `resume` does, and MLflow's store size. The last line:
     scale: N trials, driver X ms/trial (1k: Y), status S s, report R s, results() T s
 
+`--tracking-uri postgresql+server` measures the same sizes again with MLflow behind a tracking server on a
+private PostgreSQL cluster (Debian's `postgresql`, `initdb` into a temp folder, tests/services.py; psycopg
+from the extra `ablation-orchestrator[postgres]`) and prints both stores side by side; `sqlite+server` (an
+MLflow server on SQLite) and a running server's http(s):// URL work too.
+
     python benchmarks/scale.py --data-dir ../shared/data --trials 10000      # about 20 minutes on 2 cores
+    python benchmarks/scale.py --small 200 --trials 1000 --tracking-uri postgresql+server
 """
 
 from __future__ import annotations
@@ -33,9 +39,10 @@ from pathlib import Path
 import yaml
 from instant import instant_executor  # benchmarks/instant.py, beside this script
 
-from orchestrator.journal import Journal
-from orchestrator.launcher import launch
-from orchestrator.study import Study
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.services: the private PostgreSQL and server
+from orchestrator.journal import Journal  # noqa: E402
+from orchestrator.launcher import launch  # noqa: E402
+from orchestrator.study import Study  # noqa: E402
 
 SLOTS = 16
 PER_CELL = 100  # trials per cell: 97 tuning trials and 3 replicates
@@ -89,7 +96,48 @@ def python(code: str) -> tuple[float, str]:
     return time.perf_counter() - started, out.stdout.strip()
 
 
-def measure(trials: int, data_dir: str, folder: Path) -> dict:
+class Store:
+    """Where a measured study is tracked: SQLite in the study's temp folder, or a tracking server (started
+    here on PostgreSQL or SQLite, each on 127.0.0.1, or one already running at an http(s):// URL)."""
+
+    NAMES = {"sqlite": "SQLite file", "postgresql+server": "server on PostgreSQL", "sqlite+server": "server on SQLite"}
+
+    def __init__(self, kind: str, folder: Path):
+        self.kind, self.folder, self.services = kind, folder, []
+        self.name = self.NAMES.get(kind, kind)
+        if kind == "sqlite":
+            self.uri = f"sqlite:///{folder / 'mlflow.db'}"
+        elif kind in ("postgresql+server", "sqlite+server"):
+            from tests.services import MlflowServer, PostgresCluster
+
+            backend = None
+            if kind == "postgresql+server":
+                self.services.append(PostgresCluster().start())
+                backend = self.services[-1].uri
+            self.services.append(MlflowServer(folder, backend).start())
+            self.uri = self.services[-1].uri
+        else:
+            self.uri = kind
+
+    def size_mb(self) -> float | None:
+        """The backend store's size (None for a server run elsewhere)."""
+        if self.kind in ("sqlite", "sqlite+server"):
+            return (self.folder / ("mlflow.db" if self.kind == "sqlite" else "server.db")).stat().st_size / 2**20
+        if self.kind == "postgresql+server":
+            import psycopg
+
+            pg = self.services[0]
+            with psycopg.connect(host="127.0.0.1", port=pg.port, user=pg.role, password=pg.password,
+                                 dbname=pg.database) as connection:
+                return connection.execute("SELECT pg_database_size(current_database())").fetchone()[0] / 2**20
+        return None
+
+    def close(self) -> None:
+        for service in reversed(self.services):
+            service.stop()
+
+
+def measure(trials: int, data_dir: str, folder: Path, store: Store) -> dict:
     cells = max(1, trials // PER_CELL)
     values, size = {}, 1
     for axis, options in AXES.items():  # the first axes that give `cells` cells
@@ -101,7 +149,7 @@ def measure(trials: int, data_dir: str, folder: Path) -> dict:
             "tune": {"params": {"lr": {"loguniform": [1e-5, 1e-3]}, "warmup_ratio": {"uniform": [0.0, 0.3]}},
                      "trials": PER_CELL - 3},
             "replicate": {"seeds": [0, 1, 2]}, "train": {"epochs": 3}, "data_dir": data_dir,
-            "tracking": {"mlflow_uri": f"sqlite:///{folder / 'mlflow.db'}"}}
+            "tracking": {"mlflow_uri": store.uri}}
     path = folder / f"scale{trials}.yaml"
     path.write_text(yaml.safe_dump(spec))
     timers, ticks = Timers(), []
@@ -140,7 +188,7 @@ def measure(trials: int, data_dir: str, folder: Path) -> dict:
             "parts": {k: 1000 * v / trials for k, v in sorted(timers.seconds.items(), key=lambda kv: -kv[1])},
             "replay_s": replay_s, "resume_s": resume_s, "status_s": status_s, "report_s": report_s,
             "verify_s": verify_s, "results_s": results_s, "curves_s": curves_s,
-            "store_mb": (folder / "mlflow.db").stat().st_size / 2**20,
+            "store_mb": store.size_mb(),
             "journal_mb": (folder / "studies" / spec["name"] / "journal.jsonl").stat().st_size / 2**20}
 
 
@@ -150,25 +198,56 @@ def main() -> None:
                         help="the data folder (default: $ORCHESTRATOR_DATA_DIR, else ../shared/data)")
     parser.add_argument("--trials", type=int, default=10_000, help="the large size (the small one is 1,000)")
     parser.add_argument("--small", type=int, default=1_000)
+    parser.add_argument("--tracking-uri", default="sqlite", help="sqlite (default), postgresql+server, sqlite+server "
+                        "or a running server's http(s):// URL; any but sqlite is measured beside SQLite")
     args = parser.parse_args()
+    if args.tracking_uri not in Store.NAMES and not args.tracking_uri.startswith(("http://", "https://")):
+        parser.exit(2, f"error: --tracking-uri: {args.tracking_uri} is not valid; use sqlite, postgresql+server, "
+                       "sqlite+server or an http(s):// URL\n")
     data_dir = str(Path(args.data_dir).resolve())
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
-    found = []
-    for trials in (args.small, args.trials):
-        with tempfile.TemporaryDirectory() as tmp:
-            m = measure(trials, data_dir, Path(tmp))
-        found.append(m)
-        parts = ", ".join(f"{k} {v:.1f}" for k, v in m["parts"].items())
-        print(f"{m['trials']} trials ({m['cells']} cells x {PER_CELL}): driver {m['driver_ms']:.1f} ms/trial "
-              f"(first tenth {m['early_ms']:.1f}, last tenth {m['late_ms']:.1f}); per trial in ms: {parts} "
-              f"(journal is inside ask, tell and pruner); launch {m['launch_s']:.0f} s in all", flush=True)
-        print(f"    replay {m['replay_s']:.1f} s, resume (nothing left) {m['resume_s']:.1f} s, status "
-              f"{m['status_s']:.1f} s, report {m['report_s']:.1f} s, verify {m['verify_s']:.1f} s, results() "
-              f"{m['results_s']:.1f} s, results(curves=True) {m['curves_s']:.1f} s; MLflow store "
-              f"{m['store_mb']:.1f} MiB, journal {m['journal_mb']:.1f} MiB", flush=True)
-    small, large = found
+    kinds = ["sqlite"] + ([args.tracking_uri] if args.tracking_uri != "sqlite" else [])
+    found: dict[tuple[str, int], dict] = {}
+    for kind in kinds:
+        for trials in (args.small, args.trials):
+            with tempfile.TemporaryDirectory() as tmp:
+                store = Store(kind, Path(tmp))
+                try:
+                    found[kind, trials] = measure(trials, data_dir, Path(tmp), store)
+                finally:
+                    store.close()
+            print_measure(found[kind, trials], store.name if len(kinds) > 1 else "")
+    small, large = found["sqlite", args.small], found["sqlite", args.trials]
     print(f"scale: {large['trials']} trials, driver {large['driver_ms']:.1f} ms/trial (1k: {small['driver_ms']:.1f}), "
           f"status {large['status_s']:.1f} s, report {large['report_s']:.1f} s, results() {large['results_s']:.1f} s")
+    if len(kinds) > 1:
+        print_side_by_side(found)
+
+
+def print_measure(m: dict, store: str) -> None:
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in m["parts"].items())
+    size = "n/a" if m["store_mb"] is None else f"{m['store_mb']:.1f} MiB"
+    print(f"{store + ': ' if store else ''}{m['trials']} trials ({m['cells']} cells x {PER_CELL}): driver "
+          f"{m['driver_ms']:.1f} ms/trial (first tenth {m['early_ms']:.1f}, last tenth {m['late_ms']:.1f}); per trial "
+          f"in ms: {parts} (journal is inside ask, tell and pruner); launch {m['launch_s']:.0f} s in all", flush=True)
+    print(f"    replay {m['replay_s']:.1f} s, resume (nothing left) {m['resume_s']:.1f} s, status "
+          f"{m['status_s']:.1f} s, report {m['report_s']:.1f} s, verify {m['verify_s']:.1f} s, results() "
+          f"{m['results_s']:.1f} s, results(curves=True) {m['curves_s']:.1f} s; MLflow store {size}, journal "
+          f"{m['journal_mb']:.1f} MiB", flush=True)
+
+
+def print_side_by_side(found: dict) -> None:
+    """One row per store and size: the driver's cost per trial, MLflow's part of it, and the verbs."""
+    header = ("store", "trials", "driver ms/trial", "mlflow ms/trial", "status s", "report s", "verify s",
+              "results() s", "store MiB")
+    rows = [header] + [(Store.NAMES.get(kind, kind), str(trials), f"{m['driver_ms']:.1f}",
+                        f"{m['parts'].get('mlflow', 0.0):.1f}", f"{m['status_s']:.1f}", f"{m['report_s']:.1f}",
+                        f"{m['verify_s']:.1f}", f"{m['results_s']:.1f}",
+                        "n/a" if m["store_mb"] is None else f"{m['store_mb']:.1f}")
+                       for (kind, trials), m in found.items()]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        print("  ".join([row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]))
 
 
 if __name__ == "__main__":
