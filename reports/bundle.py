@@ -14,6 +14,7 @@ import yaml
 
 from reports.environment import LOCK_FILE, git_state
 from reports.record import RECORD_FILE, StudyRecord
+from reports.reproducibility import _first_line
 
 DATA_SUMS = "data.sha256"  # `sha256sum -c data.sha256`, run in the data folder, checks every file
 STUDY_FILE = "study.yaml"
@@ -76,13 +77,14 @@ def readme(record: StudyRecord, replicates: list[dict], source: Path | None, sta
     lines += ["## 1. The environment", "",
               f"Python {record.provenance.get('python', '(see environment.txt)')}, then every pinned distribution and "
               "the orchestrator itself (torch from the index of its build, e.g. `--index-url "
-              "https://download.pytorch.org/whl/cpu` for a `+cpu` version):", "", "```shell",
+              "https://download.pytorch.org/whl/cpu` for a `+cpu` version; what was installed from a folder or a "
+              "repository, the orchestrator among them, is a comment in the lock saying from where):", "",
+              "```shell",
               "# not run here: it installs the study's environment", "python -m venv .venv && . .venv/bin/activate",
               f"pip install -r {LOCK_FILE}", install, "```", "", "## 2. The data", ""]
     for d in record.data:
         name = d.name + (f"/{d.language}" if d.language else "")
-        license_line = next((line.strip(" -*") for line in d.license.splitlines() if line.strip(" -*")),
-                            "none stated")
+        license_line = _first_line(d.license) or "none stated"
         splits = ", ".join(f"{split} {s.rows} rows (sha256 {s.sha256[:16]}…)" for split, s in d.splits.items())
         lines.append(f"- **{name}**{f' ({d.title})' if d.title else ''}: read from {d.origin}; license: "
                      f"{license_line}; {splits}")

@@ -34,25 +34,47 @@ def package_versions() -> dict[str, str]:
     return {"python": platform.python_version(), **{name: package_version(dist) for name, dist in KEY_PACKAGES.items()}}
 
 
+NOT_FROM_AN_INDEX = "# not from an index: "  # a pin pip cannot install by name: kept, as a comment
+
+
 def environment_lock() -> str:
     """Every installed distribution as `name==version`, sorted (what `pip freeze` pins, read through
     importlib.metadata so that an environment without pip is locked too), after a header naming the
-    interpreter and the platform."""
-    pins = sorted({f"{d.metadata['Name']}=={d.version}" for d in distributions() if d.metadata["Name"]},
-                  key=str.lower)
+    interpreter and the platform. A distribution installed from a folder, a file or a repository (PEP 610's
+    direct_url.json: the orchestrator's own checkout, a local plugin) is no index's to give, so its pin is a
+    comment naming where it came from: `pip install -r` the lock installs everything else."""
+    pins = set()
+    for d in distributions():
+        if not d.metadata["Name"]:
+            continue
+        pin = f"{d.metadata['Name']}=={d.version}"
+        where = _direct_url(d)
+        pins.add(f"{NOT_FROM_AN_INDEX}{pin} ({where})" if where else pin)
     header = [f"# python {platform.python_version()} ({sys.implementation.name}) on {platform.platform()}",
               "# every distribution of the environment the study ran in: pip install -r this file (torch from the "
               "index of its build, e.g. +cpu or +cu124)"]
-    return "\n".join(header + pins) + "\n"
+    return "\n".join(header + sorted(pins, key=lambda line: line.removeprefix(NOT_FROM_AN_INDEX).lower())) + "\n"
+
+
+def _direct_url(distribution) -> str | None:
+    """Where a distribution installed from a URL (not an index) came from, per its direct_url.json."""
+    import json
+
+    try:
+        text = distribution.read_text("direct_url.json")
+        return str(json.loads(text)["url"]) if text else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def read_lock(text: str) -> dict[str, str]:
-    """`name==version` lines of a lock, as {normalised name: version}."""
+    """`name==version` lines of a lock (those not from an index too), as {normalised name: version}."""
     pins = {}
     for line in text.splitlines():
+        line = line.removeprefix(NOT_FROM_AN_INDEX)
         if "==" in line and not line.startswith("#"):
             name, _, pinned = line.partition("==")
-            pins[normalise(name)] = pinned.strip()
+            pins[normalise(name)] = pinned.split()[0] if pinned.split() else ""
     return pins
 
 

@@ -101,6 +101,34 @@ def test_the_locked_environment_is_kept_in_the_folder_and_on_the_parent_run(stud
     parent = client.search_runs([client.get_experiment_by_name("spent").experiment_id],
                                 "tags.`orchestrator.role` = 'study'")[0]
     assert {"environment.txt", "study_record.json"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+    from importlib.metadata import distribution
+
+    pins = [line for line in lock.splitlines() if not line.startswith("#")]
+    if distribution("ablation-orchestrator").read_text("direct_url.json"):  # a checkout (pip install -e .): no
+        # index has this commit, so `pip install -r` must not ask one for it (the bundle's source/ installs it)
+        assert not [line for line in pins if line.startswith("ablation-orchestrator==")]
+        assert f"# not from an index: ablation-orchestrator=={version('ablation-orchestrator')} (file://" in lock
+
+
+class FakeDistribution:
+    def __init__(self, name: str, version: str, url: str | None = None):
+        self.metadata, self.version, self.url = {"Name": name}, version, url
+
+    def read_text(self, name: str) -> str | None:
+        return json.dumps({"url": self.url, "dir_info": {}}) if name == "direct_url.json" and self.url else None
+
+
+def test_a_lock_pins_what_an_index_has_and_names_where_the_rest_came_from(monkeypatch):
+    from reports import environment
+
+    monkeypatch.setattr(environment, "distributions", lambda: [
+        FakeDistribution("torch", "2.13.0+cpu"), FakeDistribution("my_plugin", "0.3", "file:///home/me/plugin"),
+        FakeDistribution("Alembic", "1.20.1"), FakeDistribution("zed", "1.0", "git+https://example.org/zed@abc")])
+    lock = environment.environment_lock().splitlines()
+    assert lock[2:] == ["Alembic==1.20.1", "# not from an index: my_plugin==0.3 (file:///home/me/plugin)",
+                        "torch==2.13.0+cpu", "# not from an index: zed==1.0 (git+https://example.org/zed@abc)"]
+    assert environment.read_lock("\n".join(lock)) == {"alembic": "1.20.1", "my-plugin": "0.3",
+                                                      "torch": "2.13.0+cpu", "zed": "1.0"}
 
 
 def test_every_trial_records_its_wall_time_in_the_journal_and_mlflow(study):
