@@ -28,6 +28,7 @@ from orchestrator.study_folder import (
     STAGES,
     STUDY_FILE,
     exclusive,
+    holder,
     is_running,
     read_meta,
     read_record,
@@ -112,6 +113,9 @@ class Study:
 
     def require(self) -> Study:
         """Itself, or the one line that says no study of that name lives in this storage folder."""
+        if self.folder.is_dir() and not self.exists() and is_running(self.folder):  # being made this moment
+            raise UserInputError("NAME", self.name, f"{holder(self.folder)} is making the study folder "
+                                                    f"{self.folder} now; try again in a moment")
         if self.folder.is_dir() and not self.exists():  # its launch stopped while it made the folder
             raise UserInputError("NAME", self.name, f"the launch that made {self.folder} stopped before the study "
                                                     "began: nothing ran and there is nothing to resume; launch the "

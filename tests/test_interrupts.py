@@ -198,3 +198,22 @@ def test_the_clis_line_after_ctrl_c_names_what_continues_the_study(tiny_bert, sy
     monkeypatch.setattr(launcher, "run_tuner", instant_executor(score, slots=2))
     resumed = CliRunner().invoke(app, ["resume", "k", "--storage", str(where)])
     assert resumed.exit_code == 0 and "k: finished: " in resumed.stdout, resumed.output
+
+
+def test_a_study_folder_being_made_or_left_half_made_is_one_line_that_says_which(tmp_path):
+    """`status` or `resume` in the moment a launch makes the folder (its lock held, no study file yet)
+    says so; once that launch is gone (Ctrl-C before the study began) it says to launch again."""
+    from orchestrator.study_folder import exclusive
+
+    storage = tmp_path / "studies"
+    with exclusive(storage / "k", "k", "launch"):
+        for verb in ("status", "resume"):
+            busy = CliRunner().invoke(app, [verb, "k", "--storage", str(storage)])
+            assert busy.exit_code == 2 and busy.stderr == (
+                f"error: NAME: 'k' is not valid; pid {os.getpid()}, launch is making the study folder "
+                f"{storage / 'k'} now; try again in a moment\n"), busy.output
+    for verb in ("status", "resume"):
+        left = CliRunner().invoke(app, [verb, "k", "--storage", str(storage)])
+        assert left.exit_code == 2 and left.stderr == (
+            f"error: NAME: 'k' is not valid; the launch that made {storage / 'k'} stopped before the study began: "
+            "nothing ran and there is nothing to resume; launch the study file again\n"), left.output
