@@ -33,6 +33,7 @@ from orchestrator.study_folder import (  # noqa: F401 (DEFAULT_STORAGE: re-expor
     DEFAULT_STORAGE,
     clear_unstarted,
     read_json,
+    read_record,
     unwritable,
 )
 from orchestrator.study_state import StudyState
@@ -462,6 +463,11 @@ def resume(name: str, storage: str | Path | None = None, address: str | None = N
            executor: Callable | None = None) -> LaunchResult:
     """Continue a study from its folder's stored study file (with `overrides` that extend it)."""
     study = Study.named(name, storage).require()
+    record = read_record(study.folder, name, "")
+    if record is not None:  # its plugins first: the study file names what they register
+        from orchestrator.plugins import check_installed
+
+        check_installed(record.plugins, name)
     spec = read_study(study.study_file, overrides)
     if spec.name != name:
         raise UserInputError("name", spec.name, f"the study folder {study.folder} is study {name}: resume it under "

@@ -5,10 +5,12 @@ plugin's distribution provides — so the record says what to install to run the
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from reports.record import PluginRecord
 from search_spaces.params import Choice, Fixed, Grid, Param
+from trainables.errors import UserInputError
 from trainables.kinds import KINDS, TrainableKind
 from trainables.registry import Registry
 
@@ -37,3 +39,20 @@ def plugins_used(trainable: str, kind: TrainableKind, parsed: list,
             found.setdefault((group, name), PluginRecord(group=group, name=name, distribution=entry.distribution,
                                                          version=entry.version, target=entry.target))
     return tuple(found[key] for key in sorted(found))
+
+
+def check_installed(plugins: Iterable[PluginRecord], study: str) -> None:
+    """Resuming runs the study's code again: a plugin it was launched with that is no longer installed
+    is one line naming the distribution and version to install (not the list of names valid now)."""
+    from trainables.objectives import OBJECTIVES
+    from trainables.poolings import POOLINGS
+
+    registries = {"kinds": KINDS, "objectives": OBJECTIVES, "poolings": POOLINGS}
+    for plugin in plugins:
+        registry = registries.get(plugin.group)
+        if registry is None or registry.entries().get(plugin.name):
+            continue
+        raise UserInputError(registry.what, plugin.name, f"study {study} was launched with it from "
+                                                         f"{plugin.distribution} {plugin.version}, which is not "
+                                                         f"installed now: pip install '{plugin.distribution}=="
+                                                         f"{plugin.version}', then resume it")

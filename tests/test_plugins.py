@@ -222,8 +222,9 @@ def test_status_report_and_verify_work_once_the_plugin_is_uninstalled(fake_plugi
     verify = runner.invoke(app, ["verify", str(tmp_path / "r")])
     assert verify.exit_code == 0 and verify.stdout.startswith("ok: every number"), verify.output
     resumed = runner.invoke(app, ["resume", "plugged", "--storage", str(storage)])  # running it again needs it
-    assert error_line(resumed) == ("error: trainable: 'plugin_toy' is not valid; use one of: contrastive, "
-                                   "cross_encoder, distill, finetune, probe")
+    assert error_line(resumed) == ("error: kind: 'plugin_toy' is not valid; study plugged was launched with it from "
+                                   "fake-plugin 1.2.3, which is not installed now: pip install "
+                                   "'fake-plugin==1.2.3', then resume it")
     assert "fake_plugin" not in sys.modules
 
 
