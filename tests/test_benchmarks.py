@@ -168,3 +168,36 @@ def test_the_adaptive_seeds_simulation_agrees_with_an_independent_one_on_the_sam
     for key in ("test_all_bias", "dev_all_bias", "test_first_bias", "dev_first_bias"):
         assert ours[key] == pytest.approx(theirs[key], abs=1e-9), key
     assert 2 < ours["seeds"] < chosen.max_seeds  # the rule did decide something in this regime
+
+
+def load_benchmark(name: str):
+    """A benchmark script as a module (its functions, not its __main__)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, GPU.parent / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_encoding_and_probe_benchmarks_time_like_for_like(tiny_bert, synthetic_data_dir):
+    """The sides epoch.py (--encode-only) and probe_layers.py time, on a tiny BERT: each encodes and
+    reports a speed, and probe's last layer scores STS-B test as sentence-transformers' encoding of
+    the full model does (the same model, pooling and length limit on both sides). ~10 s."""
+    from trainables.data.tasks import load_task
+
+    test = load_task("stsb", None, synthetic_data_dir).test
+    sentences = list(test.sentence1) + list(test.sentence2)
+    epoch = load_benchmark("epoch")
+    speeds = [epoch.our_encode(sentences, "fp32", tiny_bert, fused=fused) for fused in (True, False)]
+    speeds.append(epoch.peer_encode(sentences, False, tiny_bert))
+    assert all(speed > 0 for speed in speeds)
+    probe = load_benchmark("probe_layers")
+    seconds, rows = probe.our_profile(str(synthetic_data_dir), tiny_bert, "fp32")
+    peer_seconds, peer_spearman = probe.peer_once(test, tiny_bert, False)
+    assert seconds > 0 and peer_seconds > 0
+    assert [row["layer"] for row in rows] == [0, 1, 2, 3]
+    # x100, so 1e-4 as a fraction (batches padded differently round differently, near-tied pairs swap)
+    assert rows[-1]["test_spearman"] == pytest.approx(peer_spearman, abs=1e-2)
+    assert rows[0]["test_spearman"] != pytest.approx(peer_spearman, abs=1e-2)  # a wrong layer would differ
