@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import os
+import shutil
+import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -455,7 +458,23 @@ def build_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] | None = N
 
 
 def make_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] | None = None) -> Report:
-    """Write the report folder (`formats`: else the study's `report.formats`)."""
+    """Write the report folder (`formats`: else the study's `report.formats`). The files are written to
+    a scratch folder beside it and moved in once all are written: a report interrupted (Ctrl-C) or
+    failing half-way leaves the folder's earlier report as it was, never a mix of old and new files."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}-writing-", dir=out.parent))
+    try:
+        report = write_report(runs, scratch, formats)
+        out.mkdir(exist_ok=True)
+        for path in sorted(scratch.iterdir(), key=lambda p: (p.name == "report.md", p.name)):  # the entry last
+            os.replace(path, out / path.name)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return replace(report, folder=out, files=[out / path.name for path in report.files])
+
+
+def write_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] | None = None) -> Report:
+    """Every file of the report, written into `out`."""
     formats = tuple(formats or runs.report.get("formats") or FORMATS)
     labels = runs.report.get("labels") or {}
     out.mkdir(parents=True, exist_ok=True)

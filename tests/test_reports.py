@@ -559,3 +559,32 @@ def test_verify_of_a_damaged_provenance_json_is_one_line(tmp_path, damage):
     assert result.exit_code == 2 and result.stderr == (
         f"error: FOLDER: '{tmp_path / 'report'}' is not valid; provenance.json is damaged; write the report again "
         "with `orchestrator report`\n"), result.output
+
+
+def test_a_report_interrupted_half_way_leaves_the_earlier_report_as_it_was(tmp_path, monkeypatch):
+    """Ctrl-C (or a crash) while `report` rewrites a folder after the runs changed: the files were
+    written in place one by one, so the folder held the new runs.csv beside the old tables. Now the
+    earlier report stays whole, nothing is left beside it, and the next report is all new."""
+    from mlflow.tracking import MlflowClient
+
+    import reports.build
+
+    uri = make_store(tmp_path)
+    folder = tmp_path / "report"
+    build_report(collect(uri, "synthetic"), folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    runs = collect(uri, "synthetic").runs.set_index("trial_key")
+    MlflowClient(uri).log_metric(runs.loc["c1-s0", "run_id"], "test_spearman", 90.0, step=2)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(reports.build, "to_latex", interrupted)  # after the figures and CSVs, before report.md
+        with pytest.raises(KeyboardInterrupt):
+            build_report(collect(uri, "synthetic"), folder)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no scratch folder left beside it
+    written = build_report(collect(uri, "synthetic"), folder)
+    assert sorted(p.name for p in written) == sorted(before) and all(p.parent == folder for p in written)
+    assert (folder / "runs.csv").read_bytes() != before["runs.csv"] and "90.0" in (folder / "runs.csv").read_text()
