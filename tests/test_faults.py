@@ -548,7 +548,12 @@ def test_a_lock_file_that_cannot_be_opened_is_one_line(tiny_bert, synthetic_data
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("stop", "times", "code"), [("SIGINT", 2, 130), ("SIGHUP", 1, 129)])
+@pytest.mark.parametrize(("stop", "times", "code"), [
+    ("SIGINT", 2, 130), ("SIGHUP", 1, 129),
+    pytest.param("SIGTERM", 1, 143, marks=pytest.mark.xfail(strict=True, reason=(
+        "open: SIGTERM to the whole process group (a SLURM time limit, `kill -TERM -PGID`) stops Ray's GCS too; "
+        "the driver waits 60 s for it and exits 1 with Ray's C++ log line (measured 2026-11-25)"))),
+])
 def test_two_ctrl_c_or_a_closed_terminal_mid_trial_end_in_one_line_and_resume_loses_nothing(
         tiny_bert, synthetic_data_dir, tmp_path, empty_store, stop, times, code):
     """Signals sent to the launch's whole process group, as a terminal sends them: two Ctrl-C, or the
