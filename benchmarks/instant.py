@@ -65,8 +65,11 @@ def instant_executor(score: Score, slots: int = 16, wrap: Callable[[str, Callabl
                 if not running:
                     return
                 for trial_id in list(running):
-                    trial, epoch, best = running[trial_id][0], running[trial_id][1] + 1, running[trial_id][2]
+                    trial, best = running[trial_id][0], running[trial_id][2]
                     cfg = trial.config["trial"]
+                    # a trial interrupted after its last epoch's result, before it ended, reports that epoch
+                    # again, as a worker restored from its last checkpoint does (it trained every epoch)
+                    epoch = min(running[trial_id][1] + 1, cfg["epochs"])
                     dev = score(cfg, cfg["seed"], epoch)
                     best = dev if best is None else max(best, dev)
                     running[trial_id][1:3] = [epoch, best]
@@ -81,7 +84,7 @@ def instant_executor(score: Score, slots: int = 16, wrap: Callable[[str, Callabl
                                         "hardware_cpu_model": "Instant CPU", "hardware_gpu_model": "none"})
                     result(0, [], trial, metrics)
                     stop = prune(None, trial, metrics) == "STOP"
-                    if stop or epoch == cfg["epochs"]:
+                    if stop or epoch >= cfg["epochs"]:
                         complete(trial_id, metrics)
                         finish(0, [], trial)
                         del running[trial_id]

@@ -134,7 +134,7 @@ def check_finished(folder: Path, result, where: str) -> None:
 
 
 @pytest.mark.slow
-@settings(max_examples=int(os.environ.get("CTRL_C_EXAMPLES", "12")), deadline=None,
+@settings(max_examples=int(os.environ.get("CTRL_C_EXAMPLES", "12")), deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture],
           phases=[Phase.explicit, Phase.reuse, Phase.generate])  # no shrinking: the failure names where it struck
 @given(position=st.floats(0, 1, exclude_max=True))
