@@ -14,13 +14,18 @@ cost over the first and the last tenth of the trials (what grows with the study 
 Python, imports included), the replay a `resume` does, and MLflow's store size. The last line:
     scale: N trials, driver X ms/trial (1k: Y), status S s, report R s, results() T s
 
+MLflow's writes are made by a writer thread (the tracker's default): "mlflow" in the driver's parts is
+then the time to queue them, and the writer's own time making the requests is printed per trial beside
+the wait for its queue as the launch ends; `--writer inline` makes them on the driver's thread as before,
+`--writer both` measures both ways side by side.
+
 `--tracking-uri postgresql+server` measures the same sizes again with MLflow behind a tracking server on a
 private PostgreSQL cluster (Debian's `postgresql`, `initdb` into a temp folder, tests/services.py; psycopg
 from the extra `ablation-orchestrator[postgres]`) and prints both stores side by side; `sqlite+server` (an
 MLflow server on SQLite) and a running server's http(s):// URL work too.
 
     python benchmarks/scale.py --data-dir ../shared/data --trials 10000      # about 20 minutes on 2 cores
-    python benchmarks/scale.py --small 200 --trials 1000 --tracking-uri postgresql+server
+    python benchmarks/scale.py --small 200 --trials 1000 --tracking-uri postgresql+server --writer both
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.services: 
 from orchestrator.journal import Journal  # noqa: E402
 from orchestrator.launcher import launch  # noqa: E402
 from orchestrator.study import Study  # noqa: E402
+from orchestrator.tracking import ResilientTracker  # noqa: E402
 
 SLOTS = 16
 PER_CELL = 100  # trials per cell: 97 tuning trials and 3 replicates
@@ -72,10 +78,17 @@ def dev_score(config: dict, seed: int, epoch: int) -> float:
             - lr_term - 10 * (config.get("warmup_ratio", 0.1) - 0.1) ** 2 + 3 * math.log(epoch) + noise)
 
 
-def executor(timers: Timers, ticks: list[tuple[int, float]]):
-    """Tune's part of a launch, in process (benchmarks/instant.py), each adapter call timed."""
-    return instant_executor(dev_score, SLOTS, timers.wrap,
-                            on_finished=lambda n: ticks.append((n, time.perf_counter())))
+def executor(timers: Timers, ticks: list[tuple[int, float]], trackers: list | None = None):
+    """Tune's part of a launch, in process (benchmarks/instant.py), each adapter call timed; `trackers`
+    receives the launch's MLflow tracker (its writer thread's busy time is read after the launch)."""
+    execute = instant_executor(dev_score, SLOTS, timers.wrap,
+                               on_finished=lambda n: ticks.append((n, time.perf_counter())))
+
+    def run(plan, state, tracker, *rest) -> None:
+        if trackers is not None:
+            trackers.append(tracker)
+        execute(plan, state, tracker, *rest)
+    return run
 
 
 def cli(*args: str) -> tuple[float, str]:
@@ -152,15 +165,17 @@ def measure(trials: int, data_dir: str, folder: Path, store: Store) -> dict:
             "tracking": {"mlflow_uri": store.uri}}
     path = folder / f"scale{trials}.yaml"
     path.write_text(yaml.safe_dump(spec))
-    timers, ticks = Timers(), []
-    original = Journal.write
+    timers, ticks, trackers = Timers(), [], []
+    original, drain = Journal.write, ResilientTracker.drain
     Journal.write = timers.wrap("journal", original)
+    ResilientTracker.drain = timers.wrap("drain", drain)  # as the launch ends: the writes still queued
     try:
         started = time.perf_counter()
-        result = launch(path, storage=folder / "studies", executor=executor(timers, ticks))
+        result = launch(path, storage=folder / "studies", executor=executor(timers, ticks, trackers))
         launch_s = time.perf_counter() - started
     finally:
-        Journal.write = original
+        Journal.write, ResilientTracker.drain = original, drain
+    drain_s = timers.seconds.pop("drain", 0.0)
     assert result.finished and result.counts["issued"] == trials, result.counts
     first, last = ticks[0][1], ticks[-1][1]
     tenth = max(1, len(ticks) // 10)
@@ -184,6 +199,8 @@ def measure(trials: int, data_dir: str, folder: Path, store: Store) -> dict:
     assert int(rows) == trials, rows
     curves_s, _ = python(f"import orchestrator as orc; print(len(orc.results({where}, curves=True)))")
     return {"trials": trials, "cells": cells, "driver_ms": 1000 * driver, "early_ms": 1000 * early,
+            "writer_ms": 1000 * trackers[0].busy_s / trials, "drain_s": drain_s,
+            "writer": "a writer thread" if trackers[0].queue is not None else "inline",
             "late_ms": 1000 * late, "launch_s": launch_s,
             "parts": {k: 1000 * v / trials for k, v in sorted(timers.seconds.items(), key=lambda kv: -kv[1])},
             "replay_s": replay_s, "resume_s": resume_s, "status_s": status_s, "report_s": report_s,
@@ -200,6 +217,9 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=1_000)
     parser.add_argument("--tracking-uri", default="sqlite", help="sqlite (default), postgresql+server, sqlite+server "
                         "or a running server's http(s):// URL; any but sqlite is measured beside SQLite")
+    parser.add_argument("--writer", default="background", choices=["background", "inline", "both"],
+                        help="MLflow's writes on a writer thread (the default), on the driver's thread "
+                        "(ORCHESTRATOR_TRACKING_WRITER=inline), or both, side by side")
     args = parser.parse_args()
     if args.tracking_uri not in Store.NAMES and not args.tracking_uri.startswith(("http://", "https://")):
         parser.exit(2, f"error: --tracking-uri: {args.tracking_uri} is not valid; use sqlite, postgresql+server, "
@@ -207,20 +227,23 @@ def main() -> None:
     data_dir = str(Path(args.data_dir).resolve())
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     kinds = ["sqlite"] + ([args.tracking_uri] if args.tracking_uri != "sqlite" else [])
-    found: dict[tuple[str, int], dict] = {}
+    writers = ["background", "inline"] if args.writer == "both" else [args.writer]
+    found: dict[tuple[str, str, int], dict] = {}
     for kind in kinds:
-        for trials in (args.small, args.trials):
-            with tempfile.TemporaryDirectory() as tmp:
-                store = Store(kind, Path(tmp))
-                try:
-                    found[kind, trials] = measure(trials, data_dir, Path(tmp), store)
-                finally:
-                    store.close()
-            print_measure(found[kind, trials], store.name if len(kinds) > 1 else "")
-    small, large = found["sqlite", args.small], found["sqlite", args.trials]
+        for writer in writers:
+            os.environ["ORCHESTRATOR_TRACKING_WRITER"] = writer
+            for trials in (args.small, args.trials):
+                with tempfile.TemporaryDirectory() as tmp:
+                    store = Store(kind, Path(tmp))
+                    try:
+                        found[kind, writer, trials] = measure(trials, data_dir, Path(tmp), store)
+                    finally:
+                        store.close()
+                print_measure(found[kind, writer, trials], store.name if len(kinds) > 1 else "")
+    small, large = found["sqlite", writers[0], args.small], found["sqlite", writers[0], args.trials]
     print(f"scale: {large['trials']} trials, driver {large['driver_ms']:.1f} ms/trial (1k: {small['driver_ms']:.1f}), "
           f"status {large['status_s']:.1f} s, report {large['report_s']:.1f} s, results() {large['results_s']:.1f} s")
-    if len(kinds) > 1:
+    if len(found) > 2:
         print_side_by_side(found)
 
 
@@ -230,6 +253,8 @@ def print_measure(m: dict, store: str) -> None:
     print(f"{store + ': ' if store else ''}{m['trials']} trials ({m['cells']} cells x {PER_CELL}): driver "
           f"{m['driver_ms']:.1f} ms/trial (first tenth {m['early_ms']:.1f}, last tenth {m['late_ms']:.1f}); per trial "
           f"in ms: {parts} (journal is inside ask, tell and pruner); launch {m['launch_s']:.0f} s in all", flush=True)
+    print(f"    MLflow's writes ({m['writer']}): {m['writer_ms']:.1f} ms/trial making requests, {m['drain_s']:.1f} s "
+          f"waited for the queue as the launch ended", flush=True)
     print(f"    replay {m['replay_s']:.1f} s, resume (nothing left) {m['resume_s']:.1f} s, status "
           f"{m['status_s']:.1f} s, report {m['report_s']:.1f} s, verify {m['verify_s']:.1f} s, results() "
           f"{m['results_s']:.1f} s, results(curves=True) {m['curves_s']:.1f} s; MLflow store {size}, journal "
@@ -238,13 +263,14 @@ def print_measure(m: dict, store: str) -> None:
 
 def print_side_by_side(found: dict) -> None:
     """One row per store and size: the driver's cost per trial, MLflow's part of it, and the verbs."""
-    header = ("store", "trials", "driver ms/trial", "mlflow ms/trial", "status s", "report s", "verify s",
-              "results() s", "store MiB")
-    rows = [header] + [(Store.NAMES.get(kind, kind), str(trials), f"{m['driver_ms']:.1f}",
-                        f"{m['parts'].get('mlflow', 0.0):.1f}", f"{m['status_s']:.1f}", f"{m['report_s']:.1f}",
+    header = ("store", "trials", "driver ms/trial", "mlflow ms/trial", "writer ms/trial", "end wait s", "status s",
+              "report s", "verify s", "results() s", "store MiB")
+    rows = [header] + [(f"{Store.NAMES.get(kind, kind)}, {m['writer']}", str(trials), f"{m['driver_ms']:.1f}",
+                        f"{m['parts'].get('mlflow', 0.0):.1f}", f"{m['writer_ms']:.1f}", f"{m['drain_s']:.1f}",
+                        f"{m['status_s']:.1f}", f"{m['report_s']:.1f}",
                         f"{m['verify_s']:.1f}", f"{m['results_s']:.1f}",
                         "n/a" if m["store_mb"] is None else f"{m['store_mb']:.1f}")
-                       for (kind, trials), m in found.items()]
+                       for (kind, _, trials), m in found.items()]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for row in rows:
         print("  ".join([row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]))

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -136,6 +137,7 @@ class Journal:
     def __init__(self, path: str | Path, repair: bool = True):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.appending = threading.Lock()  # the driver's thread and its MLflow writer (checkpoint removals)
         if repair:
             self.repair_tail()
 
@@ -158,7 +160,7 @@ class Journal:
         """Append one event, stamped with its wall-clock time `t` (trial durations for the dashboards)."""
         line = json.dumps({"event": event, **fields, "t": round(time.time(), 3)}, default=str, allow_nan=True)
         try:
-            with open(self.path, "a", encoding="utf-8") as f:
+            with self.appending, open(self.path, "a", encoding="utf-8") as f:
                 f.write(line + "\n")
                 f.flush()
                 os.fsync(f.fileno())

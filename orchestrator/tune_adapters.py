@@ -193,9 +193,16 @@ class TrackingCallback(Callback):
                     "the model of %s was not copied to %s (%s); it stays in %s", record.key, self.models_dir, exc,
                     record.checkpoint)
                 return
-        # results safe in the journal and MLflow: the checkpoint can go
-        if getattr(self.tracker, "offline_since", None) is None and remove_checkpoint(record.checkpoint):
-            self.state.journal.write("checkpoint_removed", key=record.key, path=record.checkpoint)
+        # results safe in the journal and (once the writes above are made) in MLflow: the checkpoint can go
+        def release() -> None:
+            if remove_checkpoint(record.checkpoint):
+                self.state.journal.write("checkpoint_removed", key=record.key, path=record.checkpoint)
+
+        when_written = getattr(self.tracker, "when_written", None)
+        if when_written is None:  # a plain StudyTracker writes as it is called
+            release()
+        else:
+            when_written(release)
 
 
 def run_trial(config: dict) -> None:
