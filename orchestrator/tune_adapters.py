@@ -280,6 +280,7 @@ class ProgressCallback(Callback):
         self.last_update = 0.0
         self.last_line = time.monotonic()
         self.reported = len(state.finished_keys)  # a resume's earlier trials are not announced again
+        self.finished_before = self.reported  # no ETA until a trial of this launch ends (see _eta)
         self.eta: tuple[float, float | None] = (-math.inf, None)  # (when computed, the ETA then)
         self.done_before = work_units(state)[0]  # a resume's earlier work: not paid for by this launch's time
         self.live = (Live(status_table(state), console=Console(file=self.stream), auto_refresh=False)
@@ -298,7 +299,11 @@ class ProgressCallback(Callback):
             self.stream = None
 
     def _eta(self, now: float) -> float | None:
-        """The time left, recomputed at most once a second (it reads every trial of the study)."""
+        """The time left, recomputed at most once a second (it reads every trial of the study); none until
+        a trial of this launch has ended: before that the time is mostly Ray's and the workers' start, and
+        the pace from it said 29 minutes for a 7-minute study."""
+        if len(self.state.finished_keys) <= self.finished_before:
+            return None
         if now - self.eta[0] >= 1.0:
             self.eta = (now, eta_seconds(self.state, now - self.started, self.done_before))
         return self.eta[1]

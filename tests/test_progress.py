@@ -74,12 +74,18 @@ def test_without_a_terminal_each_finished_trial_prints_one_line_and_a_heartbeat_
     record = state.next_trial()
     callback.poll()
     assert stream.getvalue() == "banner line\n"  # nothing ended yet, and no minute has passed
+    state.on_result(record.key, {"epoch": 1, "dev_spearman": 50})
+    clock[0] += 61
+    callback.poll()  # a heartbeat while the first trial runs: its pace would mostly measure the start
+    assert stream.getvalue().splitlines()[-1] == "… s: 0 done, 1 running, 0 failed · 4 planned · 1m01s elapsed"
     finish(state, record, [50, 55])
     clock[0] += 30
     callback.poll()
     callback.poll()  # a trial is reported once
     lines = stream.getvalue().splitlines()
-    assert len(lines) == 2 and lines[1].startswith("[1/4] layer=2 seed 0 completed dev_spearman 55.00 · 30s")
+    assert len(lines) == 3 and lines[2].startswith("[1/4] layer=2 seed 0 completed dev_spearman 55.00 · 1m31s "
+                                                   "elapsed · ETA ")
     clock[0] += 61
     callback.poll()
-    assert stream.getvalue().splitlines()[-1].startswith("… s: 1 done, 0 running, 0 failed · 4 planned · 1m31s")
+    assert stream.getvalue().splitlines()[-1].startswith("… s: 1 done, 0 running, 0 failed · 4 planned · 2m32s "
+                                                         "elapsed · ETA ")
