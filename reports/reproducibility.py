@@ -207,11 +207,13 @@ def budget_item(runs) -> Item:
                                                         if math.isfinite(v["expected_best"]) else "none completed")
                        for cell, v in per_cell.items())
     rising = list(budget.cell[budget.rising])
+    few = list(budget.cell[budget.too_few]) if "too_few" in budget else []
     return Item("budget", ("ACL C2",), question,
                 f"{listed} (expected best dev at the trials that completed, {ESTIMATORS[estimator]}; the tuning "
                 f"budget table and expected_dev_by_trials.png give every n)" +
-                (f"; still rising at the budget spent: {', '.join(rising)}" if rising else "") + ".",
-                {"budget": per_cell, "estimator": estimator, "rising": rising})
+                (f"; still rising at the budget spent: {', '.join(rising)}" if rising else "") +
+                (f"; too few completed trials to tell whether still rising: {', '.join(few)}" if few else "") + ".",
+                {"budget": per_cell, "estimator": estimator, "rising": rising, "too_few": few})
 
 
 def seeds_item(runs, summary: pd.DataFrame) -> Item:

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import ttest_1samp
 
-from reports.evp import curve, expected_max, still_rising, unequal_budgets
+from reports.evp import FEWEST_TO_TELL, curve, expected_max, still_rising, too_few_to_tell, unequal_budgets
 from reports.power import detectable_difference, paired_power, seeds_needed
 
 SIMULATIONS = 20_000
@@ -81,6 +81,21 @@ def test_a_curve_is_still_rising_when_its_last_trial_adds_much_of_its_rise():
     assert still_rising(curve([1.0, 2.0, 3.0]))  # three trials: the third adds a third of the rise
     assert not still_rising(curve(list(np.linspace(0, 1, 12))))
     assert not still_rising(curve([5.0, 5.0, 5.0])) and not still_rising(curve([5.0]))
+
+
+@pytest.mark.parametrize("estimator", sorted(FEWEST_TO_TELL))
+def test_too_few_trials_is_where_the_rising_rule_fires_whatever_the_scores(estimator):
+    """Independent draws of one distribution (any continuous one: the rule is scale-free; a normal here):
+    one trial short of the threshold the rule says "rising" in over 10 % of the cells (43 % and 13 %), at it in
+    under 10 % (4.5 % and 3 %)."""
+    rng = np.random.default_rng(7)
+
+    def fires(n: int) -> float:
+        return float(np.mean([still_rising(curve(rng.normal(size=n), estimator)) for _ in range(2_000)]))
+
+    fewest = FEWEST_TO_TELL[estimator]
+    assert fires(fewest - 1) > 0.10 > fires(fewest)
+    assert too_few_to_tell(fewest - 1, estimator) and not too_few_to_tell(fewest, estimator)
 
 
 def test_unequal_budgets_name_the_arms_of_a_comparison():
