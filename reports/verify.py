@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from reports.build import PROVENANCE, build_report
+from reports.build import PROVENANCE, build_report, producer
 from reports.collect import collect, combine
 from trainables.errors import UserInputError
 
@@ -101,7 +101,21 @@ def verify(folder: str | Path, tracking_uri: str | None = None) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="verify-") as scratch:
         fresh = Path(scratch)
         build_report(runs, fresh, tuple(provenance.get("formats") or ("markdown", "latex", "csv")))
-        return compare_folders(folder, fresh, runs.test_metric)
+        problems = compare_folders(folder, fresh, runs.test_metric)
+    changed = other_producer(provenance, sources, folder) if problems else None
+    return problems + ([changed] if changed else [])
+
+
+def other_producer(provenance: dict, sources: list[dict], folder: Path) -> str | None:
+    """When another version or commit wrote the report, a line saying so: a column or a table's wording
+    that differs may be what changed between them, not MLflow's numbers."""
+    wrote, now = provenance.get("commit"), producer()
+    if not isinstance(wrote, str) or wrote == now["commit"] or "unknown" in (wrote, now["commit"]):
+        return None
+    studies = " ".join(str(s["study"]) for s in sources)
+    return (f"the report was written by version {provenance.get('version', '?')} at commit {wrote[:12]}, this is "
+            f"{now['version']} at {now['commit'][:12]}: a column or wording that differs may be that change; "
+            f"`orchestrator report {studies} --out {folder}` writes it again with this version")
 
 
 def compare_folders(written: Path, fresh: Path, metric: str) -> list[str]:

@@ -355,6 +355,32 @@ def test_verify_passes_on_a_fresh_report_and_names_the_cell_after_mlflow_changes
     assert "layer=1" not in result.stderr
 
 
+def test_verify_of_a_report_an_older_version_wrote_says_which_wrote_it(tmp_path):
+    """A column a newer version added (budget.csv's too_few) makes the tables differ; verify says which
+    version wrote the report and how to write it again, and says nothing of it when the numbers agree."""
+    import json
+
+    from orchestrator.cli import app
+
+    uri = make_store(tmp_path)
+    folder = tmp_path / "report"
+    build_report(collect(uri, "synthetic"), folder)
+    provenance = json.loads((folder / "provenance.json").read_text())
+    (folder / "provenance.json").write_text(json.dumps({**provenance, "version": "0.0.9", "commit": "a" * 40}))
+    result = CliRunner().invoke(app, ["verify", str(folder)])
+    assert result.exit_code == 0 and "written by version" not in result.output  # other commit, same numbers: ok
+    budget = pd.read_csv(folder / "budget.csv")
+    budget.drop(columns="too_few").to_csv(folder / "budget.csv", index=False)  # as the older version wrote it
+    result = CliRunner().invoke(app, ["verify", str(folder)])
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith("differs: budget.csv: columns ") and len(lines) >= 2
+    assert lines[-1] == (f"differs: the report was written by version 0.0.9 at commit aaaaaaaaaaaa, this is "
+                         f"{provenance['version']} at {provenance['commit'][:12]}: a column or wording that differs "
+                         f"may be that change; `orchestrator report synthetic --out {folder}` writes it again with "
+                         "this version")
+
+
 def test_verify_names_a_hand_edit_of_any_csv_value(tmp_path):
     """verify used to compare only n, mean, std and dev of cells.csv and the tables' text: an edited
     runs.csv, stats.csv or any other column of cells.csv passed as `ok`."""
