@@ -44,12 +44,20 @@ def commands(_version: bool = typer.Option(False, "--version", callback=show_ver
 
 
 def user_errors(command: Callable) -> Callable:
-    """Turn a UserInputError into `error: <one line>` and exit code 2 (traceback with --debug)."""
+    """Turn a UserInputError into `error: <one line>` and exit code 2 (traceback with --debug), and a
+    Ctrl-C that the verb does not handle itself into `interrupted: ...` and exit 130."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         try:
             return command(*args, **kwargs)
+        except KeyboardInterrupt:
+            if kwargs.get("debug"):
+                traceback.print_exc()
+            verb = next((c.name for c in app.registered_commands if c.name and c.callback is not None
+                         and c.callback.__name__ == command.__name__), command.__name__.replace("_", "-"))
+            typer.echo(f"interrupted: `{cli_name()} {verb}` stopped before it finished; run it again", err=True)
+            raise typer.Exit(INTERRUPTED) from None
         except UserInputError as exc:
             if kwargs.get("debug"):
                 traceback.print_exc()

@@ -217,3 +217,29 @@ def test_a_study_folder_being_made_or_left_half_made_is_one_line_that_says_which
         assert left.exit_code == 2 and left.stderr == (
             f"error: NAME: 'k' is not valid; the launch that made {storage / 'k'} stopped before the study began: "
             "nothing ran and there is nothing to resume; launch the study file again\n"), left.output
+
+
+@pytest.mark.parametrize(("function", "argv"), [
+    ("status", ["status", "s"]), ("list_studies", ["list"]), ("sync", ["sync", "s"]),
+    ("report", ["report", "s"]), ("verify", ["verify", "reports/s"]), ("doctor", ["doctor"]),
+    ("probe", ["probe", "--model", "m"]), ("plan", ["plan", "study.yaml"]),
+])
+def test_ctrl_c_in_a_short_verb_is_one_line_naming_it_and_exit_130(monkeypatch, tmp_path, function, argv):
+    """Ctrl-C in a verb that has no interrupt path of its own (launch and resume have theirs) used to
+    exit 130 with nothing said; now one line names the verb, with no traceback."""
+    from orchestrator import api
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "study.yaml").write_text("name: s\n")
+    (tmp_path / "reports" / "s").mkdir(parents=True)
+    (tmp_path / "reports" / "s" / "provenance.json").write_text("{}")
+
+    def pressed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, function, pressed)
+    result = CliRunner().invoke(app, argv)
+    verb = argv[0]
+    assert result.exit_code == 130 and result.stderr.strip().splitlines() == [
+        f"interrupted: `orchestrator {verb}` stopped before it finished; run it again"], result.output
+    assert "Traceback" not in result.output
