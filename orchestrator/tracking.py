@@ -553,11 +553,16 @@ class ResilientTracker:
         finally:
             self.busy_s += time.perf_counter() - started
 
-    def _catch_up(self) -> None:
+    def _replay(self) -> dict[str, int]:
+        """Make in MLflow what the journal holds and MLflow lacks; the counts add to `synced`."""
         counts = self.tracker.sync(dict(self.records()), self.cell_keys)
+        self.synced = {k: self.synced.get(k, 0) + v for k, v in counts.items()}
+        return counts
+
+    def _catch_up(self) -> None:
+        counts = self._replay()
         self.caught_up = True
         if any(counts.values()):
-            self.synced = {k: self.synced.get(k, 0) + v for k, v in counts.items()}
             log.warning("MLflow at %s was behind the study's journal (a launch that ended before making all its "
                         "writes): replayed %s", self.tracker.uri, counts)
 
@@ -585,12 +590,11 @@ class ResilientTracker:
             return False
         try:
             self.tracker.client.get_run(self.tracker.parent_id)
-            counts = self.tracker.sync(dict(self.records()), self.cell_keys)
+            counts = self._replay()
         except Exception as exc:
             self.offline_since = time.monotonic()
             log.debug("MLflow still unreachable: %s", exc)
             return False
-        self.synced = {k: self.synced.get(k, 0) + v for k, v in counts.items()}
         self.offline_since = None
         self.caught_up = True
         log.warning("MLflow at %s is back: replayed %s", self.tracker.uri, counts)
