@@ -603,9 +603,16 @@ def run_to_end(name: str, storage: str | Path | None, started: float, start: Cal
     wall time (MLflow down: how to catch up). Stopped by Ctrl-C or SIGTERM: the summary, how to continue,
     and exit 130 (143)."""
     from orchestrator import api
-    from orchestrator.launcher import TERMINATED, shutdown_ray
+    from orchestrator.launcher import CLUSTER_LOST, TERMINATED, shutdown_ray
     from orchestrator.progress import duration
 
+    def cluster_lost(code: int) -> None:  # the local Ray stopped under the launch (a stop signal to the group)
+        typer.echo(interrupted_line(name, storage), err=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    CLUSTER_LOST["on_lost"] = cluster_lost
     try:
         result = start()
     except api.StudyInterrupted as stopped:
@@ -618,6 +625,8 @@ def run_to_end(name: str, storage: str | Path | None, started: float, start: Cal
         shutdown_ray()
         typer.echo(interrupted_line(name, storage), err=True)
         raise typer.Exit(INTERRUPTED) from None
+    finally:
+        CLUSTER_LOST["on_lost"] = None  # the launch is over: an API launch in this process waits for Ray
     shutdown_ray()
     summarize(result)
     cli, options = cli_name(), study_options(result.study_dir.parent)

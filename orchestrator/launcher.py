@@ -399,6 +399,9 @@ def no_forwarded_secrets():
 
 
 TERMINATED = {"signal": None}  # the stop signal a launch received, for the CLI's exit code
+# What the CLI does when a stop signal stopped the local Ray too (a SIGTERM to the whole process group):
+# a callable that ends the process with the exit code it is given; None (the Python API) waits for Ray.
+CLUSTER_LOST: dict[str, Callable[[int], None] | None] = {"on_lost": None}  # takes the exit code
 
 
 def shutdown_ray() -> None:
@@ -429,6 +432,9 @@ def graceful_sigterm():
         yield
         return
 
+    returned = threading.Event()  # Tune returned: Ray's own stop from here on is no loss
+    watch_local_ray(returned)
+
     def on_term(signum, frame):
         TERMINATED["signal"] = signum
         os.kill(os.getpid(), signal.SIGINT)
@@ -438,8 +444,50 @@ def graceful_sigterm():
     try:
         yield
     finally:
+        returned.set()
         for stop, handler in previous.items():
             signal.signal(stop, handler)
+
+
+def local_ray_processes() -> dict[str, list]:
+    """The daemons of the Ray this process started, by type (`subprocess.Popen`s: `gcs_server`, `raylet`,
+    ...); empty when it joined a cluster or Ray keeps them elsewhere than Ray 2.x's `_global_node`."""
+    try:
+        from ray._private import worker
+
+        return {kind: [info.process for info in infos]
+                for kind, infos in worker._global_node.all_processes.items()}
+    except (ImportError, AttributeError):
+        return {}
+
+
+ESSENTIAL = ("gcs_server", "raylet")  # without either, no trial can run or stop
+
+
+def watch_local_ray(returned: threading.Event, poll_s: float = 0.25) -> None:
+    """While Tune runs, watch the local Ray's GCS and raylet. A SIGTERM sent to the whole process group
+    (`kill -TERM -PGID`, a scheduler stopping every process) stops them as well as the driver, whose main
+    thread then waits inside Ray for 60 s and ends with exit 1 and Ray's C++ log line, its own signal
+    handler never reached (measured: the raylet exits 2.5 s after the signal, the GCS stops answering).
+    When one of them is gone before Tune returned, the CLI's `on_lost` ends the launch at once with its
+    one line: the journal holds every finished result, so `resume` continues as after any crash. The
+    exit code is 128 + the signal that ended a Ray process (SIGTERM: 143), else 1. The Python API (no
+    `on_lost`) keeps Ray's behaviour."""
+    on_lost, processes = CLUSTER_LOST["on_lost"], local_ray_processes()
+    essential = [p for kind in ESSENTIAL for p in processes.get(kind, [])]
+    if on_lost is None or not essential:
+        return
+
+    def watch() -> None:
+        while all(p.poll() is None for p in essential) and not returned.is_set():
+            time.sleep(poll_s)
+        if returned.is_set():
+            return
+        time.sleep(poll_s)  # the other daemons' codes settle
+        signals = [-p.returncode for ps in processes.values() for p in ps if (p.poll() or 0) < 0]
+        on_lost(128 + signals[0] if signals else 1)
+
+    threading.Thread(target=watch, name="local-ray-watch", daemon=True).start()
 
 
 def slots(study: StudyConfig, total: dict[str, float], max_concurrent: int | None = None) -> int:

@@ -243,3 +243,59 @@ def test_ctrl_c_in_a_short_verb_is_one_line_naming_it_and_exit_130(monkeypatch, 
     assert result.exit_code == 130 and result.stderr.strip().splitlines() == [
         f"interrupted: `orchestrator {verb}` stopped before it finished; run it again"], result.output
     assert "Traceback" not in result.output
+
+
+class FakeDaemon:
+    """A Ray daemon's `Popen` as the watch sees it: running until `code` is set."""
+
+    def __init__(self) -> None:
+        self.returncode = None
+
+    def poll(self):
+        return self.returncode
+
+
+@pytest.mark.parametrize(("ended", "code"), [({"raylet": 1, "log_monitor": -15}, 143), ({"gcs_server": -9}, 137),
+                                             ({"raylet": 1}, 1)])
+def test_a_local_ray_stopped_under_the_launch_ends_it_with_the_signals_code(monkeypatch, ended, code):
+    """A SIGTERM to the whole process group stops the local Ray too (measured: the raylet exits 1, the
+    log monitor dies of the signal); the watch hands the CLI 128 + that signal, or 1 without one."""
+    import threading
+    import time
+
+    daemons = {kind: [FakeDaemon()] for kind in ("gcs_server", "raylet", "log_monitor", "dashboard")}
+    monkeypatch.setattr(launcher, "local_ray_processes", lambda: daemons)
+    lost: list[int] = []
+    monkeypatch.setitem(launcher.CLUSTER_LOST, "on_lost", lost.append)
+    returned = threading.Event()
+    launcher.watch_local_ray(returned, poll_s=0.01)
+    time.sleep(0.1)
+    assert lost == []  # all running: nothing to do
+    for kind, value in ended.items():
+        daemons[kind][0].returncode = value
+    deadline = time.monotonic() + 5
+    while not lost and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert lost == [code]
+
+
+def test_the_watch_is_over_once_tune_returned_or_without_a_cli(monkeypatch):
+    """Ray stopped by the launch's own shutdown (after Tune returned) is no loss; the Python API (no
+    `on_lost`) keeps Ray's own behaviour."""
+    import threading
+    import time
+
+    daemons = {kind: [FakeDaemon()] for kind in ("gcs_server", "raylet")}
+    monkeypatch.setattr(launcher, "local_ray_processes", lambda: daemons)
+    lost: list[int] = []
+    monkeypatch.setitem(launcher.CLUSTER_LOST, "on_lost", lost.append)
+    returned = threading.Event()
+    launcher.watch_local_ray(returned, poll_s=0.01)
+    returned.set()
+    daemons["raylet"][0].returncode = -15
+    time.sleep(0.2)
+    assert lost == []
+    monkeypatch.setitem(launcher.CLUSTER_LOST, "on_lost", None)
+    before = threading.active_count()
+    launcher.watch_local_ray(threading.Event(), poll_s=0.01)
+    assert threading.active_count() == before  # no watch started
