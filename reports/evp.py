@@ -30,7 +30,7 @@ from scipy.special import comb
 
 ESTIMATORS = ("with_replacement", "without_replacement")
 RISING_SHARE = 0.1  # still rising: the last trial's expected gain is over 10 % of the curve's whole rise
-# Below these many completed trials the rule above says "rising" for most curves whatever the scores: for
+# Below these many completed trials the rule above says "rising" often, whatever the scores: for
 # independent draws of one normal distribution it fires in about 43 % of cells at 5 trials with replacement and
 # 13 % at 7 without; 4.5 % and 3 % at 6 and 8 (a test simulates it), so a smaller cell says "too few to tell".
 FEWEST_TO_TELL = {"with_replacement": 6, "without_replacement": 8}
