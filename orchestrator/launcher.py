@@ -468,7 +468,7 @@ def watch_local_ray(returned: threading.Event, poll_s: float = 0.25) -> None:
     """While Tune runs, watch the local Ray's GCS and raylet. A SIGTERM sent to the whole process group
     (`kill -TERM -PGID`, a scheduler stopping every process) stops them as well as the driver, whose main
     thread then waits inside Ray for 60 s and ends with exit 1 and Ray's C++ log line, its own signal
-    handler never reached (measured: the raylet exits 2.5 s after the signal, the GCS stops answering).
+    handler never reached (measured: the raylet exits about 10 s after the signal, the GCS stops answering).
     When one of them is gone before Tune returned, the CLI's `on_lost` ends the launch at once with its
     one line: the journal holds every finished result, so `resume` continues as after any crash. The
     exit code is 128 + the signal that ended a Ray process (SIGTERM: 143), else 1. The Python API (no
