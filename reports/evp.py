@@ -99,6 +99,7 @@ def tuning_budget(runs) -> pd.DataFrame:
         points = curve(scores.to_numpy(), estimator, runs.mode)
         epochs = pd.to_numeric(group.get("epoch", pd.Series(dtype=float)), errors="coerce").fillna(0)
         last = points.iloc[-1] if len(points) else None
+        few = too_few_to_tell(len(scores), estimator)
         rows.append({"cell": cell, "trials": len(group), "completed": len(scores),
                      "pruned": int((group.outcome == "pruned").sum()),
                      "failed": int(group.outcome.isin(["failed", "diverged"]).sum()),
@@ -109,8 +110,7 @@ def tuning_budget(runs) -> pd.DataFrame:
                      else math.nan,
                      "last_gain": (points.expected_best.iloc[-1] - points.expected_best.iloc[-2]) if len(points) > 1
                      else math.nan,
-                     "rising": still_rising(points, runs.mode) and not too_few_to_tell(len(scores), estimator),
-                     "too_few": too_few_to_tell(len(scores), estimator), "estimator": estimator})
+                     "rising": still_rising(points, runs.mode) and not few, "too_few": few, "estimator": estimator})
     return pd.DataFrame(rows)
 
 

@@ -207,7 +207,7 @@ def budget_item(runs) -> Item:
                                                         if math.isfinite(v["expected_best"]) else "none completed")
                        for cell, v in per_cell.items())
     rising = list(budget.cell[budget.rising])
-    few = list(budget.cell[budget.too_few]) if "too_few" in budget else []
+    few = list(budget.cell[budget.too_few])
     return Item("budget", ("ACL C2",), question,
                 f"{listed} (expected best dev at the trials that completed, {ESTIMATORS[estimator]}; the tuning "
                 f"budget table and expected_dev_by_trials.png give every n)" +
