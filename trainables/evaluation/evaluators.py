@@ -15,6 +15,7 @@ import torch
 
 from trainables.errors import one_of
 from trainables.models.batching import EVAL_TOKENS_PER_CHUNK, TokenCache, encode_tokens
+from trainables.models.packed import packed_linears
 from trainables.names import SELECTS
 from trainables.training.runtime import autocast
 
@@ -34,9 +35,10 @@ class Embedder:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.inference_mode(), autocast(self.device, self.dtype):
+            with (torch.inference_mode(), autocast(self.device, self.dtype),
+                  packed_linears(self.model, self.device)):
                 vectors = encode_tokens(self.model, self.tokens.lookup(distinct), self.tokens.pad_id,
-                                        self.device, self.tokens_per_chunk, max_chunk=256)
+                                        self.device, self.tokens_per_chunk, max_chunk=256, fewest_padded=True)
         finally:
             self.model.train(was_training)
         vectors = vectors.float().cpu()

@@ -1,0 +1,136 @@
+"""Evaluation's packed linear layers on a CPU (trainables.models.packed): torch's numbers in fp32,
+autocast's rounding in bf16, the feed-forward's GELU fused, only in inference, modules restored."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from trainables.evaluation import evaluators
+from trainables.evaluation.evaluators import Embedder
+from trainables.models.batching import TokenCache
+from trainables.models.encoder import build_sentence_encoder, load_tokenizer
+from trainables.models.packed import available, packed_linears
+
+CPU = torch.device("cpu")
+pytestmark = pytest.mark.skipif(not available(torch.float32), reason="this torch has no oneDNN packed linear")
+
+
+def overridden(model: nn.Module) -> set[str]:
+    """Names of the modules whose forward is an instance attribute (replaced) now."""
+    return {name for name, m in model.named_modules() if "forward" in vars(m)}
+
+
+class Intermediate(nn.Module):
+    """A transformer block's feed-forward as BERT's and MPNet's *Intermediate modules write it."""
+
+    def __init__(self, dense: nn.Linear, act: nn.Module):
+        super().__init__()
+        self.dense, self.intermediate_act_fn = dense, act
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.intermediate_act_fn(self.dense(hidden))
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 70), width=st.integers(1, 48), out=st.integers(1, 48), bias=st.booleans(),
+       three_d=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_in_fp32_a_packed_linear_is_torchs(rows, width, out, bias, three_d, seed):
+    """Any shape, with or without bias, 2-d or 3-d input: F.linear's result to 1e-5."""
+    generator = torch.Generator().manual_seed(seed)
+    layer = nn.Linear(width, out, bias=bias)
+    x = torch.randn(*((rows, 3) if three_d else (rows,)), width, generator=generator)
+    with torch.inference_mode():
+        expected = layer(x)
+        with packed_linears(layer, CPU) as packed:
+            got = layer(x)
+    assert packed and overridden(layer) == set()
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not available(torch.bfloat16), reason="oneDNN has no bf16 on this CPU")
+def test_under_bf16_autocast_it_rounds_as_autocast_and_fuses_gelu_before_the_one_rounding():
+    """A linear: autocast's bf16 output bit for bit. The feed-forward (dense then erf GELU): GELU on the
+    fp32 accumulator, rounded once, so its mean error against float64 is below autocast's (rounded twice)."""
+    torch.manual_seed(0)
+    layer = nn.Linear(384, 1536)
+    x = torch.randn(512, 384)
+    block = Intermediate(layer, nn.GELU())
+    exact = nn.functional.gelu(nn.functional.linear(x.bfloat16().double(), layer.weight.bfloat16().double(),
+                                                    layer.bias.bfloat16().double()))
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        plain_linear, plain_block = layer(x), block(x)
+        with packed_linears(layer, CPU):
+            packed_linear = layer(x)
+        with packed_linears(block, CPU) as packed:
+            assert packed and overridden(block) == {""}  # the block as one call, its dense not apart
+            packed_block = block(x)
+    assert packed_linear.dtype == packed_block.dtype == torch.bfloat16
+    assert torch.equal(packed_linear, plain_linear)
+    errors = {name: (out.double() - exact).abs().mean().item() for name, out in
+              (("packed", packed_block), ("autocast", plain_block), ("rounded once", exact.bfloat16()))}
+    assert errors["packed"] == pytest.approx(errors["rounded once"], rel=0.05), errors
+    assert errors["packed"] < 0.9 * errors["autocast"], errors
+
+
+def test_it_leaves_alone_what_it_cannot_run():
+    """Gradients on, a Linear subclass, a tanh GELU (the linear packed, the activation apart): unchanged."""
+
+    class Scaled(nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    model = nn.Sequential(nn.Linear(4, 4), Scaled(4, 4))
+    with packed_linears(model, CPU) as packed:  # gradients enabled: training
+        assert not packed and overridden(model) == set()
+    with torch.inference_mode(), packed_linears(model, CPU) as packed:
+        assert packed and overridden(model) == {"0"}
+    block = Intermediate(nn.Linear(4, 4), nn.GELU(approximate="tanh"))
+    with torch.inference_mode(), packed_linears(block, CPU):
+        assert overridden(block) == {"dense"}
+    with torch.inference_mode(), packed_linears(nn.Sequential(nn.ReLU()), CPU) as packed:
+        assert not packed
+
+
+def test_an_error_inside_restores_every_module(tiny_bert):
+    model = build_sentence_encoder(tiny_bert)
+    with pytest.raises(RuntimeError, match="boom"), torch.inference_mode(), packed_linears(model, CPU):
+        assert len(overridden(model)) > 4
+        raise RuntimeError("boom")
+    assert overridden(model) == set()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_encoder_embeds_as_without_packing(tiny_bert, dtype, monkeypatch):
+    """A BERT encoder through the evaluator's Embedder, packed against plain: fp32 to 1e-5, bf16 within
+    its rounding; every feed-forward fused (one override per block, none on its dense)."""
+    if dtype == torch.bfloat16 and not available(dtype):
+        pytest.skip("oneDNN has no bf16 on this CPU")
+    model = build_sentence_encoder(tiny_bert).eval()
+    tokens = TokenCache(load_tokenizer(tiny_bert), 32)
+    sentences = ["a man plays a guitar", "two dogs run on the beach", "a man plays a guitar", "it rains"]
+    embed = Embedder(model, tokens, CPU, dtype)
+    seen = []
+    real = evaluators.packed_linears
+
+    @contextlib.contextmanager
+    def spying(module, device):
+        with real(module, device) as packed:
+            seen.append((packed, overridden(module)))
+            yield packed
+
+    monkeypatch.setattr(evaluators, "packed_linears", spying)
+    packed = embed(sentences)
+    monkeypatch.setattr(evaluators, "packed_linears", lambda module, device: contextlib.nullcontext(False))
+    plain = embed(sentences)
+    (used, names), = seen
+    layers = model.encoder.config.num_hidden_layers
+    assert used and sum(n.endswith("intermediate") for n in names) == layers
+    assert not any(n.endswith("intermediate.dense") for n in names) and overridden(model) == set()
+    torch.testing.assert_close(packed, plain, atol=1e-5 if dtype == torch.float32 else 3e-2, rtol=0)
+    assert torch.equal(packed[0], packed[2])
