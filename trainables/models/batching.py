@@ -14,6 +14,9 @@ from torch import nn
 
 TRAIN_TOKENS_PER_CHUNK = 768
 EVAL_TOKENS_PER_CHUNK = 4096
+# what one more chunk costs in evaluation, in padded tokens: an encoder forward's fixed cost (Python,
+# per-operator overhead, smaller matmuls); 150 ran fastest of 0-400 on STS-B test (MiniLM, 2-core EPYC)
+EVAL_CHUNK_COST = 150
 
 
 def tokenize(tokenizer, sentences: Sequence[str], max_length: int) -> list[list[int]]:
@@ -49,12 +52,47 @@ def length_chunks(lengths: Sequence[int], tokens_per_chunk: int, max_chunk: int 
     return chunks
 
 
+def padding_chunks(lengths: Sequence[int], tokens_per_chunk: int, max_chunk: int | None = None,
+                   chunk_cost: int = EVAL_CHUNK_COST) -> list[list[int]]:
+    """Indices grouped longest first, each chunk's padded size (count x longest) under
+    `tokens_per_chunk` (or one sentence) and at most `max_chunk` sentences, cut where padded tokens
+    plus `chunk_cost` per chunk are fewest: the optimum over every cutting of the longest-first
+    order, by dynamic programming (length_chunks fills each chunk in turn: 8.9 % of STS-B test's
+    padded tokens were padding, here 2.5 % in 18 chunks instead of 12; the cutting takes 10 ms)."""
+    import numpy as np
+
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    longest = np.array([max(1, lengths[i]) for i in order], dtype=np.float64)
+    n = len(order)
+    best = np.zeros(n + 1)  # best[j]: the cheapest cutting of the first j sentences
+    cut = np.zeros(n + 1, dtype=np.int64)
+    # a chunk of sentences first..last-1 costs (last - first) * longest[first] + chunk_cost
+    offset = np.zeros(n)  # best[first] - first * longest[first], filled as best is
+    positions = np.arange(n, dtype=np.float64)
+    first = 0  # the earliest start a chunk ending at `last` may have: it only moves forward
+    for last in range(1, n + 1):
+        offset[last - 1] = best[last - 1] - positions[last - 1] * longest[last - 1]
+        while first < last - 1 and ((last - first) * longest[first] > tokens_per_chunk
+                                    or (max_chunk is not None and last - first > max_chunk)):
+            first += 1
+        costs = offset[first:last] + last * longest[first:last]
+        pick = int(np.argmin(costs))
+        best[last], cut[last] = costs[pick] + chunk_cost, first + pick
+    chunks, last = [], n
+    while last:
+        chunks.append(order[int(cut[last]): last])
+        last = int(cut[last])
+    return chunks[::-1]
+
+
 def encode_tokens(model: nn.Module, token_lists: Sequence[Sequence[int]], pad_id: int,
                   device: torch.device, tokens_per_chunk: int = TRAIN_TOKENS_PER_CHUNK,
-                  max_chunk: int | None = None) -> torch.Tensor:
-    """`model(input_ids, attention_mask)` over length-sorted chunks, rows back in input order.
-    Keeps the autograd graph when called with gradients enabled."""
-    chunks = length_chunks([len(ids) for ids in token_lists], tokens_per_chunk, max_chunk)
+                  max_chunk: int | None = None, fewest_padded: bool = False) -> torch.Tensor:
+    """`model(input_ids, attention_mask)` over length-sorted chunks, rows back in input order;
+    `fewest_padded`: chunks cut by padding_chunks (evaluation), else by length_chunks (training's
+    batches, whose chunking is part of its numbers). Keeps the autograd graph with gradients enabled."""
+    chunker = padding_chunks if fewest_padded else length_chunks
+    chunks = chunker([len(ids) for ids in token_lists], tokens_per_chunk, max_chunk)
     outputs, positions = [], []
     for chunk in chunks:
         input_ids, mask = pad([token_lists[i] for i in chunk], pad_id, device)
