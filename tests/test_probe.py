@@ -118,7 +118,7 @@ def test_every_layer_comes_from_one_forward_pass_per_chunk(tiny_bert, synthetic_
     would run 4x the forwards here); the encoder is cut after the deepest layer asked for."""
     from trainables.data.tasks import load_task
     from trainables.evaluation import probe
-    from trainables.models.batching import EVAL_TOKENS_PER_CHUNK, length_chunks
+    from trainables.models.batching import EVAL_TOKENS_PER_CHUNK, padding_chunks
     from trainables.models.encoder import encoder_layers
 
     rows_seen, encoders = [], []
@@ -138,7 +138,7 @@ def test_every_layer_comes_from_one_forward_pass_per_chunk(tiny_bert, synthetic_
     distinct = list(dict.fromkeys(s for split in (data.dev, data.test) for column in ("sentence1", "sentence2")
                                   for s in split[column]))
     tokens = TokenCache(load_tokenizer(tiny_bert), 128)
-    chunks = length_chunks([len(ids) for ids in tokens.lookup(distinct)], EVAL_TOKENS_PER_CHUNK, 256)
+    chunks = padding_chunks([len(ids) for ids in tokens.lookup(distinct)], EVAL_TOKENS_PER_CHUNK, 256)
     assert len(rows_seen) == len(chunks) and sum(rows_seen) == len(distinct)
 
     rows_seen.clear()

@@ -17,7 +17,7 @@ from torch import nn
 
 from trainables.errors import UserInputError, one_of
 from trainables.evaluation.evaluators import sts_metrics
-from trainables.models.batching import EVAL_TOKENS_PER_CHUNK, length_chunks, pad
+from trainables.models.batching import EVAL_TOKENS_PER_CHUNK, pad, padding_chunks
 from trainables.models.encoder import (
     last_hidden_state,
     load_encoder,
@@ -28,6 +28,7 @@ from trainables.models.encoder import (
     segment_ids,
     truncate_encoder,
 )
+from trainables.models.packed import packed_linears
 from trainables.names import CROSS_HEADS, CROSS_LOSSES  # noqa: F401 (re-exported)
 from trainables.poolings import POOLINGS, build_pooling
 from trainables.training.bi_encoder import build_optimizer, check_finite, epoch_batches
@@ -125,13 +126,14 @@ class PairTokens:
 
 
 def predict(model: CrossEncoder, token_lists: list[list[int]], pad_id: int, device, dtype) -> np.ndarray:
-    """Sigmoid scores of every pair, in length-sorted chunks, in input order."""
+    """Sigmoid scores of every pair, in length-sorted chunks (the evaluator's: fewest padded, packed
+    linear layers on a CPU), in input order."""
     was_training = model.training
     model.eval()
     scores = np.empty(len(token_lists), dtype=np.float64)
     try:
-        with torch.inference_mode(), autocast(device, dtype):
-            for chunk in length_chunks([len(t) for t in token_lists], EVAL_TOKENS_PER_CHUNK, max_chunk=256):
+        with torch.inference_mode(), autocast(device, dtype), packed_linears(model, torch.device(device)):
+            for chunk in padding_chunks([len(t) for t in token_lists], EVAL_TOKENS_PER_CHUNK, max_chunk=256):
                 input_ids, mask = pad([token_lists[i] for i in chunk], pad_id, device)
                 scores[chunk] = torch.sigmoid(model(input_ids, mask).double()).cpu().numpy()
     finally:
