@@ -11,7 +11,7 @@ from torch import nn
 
 from trainables.data.tasks import load_task
 from trainables.evaluation.evaluators import Embedder, STSEvaluator
-from trainables.models.attention import INFERENCE, attention, unfused_attention
+from trainables.models.attention import INFERENCE, attend, attention, unfused_attention
 from trainables.models.batching import TokenCache
 from trainables.models.dropout import ATTENTION
 from trainables.models.encoder import build_sentence_encoder, load_encoder, load_tokenizer
@@ -83,8 +83,8 @@ def test_it_runs_only_in_evaluation_on_a_cpu():
     causal.is_causal = True
     with pytest.MonkeyPatch.context() as patch:
         calls = []
-        patch.setattr("trainables.models.attention.unfused_attention",
-                      lambda *args, **kw: calls.append(args) or unfused_attention(*args, **kw))
+        patch.setattr("trainables.models.attention.attend",
+                      lambda *args, **kw: calls.append(args) or attend(*args, **kw))
         attention(causal, q, k, v, None)
         attention(module(False), q, k, v, mask, output_attentions=True)
         attention(module(False), q, k[:, :1], v[:, :1], mask)  # grouped-query heads

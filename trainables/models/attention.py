@@ -28,14 +28,14 @@ def runs_unfused(module: nn.Module, query: torch.Tensor, key: torch.Tensor, drop
             and not getattr(module, "is_causal", False) and key.shape[1] == query.shape[1])
 
 
-def unfused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: torch.Tensor | None, scaling: float | None = None,
-                      position_bias: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(q kᵀ · scale + mask) v as (batch, heads, queries, head size), in fp32, rounded once to q's dtype."""
+def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+           scaling: float | None = None, position_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q kᵀ · scale + mask) v as (batch, heads, queries, head size) in fp32. Each input is
+    converted and laid out for the matmul in one copy (q, k, v come as transposed views)."""
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    dtype = query.dtype
     with torch.autocast(query.device.type, enabled=False):
-        scores = torch.matmul(query.float(), key.float().transpose(-2, -1)).mul_(scale)
+        query, key, value = (t.to(torch.float32, memory_format=torch.contiguous_format) for t in (query, key, value))
+        scores = torch.matmul(query, key.transpose(-2, -1)).mul_(scale)
         if position_bias is not None:
             scores = scores.add_(position_bias.float())
         if attention_mask is not None:
@@ -44,7 +44,14 @@ def unfused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
                 scores = scores.masked_fill_(~attention_mask, torch.finfo(torch.float32).min)
             else:
                 scores = scores.add_(attention_mask[..., : key.shape[-2]].float())
-        return torch.matmul(torch.softmax(scores, dim=-1), value.float()).to(dtype)
+        return torch.matmul(torch.softmax(scores, dim=-1), value)
+
+
+def unfused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, scaling: float | None = None,
+                      position_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q kᵀ · scale + mask) v as (batch, heads, queries, head size), in fp32, rounded once to q's dtype."""
+    return attend(query, key, value, attention_mask, scaling, position_bias).to(query.dtype)
 
 
 def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -55,8 +62,8 @@ def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if runs_unfused(module, query, key, dropout, kwargs):
-        output = unfused_attention(query, key, value, attention_mask, scaling, position_bias)
-        return output.transpose(1, 2).contiguous(), None
+        output = attend(query, key, value, attention_mask, scaling, position_bias)  # rounded once, laid out once:
+        return output.transpose(1, 2).to(query.dtype, memory_format=torch.contiguous_format), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                   position_bias=position_bias, **kwargs)
 
