@@ -11,7 +11,8 @@ measured matmul peak.
    optimizer) with the top operators. `--compile` times the step with the encoder under
    `torch.compile(dynamic=True)` (inductor), the compile time printed apart.
 3. The same for the evaluator's encoding of STS-B test (no gradients, chunks as the evaluator cuts
-   them), under bf16 autocast and in fp32 (what dev and test are scored in by default): sentences/s
+   them, linear layers on packed weights as the evaluator runs them; `--evaluation-only` skips the
+   training step), under bf16 autocast and in fp32 (what dev and test are scored in by default): sentences/s
    with evaluation's unfused attention and with SDPA's fused kernel, the fraction of that dtype's
    model-shaped matmul, the top operators.
 
@@ -31,6 +32,7 @@ from transformers import get_linear_schedule_with_warmup
 from trainables.data.tasks import load_task
 from trainables.models.batching import EVAL_TOKENS_PER_CHUNK, TokenCache, encode_tokens
 from trainables.models.encoder import build_sentence_encoder, encoder_depth, load_config, load_tokenizer
+from trainables.models.packed import packed_linears
 from trainables.objectives.sts import CosineMSELoss
 from trainables.training.bi_encoder import build_optimizer, epoch_batches, pair_lengths, train_step
 from trainables.training.runtime import autocast, resolve_precision
@@ -59,6 +61,7 @@ def main() -> None:
     parser.add_argument("--matmul", type=int, nargs="+", default=[1024, 2048, 4096])
     parser.add_argument("--model", default="minilm", help="minilm, mpnet or a model folder")
     parser.add_argument("--compile", action="store_true", help="time the step with torch.compile'd encoder")
+    parser.add_argument("--evaluation-only", action="store_true", help="only the evaluation (part 3)")
     parser.add_argument("--dropout-masks", default="fast", choices=["fast", "torch"],
                         help="fast (the default, trainables.models.dropout) or torch's bernoulli_")
     parser.add_argument("--dense-embedding-grad", action="store_true",
@@ -103,57 +106,58 @@ def main() -> None:
         ids, y = batch(rows)
         return train_step(runner["model"], loss_fn, optimizer, scheduler, ids, y, tokens.pad_id, device, dtype, 1.0)
 
-    model.train()
-    for rows in batches[:2]:  # warm-up: allocator, oneDNN kernels
-        step(rows)
-    steps = batches[2:]
-    flops = 0
-    for rows in steps:
-        counter = FlopCounterMode(display=False)
-        with counter:
+    if not args.evaluation_only:
+        model.train()
+        for rows in batches[:2]:  # warm-up: allocator, oneDNN kernels
             step(rows)
-        flops += counter.get_total_flops()
-    if args.compile:
-        runner["model"] = torch.compile(model, dynamic=True)
-        started = time.perf_counter()
-        for rows in steps:  # one pass of the epoch's shapes: what a trial pays once per worker
-            step(rows)
-        print(f"torch.compile (inductor, dynamic shapes): {time.perf_counter() - started:.1f} s for the first "
-              f"{len(steps)} steps (compilation included)")
-    started = time.perf_counter()
-    for rows in steps:
-        step(rows)
-    seconds = time.perf_counter() - started
-    n_tokens = sum(len(tokens[first[i]]) + len(tokens[second[i]]) for rows in steps for i in rows)
-    achieved = flops / seconds / 1e9
-    mode = (("compiled" if args.compile else "eager") + f", dropout masks {args.dropout_masks}, "
-            + ("dense" if args.dense_embedding_grad else "row-wise") + " embedding gradient")
-    print(f"\ntraining step ({name.split('/')[-1]}, k={depth}, {mode}, 32 pairs, "
-          f"{n_tokens / len(steps):.0f} real tokens per step): "
-          f"{1000 * seconds / len(steps):.1f} ms, {flops / len(steps) / 1e9:.2f} GFLOP counted (fwd + bwd) -> "
-          f"{achieved:.0f} GFLOP/s = {100 * achieved / peak:.0f} % of the matmul peak, "
-          f"{100 * achieved / shaped:.0f} % of the model-shaped matmul")
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        steps = batches[2:]
+        flops = 0
         for rows in steps:
-            with record_function("1 batching (lookup, pad)"):
-                ids, y = batch(rows)
-                half = len(ids) // 2
-            with record_function("2 forward (padding per chunk included)"), autocast(device, dtype):
-                vectors = encode_tokens(runner["model"], ids, tokens.pad_id, device).float()
-                loss = loss_fn(vectors[:half], vectors[half:], y)
-            with record_function("3 backward"):
-                loss.backward()
-            with record_function("4 optimizer (clip, AdamW, schedule)"):
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-    events = {e.key: e.cpu_time_total for e in prof.key_averages() if e.key[:2] in ("1 ", "2 ", "3 ", "4 ")}
-    whole = sum(events.values())
-    print("  split of a step: " + ", ".join(f"{k[2:]} {100 * v / whole:.0f} %" for k, v in sorted(events.items())))
-    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8, max_name_column_width=40)
-    print("  top operators by self time:\n" + "\n".join("    " + line for line in table.splitlines()[:12]))
+            counter = FlopCounterMode(display=False)
+            with counter:
+                step(rows)
+            flops += counter.get_total_flops()
+        if args.compile:
+            runner["model"] = torch.compile(model, dynamic=True)
+            started = time.perf_counter()
+            for rows in steps:  # one pass of the epoch's shapes: what a trial pays once per worker
+                step(rows)
+            print(f"torch.compile (inductor, dynamic shapes): {time.perf_counter() - started:.1f} s for the first "
+                  f"{len(steps)} steps (compilation included)")
+        started = time.perf_counter()
+        for rows in steps:
+            step(rows)
+        seconds = time.perf_counter() - started
+        n_tokens = sum(len(tokens[first[i]]) + len(tokens[second[i]]) for rows in steps for i in rows)
+        achieved = flops / seconds / 1e9
+        mode = (("compiled" if args.compile else "eager") + f", dropout masks {args.dropout_masks}, "
+                + ("dense" if args.dense_embedding_grad else "row-wise") + " embedding gradient")
+        print(f"\ntraining step ({name.split('/')[-1]}, k={depth}, {mode}, 32 pairs, "
+              f"{n_tokens / len(steps):.0f} real tokens per step): "
+              f"{1000 * seconds / len(steps):.1f} ms, {flops / len(steps) / 1e9:.2f} GFLOP counted (fwd + bwd) -> "
+              f"{achieved:.0f} GFLOP/s = {100 * achieved / peak:.0f} % of the matmul peak, "
+              f"{100 * achieved / shaped:.0f} % of the model-shaped matmul")
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for rows in steps:
+                with record_function("1 batching (lookup, pad)"):
+                    ids, y = batch(rows)
+                    half = len(ids) // 2
+                with record_function("2 forward (padding per chunk included)"), autocast(device, dtype):
+                    vectors = encode_tokens(runner["model"], ids, tokens.pad_id, device).float()
+                    loss = loss_fn(vectors[:half], vectors[half:], y)
+                with record_function("3 backward"):
+                    loss.backward()
+                with record_function("4 optimizer (clip, AdamW, schedule)"):
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad(set_to_none=True)
+        events = {e.key: e.cpu_time_total for e in prof.key_averages() if e.key[:2] in ("1 ", "2 ", "3 ", "4 ")}
+        whole = sum(events.values())
+        print("  split of a step: " + ", ".join(f"{k[2:]} {100 * v / whole:.0f} %" for k, v in sorted(events.items())))
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8, max_name_column_width=40)
+        print("  top operators by self time:\n" + "\n".join("    " + line for line in table.splitlines()[:12]))
 
     model.eval()
     test = list(dict.fromkeys(list(data.test.sentence1) + list(data.test.sentence2)))
@@ -166,13 +170,13 @@ def main() -> None:
 def timed_encoding(model, ids, pad_id: int, dtype: torch.dtype, repeats: int = 3) -> float:
     """Seconds of the best of `repeats` encodings of `ids` (after one that warms up and compiles)."""
     device = torch.device("cpu")
+    best = float("inf")
     with torch.inference_mode(), autocast(device, dtype):
-        encode_tokens(model, ids, pad_id, device, EVAL_TOKENS_PER_CHUNK, max_chunk=256)
-        best = float("inf")
-        for _ in range(repeats):
+        for turn in range(repeats + 1):
             started = time.perf_counter()
-            encode_tokens(model, ids, pad_id, device, EVAL_TOKENS_PER_CHUNK, max_chunk=256)
-            best = min(best, time.perf_counter() - started)
+            with packed_linears(model, device):  # weights packed once per encoding, as the evaluator does
+                encode_tokens(model, ids, pad_id, device, EVAL_TOKENS_PER_CHUNK, max_chunk=256, fewest_padded=True)
+            best = min(best, time.perf_counter() - started) if turn else best
     return best
 
 
@@ -186,8 +190,8 @@ def profile_evaluation(runner, model, ids, pad_id: int, dtype: torch.dtype, peak
     shaped = max(matmul_peak(dtype, 1024, hidden, inner), matmul_peak(dtype, 1024, inner, hidden))
     with torch.inference_mode(), autocast(device, dtype):
         counter = FlopCounterMode(display=False)
-        with counter:
-            encode_tokens(model, ids, pad_id, device, EVAL_TOKENS_PER_CHUNK, max_chunk=256)
+        with counter:  # the same chunks on plain linear layers (the counter does not see oneDNN's packed ones)
+            encode_tokens(model, ids, pad_id, device, EVAL_TOKENS_PER_CHUNK, max_chunk=256, fewest_padded=True)
     flops = counter.get_total_flops()
     seconds = timed_encoding(runner, ids, pad_id, dtype)
     implementation = model.encoder.config._attn_implementation
@@ -200,8 +204,9 @@ def profile_evaluation(runner, model, ids, pad_id: int, dtype: torch.dtype, peak
           f"{len(ids) / seconds:.0f} sentences/s -> {achieved:.0f} GFLOP/s = {100 * achieved / shaped:.0f} % of the "
           f"model-shaped matmul ({100 * achieved / peaks[name]:.0f} % of the square peak); with SDPA's fused "
           f"attention {len(ids) / fused:.0f} sentences/s = {100 * flops / fused / 1e9 / shaped:.0f} %")
-    with profile(activities=[ProfilerActivity.CPU]) as prof, torch.inference_mode(), autocast(device, dtype):
-        encode_tokens(runner, ids, pad_id, device, EVAL_TOKENS_PER_CHUNK, max_chunk=256)
+    with (profile(activities=[ProfilerActivity.CPU]) as prof, torch.inference_mode(), autocast(device, dtype),
+          packed_linears(runner, device)):
+        encode_tokens(runner, ids, pad_id, device, EVAL_TOKENS_PER_CHUNK, max_chunk=256, fewest_padded=True)
     events = prof.key_averages()
     whole = sum(e.self_cpu_time_total for e in events)
     top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:8]
