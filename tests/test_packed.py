@@ -134,3 +134,11 @@ def test_an_encoder_embeds_as_without_packing(tiny_bert, dtype, monkeypatch):
     assert not any(n.endswith("intermediate.dense") for n in names) and overridden(model) == set()
     torch.testing.assert_close(packed, plain, atol=1e-5 if dtype == torch.float32 else 3e-2, rtol=0)
     assert torch.equal(packed[0], packed[2])
+
+
+def test_only_on_an_x86_64_cpu(monkeypatch):
+    """oneDNN's packed path is measured on x86-64 only: an ARM machine keeps torch's linear layers."""
+    monkeypatch.setattr("platform.machine", lambda: "arm64")
+    assert not available(torch.float32)
+    with torch.inference_mode(), packed_linears(nn.Linear(4, 4), CPU) as packed:
+        assert not packed
