@@ -32,7 +32,8 @@ ESTIMATORS = ("with_replacement", "without_replacement")
 RISING_SHARE = 0.1  # still rising: the last trial's expected gain is over 10 % of the curve's whole rise
 # Below these many completed trials the rule above says "rising" often, whatever the scores: for
 # independent draws of one normal distribution it fires in about 43 % of cells at 5 trials with replacement and
-# 13 % at 7 without; 4.5 % and 3 % at 6 and 8 (a test simulates it), so a smaller cell says "too few to tell".
+# 13 % at 7 without; 5 % and 2.5-3.4 % at 6 and 8 (a test simulates it; 20,000 cells each), so a smaller cell
+# says "too few to tell".
 FEWEST_TO_TELL = {"with_replacement": 6, "without_replacement": 8}
 BUDGET_TOLERANCE = 0.1  # arms whose trial-epochs differ by more than 10 % had unequal budgets
 

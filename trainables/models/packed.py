@@ -5,7 +5,7 @@ A plain `nn.Linear` on a CPU hands its weight to oneDNN in torch's row-major lay
 encoding, each weight is cast and reordered once into oneDNN's blocked layout
 (`torch.ops.mkldnn._reorder_linear_weight`, what inductor's freezing does for a CPU), and every call
 runs `torch.ops.mkldnn._linear_pointwise` on it: at the shapes of an evaluation chunk (4,096 tokens,
-384 <-> 1,536) the fp32 matmul ran 1.17x and the bf16 one 1.02-1.10x faster on the 2-core EPYC
+384 <-> 1,536) the fp32 matmul ran 1.17x and the bf16 one 1.05-1.10x faster on the 2-core EPYC
 (benchmarks/profile_step.py splits an evaluation). A transformer block's feed-forward (`dense`
 then an exact GELU, BERT's and MPNet's `*Intermediate`) runs as one call with GELU as the matmul's
 post-op, so its 4,096 x 1,536 activation is written once, not twice.
@@ -17,7 +17,7 @@ before the one rounding (autocast rounds twice). Only in inference (no autograd 
 ops), only on a CPU with oneDNN, only for exact `nn.Linear` modules in fp32 or bf16; anything
 else (an ARM CPU included), and any torch without these ops, runs unchanged. The modules are
 restored on leaving. Cost: one copy of the linear weights while an encoding runs (MiniLM 43 MB in
-fp32, MPNet 340 MB).
+fp32, MPNet 342 MB).
 """
 
 from __future__ import annotations
