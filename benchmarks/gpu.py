@@ -6,21 +6,29 @@ one device, then several trials packed on it through the orchestrator.
    bf16 is fast) `bf16=True`, each timed from the same start (data in memory, no model loaded,
    nothing tokenized) to the same end (the epoch done, the device synchronized); then encoding the
    test sentences (ours: the evaluator's embedder; theirs: `encode`, fp32 and a bf16 model).
+   `--score`: each side's test Spearman after its epoch too (equal Spearman is what makes the ratio fair).
 2. Packing: `orchestrator launch` of a study of K replicate trials (K = 1, 2, 4, 8), each asking for
    1/K of the device (`resources.gpu`, or 1/K of the CPUs on a CPU) with K trials at a time: the
    aggregate train samples/s from the study's start to its end, and the device's mean utilization
-   while it ran (NVML through torch; "n/a" on a CPU or without NVML).
+   while it ran (NVML through torch; "n/a" on a CPU or without NVML). `--packing-mode processes`
+   measures the same sharing without Ray (a machine that has torch but not Ray): K processes, each
+   one `finetune` epoch, started together behind a barrier; the aggregate from the first start to the
+   last end. `--packing none` skips packing.
 
 It runs end to end on a CPU (`--device cpu`, the slow tests use a tiny model) so that it works the
 day a GPU appears:
 
     python benchmarks/gpu.py --data-dir ../shared/data                      # CUDA, MiniLM and MPNet
     python benchmarks/gpu.py --data-dir ../shared/data --device cpu --models minilm --pairs 256 --packing 1,2
+
+`--json PATH` writes every figure to PATH as well.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import multiprocessing
 import os
 import tempfile
 import threading
@@ -29,7 +37,13 @@ from pathlib import Path
 
 import torch
 import yaml
-from epoch import our_encode, our_epoch, peer_encode, sentence_transformers_epoch  # the sides, as epoch.py times them
+from epoch import (  # the sides, as epoch.py times them
+    our_encode,
+    our_epoch,
+    peer_encode,
+    sentence_transformers_epoch,
+    synchronize,
+)
 
 from orchestrator.cli import quiet_libraries
 from trainables.data.tasks import load_task
@@ -98,6 +112,35 @@ def packed(model_name: str, data_dir: str, pairs: int, batch: int, device: str, 
     return k * pairs / seconds, use.mean
 
 
+def _one_trial(barrier, results, data_dir: str, model_name: str, device: str, batch: int, pairs: int) -> None:
+    """One process of `packed_processes`: CUDA up, wait for the others, then one timed epoch."""
+    torch.zeros(1, device=device)  # the device's context made before the clock starts, as a trial's would be
+    barrier.wait()
+    started = time.perf_counter()  # CLOCK_MONOTONIC: one clock for every process of the machine
+    our_epoch(data_dir, "auto", model_name, device, batch, pairs, score=False)
+    synchronize(device)
+    results.put((started, time.perf_counter()))
+
+
+def packed_processes(model_name: str, data_dir: str, pairs: int, batch: int, device: str, k: int) -> tuple:
+    """(aggregate train pairs/s, mean utilization) of K one-epoch `finetune` trials in K processes at
+    once on one device, from the first start to the last end (the packing of `packed`, without Ray)."""
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(k + 1), context.Queue()
+    workers = [context.Process(target=_one_trial, args=(barrier, results, data_dir, model_name, device, batch, pairs))
+               for _ in range(k)]
+    for worker in workers:
+        worker.start()
+    barrier.wait(timeout=600)
+    with Utilization(device) as use:
+        spans = [results.get(timeout=1800) for _ in range(k)]
+    for worker in workers:
+        worker.join()
+    if any(worker.exitcode for worker in workers):
+        raise RuntimeError(f"packing {k}: exit codes {[worker.exitcode for worker in workers]}")
+    return k * pairs / (max(end for _, end in spans) - min(start for start, _ in spans)), use.mean
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", default=None)
@@ -105,7 +148,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", default="minilm,mpnet", help="minilm, mpnet, or model folders, comma-separated")
     parser.add_argument("--batches", default="32,128")
     parser.add_argument("--pairs", type=int, default=5749, help="train pairs per epoch (STS-B train has 5,749)")
-    parser.add_argument("--packing", default="1,2,4,8")
+    parser.add_argument("--packing", default="1,2,4,8", help="trials per device, comma-separated, or none")
+    parser.add_argument("--packing-mode", choices=("study", "processes"), default="study",
+                        help="study: `orchestrator launch` through Ray; processes: K processes, no Ray")
+    parser.add_argument("--score", action="store_true", help="each side's test Spearman after its epoch too")
+    parser.add_argument("--json", default=None, help="also write every figure to this file")
     args = parser.parse_args(argv)
     quiet_libraries()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -113,7 +160,10 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(args.device)
     fast_bf16 = bf16_is_fast(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"device {name}; torch {torch.__version__}; bf16 fast: {fast_bf16}; {args.pairs} train pairs per epoch")
+    print(f"device {name}; torch {torch.__version__}; bf16 fast: {fast_bf16}; {args.pairs} train pairs per epoch",
+          flush=True)
+    record: dict = {"device": name, "torch": torch.__version__, "bf16_fast": fast_bf16, "pairs": args.pairs,
+                    "runs": [], "packing": []}
     data = load_task("stsb", data_folder=args.data_dir)
     train = data.train.head(args.pairs)
     sentences = list(data.test.sentence1) + list(data.test.sentence2)
@@ -121,13 +171,15 @@ def main(argv: list[str] | None = None) -> None:
     for key in args.models.split(","):
         model = MODELS.get(key, key)
         for batch in batches:
-            ours = {p: our_epoch(args.data_dir, p, model, args.device, batch, args.pairs, score=False)[0]
-                    for p in ("auto", "fp32")}
+            trained = {p: our_epoch(args.data_dir, p, model, args.device, batch, args.pairs, score=args.score)
+                       for p in ("auto", "fp32")}
+            ours = {p: v[0] for p, v in trained.items()}
             enc_ours = {p: our_encode(sentences, p, model, args.device) for p in ("auto", "fp32")}
-            theirs, enc_theirs = {}, {}
+            theirs, enc_theirs, spearman = {}, {}, {f"ours {p}": v[1] for p, v in trained.items()}
             for name, bf16 in (("ST fp32", False), ("ST bf16", True))[:2 if fast_bf16 else 1]:
-                theirs[name] = sentence_transformers_epoch(train, data.test, bf16, model, args.device, batch,
-                                                           score=False)[0]
+                speed, _, after = sentence_transformers_epoch(train, data.test, bf16, model, args.device, batch,
+                                                              score=args.score)
+                theirs[name], spearman[name] = speed, after
                 enc_theirs[name] = peer_encode(sentences, bf16, model, args.device, batch)
             best, best_enc = max(theirs.values()), max(enc_theirs.values())
             label = f"{Path(model).name} batch {batch}"
@@ -137,13 +189,35 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{label}: encode sentences/s " + " · ".join(f"{n} {v:.1f}" for n, v in enc_theirs.items())
                   + " · " + " · ".join(f"ours {p} {v:.1f}" for p, v in enc_ours.items())
                   + f" · ours/best peer {max(enc_ours.values()) / best_enc:.2f}x")
+            if args.score:
+                print(f"{label}: test Spearman after the epoch "
+                      + " · ".join(f"{n} {v:.2f}" for n, v in sorted(spearman.items())), flush=True)
+            record["runs"].append({"model": Path(model).name, "batch": batch, "train": {**theirs, **{
+                f"ours {p}": v for p, v in ours.items()}}, "encode": {**enc_theirs, **{
+                    f"ours {p}": v for p, v in enc_ours.items()}}, "test_spearman": spearman if args.score else None})
+            write(args.json, record)
+        sizes = [] if args.packing.strip().lower() in ("", "none") else [int(v) for v in args.packing.split(",")]
         with tempfile.TemporaryDirectory(prefix="gpu-pack-") as scratch:
-            for k in (int(v) for v in args.packing.split(",")):
-                rate, use = packed(model, args.data_dir, args.pairs, batches[0], args.device, k, Path(scratch))
+            for k in sizes:
+                if args.packing_mode == "processes":
+                    rate, use = packed_processes(model, args.data_dir, args.pairs, batches[0], args.device, k)
+                else:
+                    rate, use = packed(model, args.data_dir, args.pairs, batches[0], args.device, k, Path(scratch))
                 shown = f"{use:.0f} %" if use is not None else "n/a"
-                print(f"{Path(model).name} packing {k} trial{'s' if k > 1 else ''} on one device "
-                      f"(batch {batches[0]}): aggregate {rate:.1f} train pairs/s, device utilization {shown}")
+                how = {("processes", True): "process", ("processes", False): "processes",
+                       ("study", True): "trial", ("study", False): "trials"}[args.packing_mode, k == 1]
+                print(f"{Path(model).name} packing {k} {how} on one device "
+                      f"(batch {batches[0]}): aggregate {rate:.1f} train pairs/s, device utilization {shown}",
+                      flush=True)
+                record["packing"].append({"model": Path(model).name, "mode": args.packing_mode, "k": k,
+                                          "batch": batches[0], "pairs_per_s": rate, "utilization": use})
+                write(args.json, record)
 
+
+def write(path: str | None, record: dict) -> None:
+    """The figures so far, rewritten after each measurement (a run cut short keeps what it measured)."""
+    if path:
+        Path(path).write_text(json.dumps(record, indent=1))
 
 if __name__ == "__main__":
     main()
