@@ -157,6 +157,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="study: `orchestrator launch` through Ray; processes: K processes, no Ray")
     parser.add_argument("--score", action="store_true", help="each side's test Spearman after its epoch too")
     parser.add_argument("--json", default=None, help="also write every figure to this file")
+    parser.add_argument("--before", action="store_true",
+                        help="ours also with the CPU's two training levers off (torch's dropout masks, a dense "
+                             "word-embedding gradient), once per batch size")
     parser.add_argument("--repeats", type=int, default=1, help="turns per side; each side keeps its best")
     parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
                         help="one short untimed round of every side first (default: on a GPU)")
@@ -189,7 +192,10 @@ def main(argv: list[str] | None = None) -> None:
                 peer_encode(sentences[:512], bf16, model, args.device, batches[0])
         for batch in batches:
             ours, enc_ours, theirs, enc_theirs, spearman = {}, {}, {}, {}, {}
-            for _ in range(args.repeats):  # each side in turn, each keeping its best (load moves between turns)
+            for turn in range(args.repeats):  # each side in turn, each keeping its best (load moves between turns)
+                for p in ("auto", "fp32") if args.before and turn == 0 else ():  # dropout_masks: torch, dense
+                    ours[f"{p} before"] = our_epoch(args.data_dir, p, model, args.device, batch, args.pairs,
+                                                    score=False, levers=False)[0]
                 for p in ("auto", "fp32"):
                     speed, after = our_epoch(args.data_dir, p, model, args.device, batch, args.pairs,
                                              score=args.score)

@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 
 from trainables.errors import one_of
-from trainables.models.batching import EVAL_TOKENS_PER_CHUNK, TokenCache, encode_tokens
+from trainables.models.batching import TokenCache, encode_tokens
 from trainables.models.packed import packed_linears
 from trainables.names import SELECTS
 from trainables.training.runtime import autocast
@@ -26,7 +26,7 @@ class Embedder:
     """Sentence vectors from a SentenceEncoder in inference mode; duplicates are encoded once."""
 
     def __init__(self, model: torch.nn.Module, tokens: TokenCache, device: torch.device,
-                 dtype: torch.dtype = torch.float32, tokens_per_chunk: int = EVAL_TOKENS_PER_CHUNK):
+                 dtype: torch.dtype = torch.float32, tokens_per_chunk: int | None = None):
         self.model, self.tokens, self.device, self.dtype = model, tokens, device, dtype
         self.tokens_per_chunk = tokens_per_chunk
 

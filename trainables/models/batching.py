@@ -17,6 +17,24 @@ EVAL_TOKENS_PER_CHUNK = 4096
 # what one more chunk costs in evaluation, in padded tokens: an encoder forward's fixed cost (Python,
 # per-operator overhead, smaller matmuls); 150 ran fastest of 0-400 on STS-B test (MiniLM, 2-core EPYC)
 EVAL_CHUNK_COST = 150
+# On an accelerator what a chunk costs is its launches and Python, not cache: a batch goes through
+# in one forward up to this many padded tokens (H200, MiniLM batch 128: 5.6 forwards a step at 768
+# tokens, 60 ms of backward a step), and evaluation's cutting weighs a chunk as this many tokens
+ACCELERATOR_TOKENS_PER_CHUNK = 65536
+ACCELERATOR_CHUNK_COST = 2048
+
+
+def chunk_tokens(device: torch.device | str, evaluation: bool = False) -> int:
+    """The padded tokens one encoder forward takes on `device`: cache-sized chunks on a CPU
+    (training's 768, evaluation's 4096), whole batches up to ACCELERATOR_TOKENS_PER_CHUNK elsewhere."""
+    if torch.device(device).type == "cpu":
+        return EVAL_TOKENS_PER_CHUNK if evaluation else TRAIN_TOKENS_PER_CHUNK
+    return ACCELERATOR_TOKENS_PER_CHUNK
+
+
+def chunk_cost(device: torch.device | str) -> int:
+    """What one more evaluation chunk costs on `device`, in padded tokens (padding_chunks' weighing)."""
+    return EVAL_CHUNK_COST if torch.device(device).type == "cpu" else ACCELERATOR_CHUNK_COST
 
 
 def tokenize(tokenizer, sentences: Sequence[str], max_length: int) -> list[list[int]]:
@@ -86,13 +104,16 @@ def padding_chunks(lengths: Sequence[int], tokens_per_chunk: int, max_chunk: int
 
 
 def encode_tokens(model: nn.Module, token_lists: Sequence[Sequence[int]], pad_id: int,
-                  device: torch.device, tokens_per_chunk: int = TRAIN_TOKENS_PER_CHUNK,
+                  device: torch.device, tokens_per_chunk: int | None = None,
                   max_chunk: int | None = None, fewest_padded: bool = False) -> torch.Tensor:
     """`model(input_ids, attention_mask)` over length-sorted chunks, rows back in input order;
     `fewest_padded`: chunks cut by padding_chunks (evaluation), else by length_chunks (training's
-    batches, whose chunking is part of its numbers). Keeps the autograd graph with gradients enabled."""
-    chunker = padding_chunks if fewest_padded else length_chunks
-    chunks = chunker([len(ids) for ids in token_lists], tokens_per_chunk, max_chunk)
+    batches, whose chunking is part of its numbers); `tokens_per_chunk` by default chunk_tokens'
+    for the device. Keeps the autograd graph with gradients enabled."""
+    lengths = [len(ids) for ids in token_lists]
+    budget = chunk_tokens(device, fewest_padded) if tokens_per_chunk is None else tokens_per_chunk
+    chunks = (padding_chunks(lengths, budget, max_chunk, chunk_cost(device)) if fewest_padded
+              else length_chunks(lengths, budget, max_chunk))
     outputs, positions = [], []
     for chunk in chunks:
         input_ids, mask = pad([token_lists[i] for i in chunk], pad_id, device)

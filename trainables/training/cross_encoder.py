@@ -17,7 +17,7 @@ from torch import nn
 
 from trainables.errors import UserInputError, one_of
 from trainables.evaluation.evaluators import sts_metrics
-from trainables.models.batching import EVAL_TOKENS_PER_CHUNK, pad, padding_chunks
+from trainables.models.batching import chunk_cost, chunk_tokens, pad, padding_chunks
 from trainables.models.encoder import (
     last_hidden_state,
     load_encoder,
@@ -133,7 +133,8 @@ def predict(model: CrossEncoder, token_lists: list[list[int]], pad_id: int, devi
     scores = np.empty(len(token_lists), dtype=np.float64)
     try:
         with torch.inference_mode(), autocast(device, dtype), packed_linears(model, torch.device(device)):
-            for chunk in padding_chunks([len(t) for t in token_lists], EVAL_TOKENS_PER_CHUNK, max_chunk=256):
+            for chunk in padding_chunks([len(t) for t in token_lists], chunk_tokens(device, evaluation=True),
+                                        max_chunk=256, chunk_cost=chunk_cost(device)):
                 input_ids, mask = pad([token_lists[i] for i in chunk], pad_id, device)
                 scores[chunk] = torch.sigmoid(model(input_ids, mask).double()).cpu().numpy()
     finally:
