@@ -48,6 +48,30 @@ def test_the_gpu_benchmark_runs_end_to_end_on_the_cpu(tiny_bert, synthetic_data_
         assert packed.endswith("device utilization n/a")
 
 
+@pytest.mark.slow
+def test_the_gpu_benchmark_packs_processes_scores_and_writes_json(tiny_bert, synthetic_data_dir, tmp_path):
+    """What the device machine (torch, no Ray) runs: --packing-mode processes, --score, --before,
+    --json; every figure a number, the JSON the same figures as printed."""
+    import json
+
+    out = tmp_path / "gpu.json"
+    done = run_gpu_benchmark("--data-dir", str(synthetic_data_dir), "--device", "cpu", "--models", tiny_bert,
+                             "--batches", "16", "--pairs", "48", "--packing", "1,2", "--packing-mode", "processes",
+                             "--score", "--before", "--json", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record, name = json.loads(out.read_text()), Path(tiny_bert).name
+    (run,) = record["runs"]
+    assert set(run["train"]) == {"ST fp32", "ST bf16", "ours auto", "ours fp32", "ours auto before",
+                                 "ours fp32 before"} - ({"ST bf16"} if not record["bf16_fast"] else set())
+    assert {"ours auto sdpa", "ours fp32 sdpa"} <= set(run["encode"])
+    assert all(-100 <= v <= 100 for v in run["test_spearman"].values()) and len(run["test_spearman"]) >= 3
+    line = next(x for x in done.stdout.splitlines() if x.startswith(f"{name} batch 16: train pairs/s"))
+    assert f"ours fp32 {run['train']['ours fp32']:.1f}" in line
+    assert [(p["k"], p["mode"]) for p in record["packing"]] == [(1, "processes"), (2, "processes")]
+    assert all(p["pairs_per_s"] > 0 for p in record["packing"])
+    assert any(x.startswith(f"{name} packing 2 processes on one device") for x in done.stdout.splitlines())
+
+
 SCRIPTS = sorted(p.name for p in GPU.parent.glob("*.py") if 'if __name__ == "__main__"' in p.read_text())
 
 
