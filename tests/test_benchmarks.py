@@ -227,3 +227,28 @@ def test_the_encoding_and_probe_benchmarks_time_like_for_like(tiny_bert, synthet
     # STS-B holds 1e-4 in test_attention.py)
     assert rows[-1]["test_spearman"] == pytest.approx(peer_spearman, abs=2e-2)
     assert rows[0]["test_spearman"] != pytest.approx(peer_spearman, abs=1e-2)  # a wrong layer would differ
+
+
+def test_a_model_carried_as_bf16_comes_back_as_the_same_fp32_weights(tiny_bert, tmp_path):
+    """benchmarks/device/upcast.py: what prepare.sh rounds to bf16 (the device tool carries 64 MiB)
+    comes back as fp32 equal to the bf16-rounded original, with the folder's other files beside it."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    carried = tmp_path / "carried"
+    shutil.copytree(tiny_bert, carried, ignore=shutil.ignore_patterns("model.safetensors"))
+    original = load_file(Path(tiny_bert) / "model.safetensors")
+    save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in original.items()},
+              carried / "model.bf16.safetensors")
+    done = subprocess.run([sys.executable, str(GPU.parent / "device" / "upcast.py"), str(carried), str(tmp_path / "up")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    back = load_file(tmp_path / "up" / "model.safetensors")
+    assert back.keys() == original.keys()
+    for key, value in original.items():
+        expected = value.to(torch.bfloat16).float() if value.is_floating_point() else value
+        assert back[key].dtype == (torch.float32 if value.is_floating_point() else value.dtype)
+        assert torch.equal(back[key], expected)
+    assert (tmp_path / "up" / "config.json").is_file() and not (tmp_path / "up" / "model.bf16.safetensors").exists()
