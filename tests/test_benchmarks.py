@@ -242,7 +242,8 @@ def test_a_model_carried_as_bf16_comes_back_as_the_same_fp32_weights(tiny_bert, 
     original = load_file(Path(tiny_bert) / "model.safetensors")
     save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in original.items()},
               carried / "model.bf16.safetensors")
-    done = subprocess.run([sys.executable, str(GPU.parent / "device" / "upcast.py"), str(carried), str(tmp_path / "up")],
+    upcast = GPU.parent / "device" / "upcast.py"
+    done = subprocess.run([sys.executable, str(upcast), str(carried), str(tmp_path / "up")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     back = load_file(tmp_path / "up" / "model.safetensors")
