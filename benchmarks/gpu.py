@@ -10,7 +10,8 @@ one device, then several trials packed on it through the orchestrator.
    On a GPU an untimed short round of every side runs first (`--warmup`: CUDA's context, cuBLAS's
    handles and kernels loaded, which would otherwise fall on whichever side runs first), and
    `--repeats N` measures the sides in turns, each keeping its best. Our encoding is measured with
-   evaluation's attention (the default) and with SDPA's fused kernel ("sdpa").
+   evaluation's attention (the default: unfused on a CPU, SDPA's kernel on a GPU) and with SDPA set
+   directly ("sdpa").
 2. Packing: `orchestrator launch` of a study of K replicate trials (K = 1, 2, 4, 8), each asking for
    1/K of the device (`resources.gpu`, or 1/K of the CPUs on a CPU) with K trials at a time: the
    aggregate train samples/s from the study's start to its end, and the device's mean utilization
@@ -121,8 +122,12 @@ def _one_trial(barrier, results, data_dir: str, model_name: str, device: str, ba
     torch.zeros(1, device=device)  # the device's context made before the clock starts, as a trial's would be
     barrier.wait()
     started = time.perf_counter()  # CLOCK_MONOTONIC: one clock for every process of the machine
-    our_epoch(data_dir, "auto", model_name, device, batch, pairs, score=False)
-    synchronize(device)
+    try:
+        our_epoch(data_dir, "auto", model_name, device, batch, pairs, score=False)
+        synchronize(device)
+    except BaseException as error:  # the parent waits on the queue: it gets the error, not a half-hour wait
+        results.put(f"{type(error).__name__}: {error}")
+        raise
     results.put((started, time.perf_counter()))
 
 
@@ -138,6 +143,9 @@ def packed_processes(model_name: str, data_dir: str, pairs: int, batch: int, dev
     barrier.wait(timeout=600)
     with Utilization(device) as use:
         spans = [results.get(timeout=1800) for _ in range(k)]
+    failed = [span for span in spans if isinstance(span, str)]
+    if failed:
+        raise RuntimeError(f"packing {k}: a trial's process failed: {failed[0]}")
     for worker in workers:
         worker.join()
     if any(worker.exitcode for worker in workers):
@@ -201,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
                                              score=args.score)
                     ours[p], spearman[f"ours {p}"] = max(ours.get(p, 0.0), speed), after
                     enc_ours[p] = max(enc_ours.get(p, 0.0), our_encode(sentences, p, model, args.device))
-                    sdpa = f"{p} sdpa"  # the fused attention kernel evaluation leaves for training on a CPU
+                    sdpa = f"{p} sdpa"  # SDPA set directly: on a CPU the fused kernel evaluation replaces
                     enc_ours[sdpa] = max(enc_ours.get(sdpa, 0.0), our_encode(sentences, p, model, args.device,
                                                                              fused=True))
                 for name, bf16 in (("ST fp32", False), ("ST bf16", True))[:2 if fast_bf16 else 1]:
@@ -247,6 +255,7 @@ def write(path: str | None, record: dict) -> None:
     """The figures so far, rewritten after each measurement (a run cut short keeps what it measured)."""
     if path:
         Path(path).write_text(json.dumps(record, indent=1))
+
 
 if __name__ == "__main__":
     main()
