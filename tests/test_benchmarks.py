@@ -72,6 +72,21 @@ def test_the_gpu_benchmark_packs_processes_scores_and_writes_json(tiny_bert, syn
     assert any(x.startswith(f"{name} packing 2 processes on one device") for x in done.stdout.splitlines())
 
 
+@pytest.mark.slow
+def test_a_failed_packing_process_is_reported_at_once(synthetic_data_dir, tmp_path, monkeypatch):
+    """A trial's process that fails (here: no such model) ends packing with its error, not a hang."""
+    import time
+
+    monkeypatch.syspath_prepend(str(GPU.parent))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import gpu
+
+    started = time.perf_counter()
+    with pytest.raises(RuntimeError, match="a trial's process failed: .*no-such-model"):
+        gpu.packed_processes(str(tmp_path / "no-such-model"), str(synthetic_data_dir), 8, 4, "cpu", 2)
+    assert time.perf_counter() - started < 300
+
+
 SCRIPTS = sorted(p.name for p in GPU.parent.glob("*.py") if 'if __name__ == "__main__"' in p.read_text())
 
 
