@@ -245,26 +245,23 @@ def test_the_encoding_and_probe_benchmarks_time_like_for_like(tiny_bert, synthet
 
 
 def test_a_model_carried_as_bf16_comes_back_as_the_same_fp32_weights(tiny_bert, tmp_path):
-    """benchmarks/device/upcast.py: what prepare.sh rounds to bf16 (the device tool carries 64 MiB)
-    comes back as fp32 equal to the bf16-rounded original, with the folder's other files beside it."""
-    import shutil
-
+    """benchmarks/device/upcast.py: what prepare.sh rounds to bf16 (--down; the device tool carries
+    64 MiB) comes back as fp32 equal to the bf16-rounded original, with the folder's other files beside it."""
     import torch
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
-    carried = tmp_path / "carried"
-    shutil.copytree(tiny_bert, carried, ignore=shutil.ignore_patterns("model.safetensors"))
+    script = GPU.parent / "device" / "upcast.py"
+    for args in (["--down", tiny_bert, str(tmp_path / "carried")], [str(tmp_path / "carried"), str(tmp_path / "up")]):
+        done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+    carried = load_file(tmp_path / "carried" / "model.bf16.safetensors")
+    assert not (tmp_path / "carried" / "model.safetensors").exists()
     original = load_file(Path(tiny_bert) / "model.safetensors")
-    save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in original.items()},
-              carried / "model.bf16.safetensors")
-    upcast = GPU.parent / "device" / "upcast.py"
-    done = subprocess.run([sys.executable, str(upcast), str(carried), str(tmp_path / "up")],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
     back = load_file(tmp_path / "up" / "model.safetensors")
-    assert back.keys() == original.keys()
+    assert back.keys() == original.keys() == carried.keys()
     for key, value in original.items():
         expected = value.to(torch.bfloat16).float() if value.is_floating_point() else value
+        assert carried[key].dtype == (torch.bfloat16 if value.is_floating_point() else value.dtype)
         assert back[key].dtype == (torch.float32 if value.is_floating_point() else value.dtype)
         assert torch.equal(back[key], expected)
     assert (tmp_path / "up" / "config.json").is_file() and not (tmp_path / "up" / "model.bf16.safetensors").exists()

@@ -14,19 +14,6 @@ $py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --imp
   datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 \
   typing-inspection==0.4.5 typing_extensions==4.16.0
 cp -r "$data/stsb" .gpu/data/
-$py - <<'PY'
-import shutil
-from pathlib import Path
-
-import torch
-from safetensors.torch import load_file, save_file
-
-from trainables.models.files import resolve_model_path
-
-source, target = Path(resolve_model_path("sentence-transformers/all-MiniLM-L6-v2")), Path(".gpu/minilm")
-shutil.copytree(source, target, ignore=shutil.ignore_patterns("model.safetensors", "README.md", "data_config.json"))
-weights = load_file(source / "model.safetensors")
-save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()},
-          target / "model.bf16.safetensors", metadata={"format": "pt"})
-PY
+minilm=$($py -c 'from trainables.models.files import resolve_model_path as r; print(r("sentence-transformers/all-MiniLM-L6-v2"))')
+$py benchmarks/device/upcast.py --down "$minilm" .gpu/minilm
 du -sh .gpu
