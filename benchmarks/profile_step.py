@@ -35,7 +35,7 @@ from trainables.models.encoder import build_sentence_encoder, encoder_depth, loa
 from trainables.models.packed import packed_linears
 from trainables.objectives.sts import CosineMSELoss
 from trainables.training.bi_encoder import build_optimizer, epoch_batches, pair_lengths, train_step
-from trainables.training.runtime import autocast, resolve_precision
+from trainables.training.runtime import autocast, clip_gradients, resolve_precision
 
 MODELS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "mpnet": "sentence-transformers/all-mpnet-base-v2"}
 
@@ -149,7 +149,7 @@ def main() -> None:
                 with record_function("3 backward"):
                     loss.backward()
                 with record_function("4 optimizer (clip, AdamW, schedule)"):
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    clip_gradients(model.parameters(), 1.0)
                     optimizer.step()
                     scheduler.step()
                     optimizer.zero_grad(set_to_none=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from trainables.data.tasks import corpus_sentences, load_sts_task
 from trainables.errors import UserInputError, one_of
@@ -22,7 +21,7 @@ from trainables.models.encoder import build_sentence_encoder, encoder_depth, loa
 from trainables.names import ATTENTION_LOSSES
 from trainables.objectives.contrastive import ContrastiveModel, contrastive_step, step_batches
 from trainables.training.bi_encoder import build_optimizer, check_finite
-from trainables.training.runtime import linear_schedule, scoring_dtype
+from trainables.training.runtime import clip_gradients, linear_schedule, scoring_dtype
 
 
 def evaluation_length(cfg: ContrastiveConfig, tokenizer) -> int:
@@ -102,7 +101,7 @@ class ContrastiveLearner(Learner):
                          "lower the learning rate or raise the temperature")
             loss.backward()
             if cfg.max_grad_norm:
-                nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                clip_gradients(self.model.parameters(), cfg.max_grad_norm)
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)

@@ -34,7 +34,7 @@ from trainables.stages.fields import (  # noqa: F401 (re-exported)
     stage_seed_of,
     uses_stage,
 )
-from trainables.training.runtime import linear_schedule, resolve_device, seed_everything
+from trainables.training.runtime import clip_gradients, linear_schedule, resolve_device, seed_everything
 
 
 def schedule(optimizer: torch.optim.Optimizer, steps: int, warmup_ratio: float):
@@ -131,7 +131,7 @@ def pretrain(cfg, seed: int, sentences: list[str], folder: Path) -> dict:
                                             f"(pretrain_lr={cfg.pretrain_lr}); lower pretrain_lr")
             loss.backward()
             step_loss += loss.item()
-        torch.nn.utils.clip_grad_norm_(objective.parameters(), 1.0)
+        clip_gradients(objective.parameters(), 1.0)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)

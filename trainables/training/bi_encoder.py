@@ -12,7 +12,7 @@ import torch
 from trainables.errors import TrainingDivergedError
 from trainables.models.batching import TokenCache, encode_tokens
 from trainables.objectives.sts import CosineMSELoss
-from trainables.training.runtime import autocast, linear_schedule
+from trainables.training.runtime import autocast, clip_gradients, linear_schedule
 
 
 def epoch_batches(lengths: list[int], batch_size: int, seed: int, group_by_length: bool) -> list[list[int]]:
@@ -53,7 +53,7 @@ def train_step(model, loss_fn, optimizer, scheduler, token_lists: list[list[int]
         return loss.detach()
     loss.backward()
     if max_grad_norm:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        clip_gradients(model.parameters(), max_grad_norm)
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)

@@ -32,7 +32,7 @@ from trainables.models.packed import packed_linears
 from trainables.names import CROSS_HEADS, CROSS_LOSSES  # noqa: F401 (re-exported)
 from trainables.poolings import POOLINGS, build_pooling
 from trainables.training.bi_encoder import build_optimizer, check_finite, epoch_batches
-from trainables.training.runtime import autocast, linear_schedule
+from trainables.training.runtime import autocast, clip_gradients, linear_schedule
 
 
 class CrossEncoder(nn.Module):
@@ -163,7 +163,7 @@ def train_cross_epoch(model: CrossEncoder, optimizer, scheduler, token_lists: li
         check_finite(loss.item(), f"{where}, step {step}", "lower the cross-encoder's learning rate")
         loss.backward()
         if max_grad_norm:
-            nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            clip_gradients(model.parameters(), max_grad_norm)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)

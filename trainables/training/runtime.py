@@ -83,6 +83,24 @@ def linear_schedule(optimizer, warmup_steps: int, total_steps: int):
     return get_linear_schedule_with_warmup(optimizer, warmup_steps, total_steps)
 
 
+def clip_gradients(parameters, max_norm: float) -> torch.Tensor:
+    """torch's `clip_grad_norm_` (the same total norm, the same clipped gradients, through torch's own
+    `get_total_norm` and `clip_grads_with_norm_`), without its multiply of every gradient by 1.0 when
+    the norm is within `max_norm`: torch multiplies unconditionally so that a GPU never waits for the
+    comparison; on a CPU the comparison costs nothing and the pass it saves does (MiniLM: 3.3 ms of a
+    286-ms step; STS-B fine-tuning's norms, 0.2-0.4, never reach 1.0). A non-finite norm clips as
+    torch's does (an infinite one by 0, a NaN one by NaN). Returns the total norm."""
+    parameters = [p for p in parameters if p.grad is not None]
+    if not parameters:
+        return torch.tensor(0.0)
+    if any(p.grad.device.type != "cpu" for p in parameters):
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+    total = torch.nn.utils.get_total_norm([p.grad for p in parameters])
+    if not float(max_norm / (total + 1e-6)) >= 1.0:  # torch's coefficient, clamped to 1.0: a multiply by it
+        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
+    return total
+
+
 def release_memory() -> None:
     """After a trial in a reused worker: collect its objects and hand freed heap pages back to the
     system (each trial runs in a thread of its own, and glibc keeps what a finished thread's arena

@@ -1,0 +1,85 @@
+"""Gradient clipping: torch's clip_grad_norm_ to the bit, without its multiply by 1.0 when nothing is clipped."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainables.training import runtime
+from trainables.training.runtime import clip_gradients
+
+
+def parameters_with_gradients(shapes: list[tuple[int, ...]], scale: float, seed: int, none_at: int | None):
+    generator = torch.Generator().manual_seed(seed)
+    params = []
+    for index, shape in enumerate(shapes):
+        p = torch.nn.Parameter(torch.zeros(shape))
+        if index != none_at:
+            p.grad = torch.randn(shape, generator=generator) * scale
+        params.append(p)
+    return params
+
+
+def copies(params):
+    out = []
+    for p in params:
+        q = torch.nn.Parameter(p.detach().clone())
+        q.grad = None if p.grad is None else p.grad.clone()
+        out.append(q)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(shapes=st.lists(st.lists(st.integers(1, 7), min_size=1, max_size=3).map(tuple), min_size=1, max_size=5),
+       scale=st.sampled_from([1e-4, 0.05, 0.3, 1.0, 3.0, 50.0]), max_norm=st.sampled_from([0.1, 1.0, 5.0]),
+       seed=st.integers(0, 1000), none_at=st.one_of(st.none(), st.integers(0, 4)))
+def test_clipping_is_torchs_to_the_bit(shapes, scale, max_norm, seed, none_at):
+    ours = parameters_with_gradients(shapes, scale, seed, none_at)
+    theirs = copies(ours)
+    total = clip_gradients(ours, max_norm)
+    expected = torch.nn.utils.clip_grad_norm_(theirs, max_norm)
+    if all(p.grad is None for p in theirs):
+        assert float(total) == 0.0
+        return
+    assert torch.equal(total, expected)
+    for a, b in zip(ours, theirs, strict=True):
+        assert (a.grad is None) == (b.grad is None)
+        if a.grad is not None:
+            assert torch.equal(a.grad, b.grad)
+    if float(expected) > max_norm * 1.001:  # clipped: the norm after is max_norm
+        after = torch.nn.utils.get_total_norm([p.grad for p in ours if p.grad is not None])
+        assert float(after) == pytest.approx(max_norm, rel=1e-4)
+
+
+def test_within_the_norm_no_gradient_is_touched(monkeypatch):
+    params = parameters_with_gradients([(30, 8), (8,)], 0.01, 0, None)
+    before = [p.grad.clone() for p in params]
+    calls = []
+    monkeypatch.setattr(runtime.torch.nn.utils, "clip_grads_with_norm_", lambda *a, **k: calls.append(a))
+    total = clip_gradients(params, 1.0)
+    assert calls == []
+    assert 0 < float(total) < 1.0
+    assert all(torch.equal(p.grad, b) for p, b in zip(params, before, strict=True))
+    clip_gradients(parameters_with_gradients([(30, 8)], 10.0, 0, None), 1.0)
+    assert len(calls) == 1  # beyond the norm: torch's clipping runs
+
+
+def test_a_non_finite_norm_clips_as_torchs_does():
+    ours = parameters_with_gradients([(4, 3), (5,)], 1.0, 1, None)
+    ours[0].grad[0, 0] = math.inf
+    theirs = copies(ours)
+    total = clip_gradients(ours, 1.0)
+    expected = torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+    assert math.isinf(float(total)) and math.isinf(float(expected))
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(ours[1].grad, torch.zeros(5))  # an infinite norm: coefficient 0
+    ours = parameters_with_gradients([(4, 3)], 1.0, 2, None)
+    ours[0].grad[1, 1] = math.nan
+    theirs = copies(ours)
+    clip_gradients(ours, 1.0), torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+    assert torch.isnan(ours[0].grad).all() and torch.isnan(theirs[0].grad).all()  # a NaN norm: NaN everywhere
