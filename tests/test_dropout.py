@@ -45,6 +45,14 @@ def test_masks_keep_each_element_with_probability_one_minus_p_in_every_quarter_o
     assert abs(both - (1 - p) ** 2) < 5 * math.sqrt((1 - p) ** 2 * (1 - (1 - p) ** 2) / (n / 2))
 
 
+@pytest.mark.parametrize("p", [1e-9, 1.5e-5])
+def test_a_rate_that_rounds_to_zero_drops_nothing(p):
+    """Below 1/65536 the threshold is 0: every element is kept (15 bits of 32767 plus one would
+    wrap around in int16 and drop about one element in 32768)."""
+    torch.manual_seed(0)
+    assert effective_p(p) == 0.0 and bool(keep_mask((1_000_000,), p).all())
+
+
 def test_the_seed_draws_the_masks():
     torch.manual_seed(7)
     first = keep_mask((64, 33, 384), 0.1)
@@ -129,6 +137,41 @@ def test_in_bf16_the_training_path_rounds_exactly_as_sdpa_math_does():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ours, _ = attention(fake_module(True), q, k, v, mask, dropout=1e-9)
     assert ours.dtype == torch.bfloat16 and torch.equal(ours, sdpa)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_training_attention_gradients_are_sdpa_maths(dtype):
+    """Forward and backward through the training path (inputs as the transposed views an encoder
+    passes, a padding mask, a rate that keeps everything) against SDPA's math path: the same output
+    and the same gradients; the probabilities come back only when asked for, as SDPA's do not."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(2)
+    leaves = [torch.randn(3, 6, 2, 8, dtype=dtype, requires_grad=True) for _ in range(3)]  # (batch, len, heads, d)
+    mask = padded_inputs()[3]
+    upstream = torch.randn(3, 6, 2, 8).to(dtype)
+    results = []
+    for ours in (True, False):
+        for leaf in leaves:
+            leaf.grad = None
+        q, k, v = (leaf.transpose(1, 2) for leaf in leaves)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            if ours:
+                output, probabilities = attention(fake_module(True), q, k, v, mask, dropout=1e-9)
+                assert probabilities is None and output.is_contiguous()
+            else:
+                with sdpa_kernel(SDPBackend.MATH):
+                    output = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2)
+        output.backward(upstream)
+        results.append((output.detach(), [leaf.grad for leaf in leaves]))
+    (ours_out, ours_grads), (sdpa_out, sdpa_grads) = results
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    assert ours_out.dtype == dtype and torch.allclose(ours_out.float(), sdpa_out.float(), atol=tolerance)
+    for mine, theirs in zip(ours_grads, sdpa_grads, strict=True):
+        assert torch.allclose(mine.float(), theirs.float(), atol=tolerance), float((mine - theirs).abs().max())
+    _, asked = attention(fake_module(True), *(leaf.transpose(1, 2) for leaf in leaves), mask, dropout=1e-9,
+                         output_attentions=True)
+    assert asked is not None and asked.shape == (3, 2, 6, 6)
 
 
 def test_an_encoder_swaps_every_dropout_and_evaluates_exactly_as_before(tiny_bert):

@@ -48,8 +48,11 @@ def keep_indicator(shape: torch.Size | tuple[int, ...], p: float, device: torch.
     # random_() on int64 is uniform on [0, 2^63): the low 63 bits are uniform; each 16-bit quarter
     # keeps its low 15 bits (the top quarter's 16th bit is always 0)
     bits = words.view(torch.int16)[:n].view(shape).bitwise_and_(LEVELS - 1)
+    threshold = keep_threshold(p)
+    if threshold == 0:  # p below 1/65536 drops nothing (and 32767 - (0 - 1) would overflow int16)
+        return bits.fill_(1)
     # bits >= t as 0/1 without a boolean tensor (bool -> float conversions are not vectorized on CPU)
-    return bits.sub_(keep_threshold(p) - 1).clamp_(0, 1)
+    return bits.sub_(threshold - 1).clamp_(0, 1)
 
 
 def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu",
@@ -98,8 +101,11 @@ def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
     # rounds its output: the same here, with autocast off so the products stay fp32
     with torch.autocast(query.device.type, enabled=False):
         root = math.sqrt(scale)  # SDPA scales both sides by the square root
-        query, key, value = query.float(), key.float(), value.float()
-        scores = torch.matmul(query * root, key.transpose(-2, -1) * root)
+        # each input converted and laid out for the matmul in one copy (q, k, v come as transposed
+        # views), q and k then scaled in place: the values SDPA's math path computes, in fewer passes
+        query, key, value = (t.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+                             for t in (query, key, value))
+        scores = torch.matmul(query.mul_(root), key.mul_(root).transpose(-2, -1))
         if attention_mask is not None:
             if attention_mask.dtype == torch.bool:
                 floor = torch.zeros((), dtype=scores.dtype, device=scores.device)  # on the device: a CUDA mask
@@ -109,9 +115,11 @@ def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
         if position_bias is not None:
             scores = scores + position_bias.float()
         dropped = fast_dropout(torch.softmax(scores, dim=-1), dropout)
-        output = torch.matmul(dropped, value).to(dtype)
-    # the dropped probabilities, as eager attention returns them: what miCSE aligns (`output_attentions`)
-    return output.transpose(1, 2).contiguous(), dropped.to(dtype)
+        output = torch.matmul(dropped, value)
+    # rounded and laid out in one copy; the dropped probabilities only when asked for, as eager
+    # attention returns them: what miCSE aligns (`output_attentions`; SDPA returns none)
+    return (output.transpose(1, 2).to(dtype, memory_format=torch.contiguous_format, copy=True),
+            dropped.to(dtype) if kwargs.get("output_attentions") else None)
 
 
 def use_fast_dropout(model: nn.Module) -> int:
