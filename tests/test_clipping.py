@@ -83,3 +83,14 @@ def test_a_non_finite_norm_clips_as_torchs_does():
     theirs = copies(ours)
     clip_gradients(ours, 1.0), torch.nn.utils.clip_grad_norm_(theirs, 1.0)
     assert torch.isnan(ours[0].grad).all() and torch.isnan(theirs[0].grad).all()  # a NaN norm: NaN everywhere
+
+
+def test_a_torch_without_the_two_functions_clips_with_clip_grad_norm(monkeypatch):
+    """torch 2.4 and 2.5 (the requirement allows them) have neither get_total_norm nor clip_grads_with_norm_."""
+    ours = parameters_with_gradients([(6, 5), (5,)], 10.0, 3, None)
+    theirs = copies(ours)
+    monkeypatch.delattr(runtime.torch.nn.utils, "get_total_norm")
+    monkeypatch.delattr(runtime.torch.nn.utils, "clip_grads_with_norm_")
+    total = clip_gradients(ours, 1.0)
+    assert torch.equal(total, torch.nn.utils.clip_grad_norm_(theirs, 1.0)) and float(total) > 1.0
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(ours, theirs, strict=True))
