@@ -58,7 +58,8 @@ def matmul_peak(dtype: torch.dtype, m: int, k: int | None = None, n: int | None 
 def shaped_peak(dtype: torch.dtype, hidden: int, inner: int) -> float:
     """GFLOP/s of a matmul of the model's feed-forward shape (~1,000 tokens, hidden <-> inner), the
     best of 20 runs each way: the denominator of every fraction, so a short slow spell of a shared
-    machine must not lower it (with 5 runs one read 215 GFLOP/s where the rest of the run saw 385-437)."""
+    machine must not lower it (with 5 runs one read 216 GFLOP/s where the same run's square bf16 peak was
+    402 and its evaluation's read of this shape 385)."""
     return max(matmul_peak(dtype, 1024, hidden, inner, repeats=20), matmul_peak(dtype, 1024, inner, hidden, repeats=20))
 
 
