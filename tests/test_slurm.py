@@ -191,6 +191,31 @@ def gone(variable: str, timeout: float = 30) -> bool:
     return not processes_with(variable)
 
 
+def described(variable: str) -> str:
+    """The processes holding `variable`, pid and command line each (for a failing assertion's message)."""
+    lines = []
+    for pid in processes_with(variable):
+        with contextlib.suppress(OSError):
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            lines.append(f"{pid}: {command[:200]}")
+    return "\n".join(lines)
+
+
+def kill_all(variable: str, timeout: float = 30) -> set[int]:
+    """SIGKILL every process holding `variable`, again and again until none is left, as a cgroup's kill does: one
+    pass over /proc misses a process forked after the pass read its parent (Ray starts workers all the time), and
+    SLURM's proctrack/linuxproc, which the test cluster uses, loses a process once its parent is dead. The pids."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while (found := processes_with(variable)) and time.monotonic() < deadline:
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        killed.update(found)
+        time.sleep(0.2)
+    return killed
+
+
 @pytest.fixture()
 def slurm(tmp_path):
     folder = tmp_path / "slurm"
@@ -283,10 +308,7 @@ def test_a_study_sigkilled_then_cut_by_its_time_limit_finishes_like_an_uninterru
             assert time.monotonic() < deadline, "no checkpoints after 300 s"
             time.sleep(0.5)
         # every process of the job at once (`scancel --signal=KILL` would cancel it: SIGTERM first, then KILL)
-        victims = processes_with(f"SLURM_JOB_ID={first}")
-        for pid in victims:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        victims = kill_all(f"SLURM_JOB_ID={first}")
         assert len(victims) >= 4  # the script, the launch, srun, Ray's processes
         assert slurm.wait_until_ended(first, 120)["JobState"] in ("FAILED", "CANCELLED")
         killed_log = (work / f"ablation-{first}.out").read_text()
@@ -294,7 +316,8 @@ def test_a_study_sigkilled_then_cut_by_its_time_limit_finishes_like_an_uninterru
         assert not events(journal, "finished"), "the kill came too late to interrupt trials"
         _, children, _ = trials(work)
         assert "RUNNING" in {c.info.status for c in children}  # what a SIGKILL leaves behind
-        assert gone(f"RAY_TMPDIR={ray_dir}"), "the killed job left processes behind"
+        assert gone(f"RAY_TMPDIR={ray_dir}"), \
+            f"processes outside the killed job hold its Ray folder:\n{described(f'RAY_TMPDIR={ray_dir}')}"
 
         # 2. the next job: warned 90-120 s before its 3-minute limit (SLURM checks limits every 30 s), it stops
         # at the trials' last checkpoints and requeues itself
@@ -322,7 +345,8 @@ def test_a_study_sigkilled_then_cut_by_its_time_limit_finishes_like_an_uninterru
     assert "time limit near: stopping the study" in runs[0] and "slurm: not finished" in runs[0]
     assert re.search(r"study slurm stopped \(\d+ checkpoints and finished trials in this run\); requeued", runs[0])
     assert "slurm: resuming 4 planned trials" in log and "study slurm finished" in log
-    assert gone(f"RAY_TMPDIR={ray_dir}"), "the job left processes behind (Ray not stopped)"
+    assert gone(f"RAY_TMPDIR={ray_dir}"), \
+        f"the job left processes behind (Ray not stopped):\n{described(f'RAY_TMPDIR={ray_dir}')}"
 
     records = journal.records()
     assert len(records) == 4 and all(r.outcome.value == "completed" for r in records.values())
