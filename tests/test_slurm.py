@@ -201,19 +201,40 @@ def described(variable: str) -> str:
     return "\n".join(lines)
 
 
-def kill_all(variable: str, timeout: float = 30) -> set[int]:
-    """SIGKILL every process holding `variable`, again and again until none is left, as a cgroup's kill does: one
-    pass over /proc misses a process forked after the pass read its parent (Ray starts workers all the time), and
-    SLURM's proctrack/linuxproc, which the test cluster uses, loses a process once its parent is dead. The pids."""
-    killed: set[int] = set()
+def parents() -> dict[int, int]:
+    """Every process's parent, by pid (from /proc/PID/stat)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                found[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    return found
+
+
+def kill_all(*variables: str, timeout: float = 30) -> set[int]:
+    """SIGKILL every process holding one of `variables` and every descendant of one, as a cgroup's kill
+    reaches every process of a job: all are stopped first (SIGSTOP, again until no new one appears: a
+    stopped process forks no more), then killed. A pass over the environments alone is not enough: Ray's
+    agents (`ray::DashboardAgent`, `ray::RuntimeEnvAgent`) rewrite their process title over the start of
+    their environment, so /proc shows them without SLURM_JOB_ID, and SLURM's proctrack/linuxproc, which
+    the test cluster uses, loses them once their parent is dead. The pids."""
+    stopped: set[int] = set()
     deadline = time.monotonic() + timeout
-    while (found := processes_with(variable)) and time.monotonic() < deadline:
-        for pid in found:
+    while time.monotonic() < deadline:
+        tree = parents()
+        members = {pid for variable in variables for pid in processes_with(variable)} | (stopped & set(tree))
+        while children := {pid for pid, parent in tree.items() if parent in members} - members:
+            members |= children
+        if not (new := members - stopped - {os.getpid()}):
+            break
+        for pid in new:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        killed.update(found)
-        time.sleep(0.2)
-    return killed
+                os.kill(pid, signal.SIGSTOP)
+        stopped |= new
+    for pid in stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return stopped
 
 
 @pytest.fixture()
@@ -372,3 +393,43 @@ def test_a_study_sigkilled_then_cut_by_its_time_limit_finishes_like_an_uninterru
     assert {"ablation.tex", "headline.tex"} <= set(tables)
     for table in tables:
         assert (ours / table).read_text() == (theirs / table).read_text(), table
+
+
+def test_kill_all_reaches_descendants_whose_environment_no_longer_shows_the_job(tmp_path):
+    """The harness's cgroup-like kill: a process holding the marker, its child started without it (as Ray's
+    agents show after rewriting their title) and that child's child are all killed."""
+    marker = f"KILL_ALL_TEST={tmp_path.name}"
+    tree = ("import subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import subprocess, sys, time; "
+            "subprocess.Popen([sys.executable, \"-c\", \"import time; time.sleep(300)\"]); time.sleep(300)'], env={})\n"
+            "time.sleep(300)\n")
+    parent = subprocess.Popen([sys.executable, "-c", tree], env={**os.environ, marker.split("=")[0]: tmp_path.name})
+    try:
+        deadline = time.monotonic() + 30
+        while len(family := [parent.pid, *descendants(parent.pid)]) < 3:
+            assert time.monotonic() < deadline, "the tree did not start"
+            time.sleep(0.2)
+        assert processes_with(marker) == [parent.pid]
+        assert kill_all(marker) >= set(family)
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while alive := [pid for pid in family[1:] if parents().get(pid) is not None and not zombie(pid)]:
+            assert time.monotonic() < deadline, f"still running: {alive}"
+            time.sleep(0.2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            parent.kill()
+
+
+def descendants(pid: int) -> list[int]:
+    tree, found = parents(), []
+    frontier = {pid}
+    while frontier := {child for child, parent in tree.items() if parent in frontier}:
+        found.extend(frontier)
+    return found
+
+
+def zombie(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    return True
