@@ -11,7 +11,7 @@ from torch import nn
 
 from trainables.data.tasks import load_task
 from trainables.evaluation.evaluators import Embedder, STSEvaluator
-from trainables.models.attention import INFERENCE, attend, attention, unfused_attention
+from trainables.models.attention import INFERENCE, attend, attention, fused, softmax_, unfused_attention
 from trainables.models.batching import TokenCache
 from trainables.models.dropout import ATTENTION
 from trainables.models.encoder import build_sentence_encoder, load_encoder, load_tokenizer
@@ -157,3 +157,55 @@ def test_minilm_scores_stsb_as_the_fused_kernel_and_sentence_transformers_do(dat
             ours = scores["ours"][f"{split}_{metric}"] / 100
             assert ours == pytest.approx(scores["sdpa"][f"{split}_{metric}"] / 100, abs=1e-4)
             assert ours == pytest.approx(theirs[f"{metric}_cosine"], abs=1e-4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=st.integers(1, 4), heads=st.integers(1, 4), length=st.integers(1, 12), size=st.sampled_from([1, 8, 32]),
+       bf16=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_slices_of_one_fused_projection_are_converted_in_one_copy_to_the_same_numbers(batch, heads, length, size,
+                                                                                     bf16, seed):
+    """q, k and v as BERT's attention makes them from one fused (batch, tokens, 3 x width) projection: one copy
+    lays out all three, and the output is bit for bit that of three copies; q, k, v from separate tensors, or
+    slices in another order, take three copies."""
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    generator = torch.Generator().manual_seed(seed)
+    width = heads * size
+    output = torch.randn(batch, length, 3 * width, generator=generator).to(dtype)
+    q, k, v = (part.view(batch, length, heads, size).transpose(1, 2) for part in output.split(width, dim=-1))
+    mask = (torch.arange(length)[None, :] < torch.randint(1, length + 1, (batch, 1), generator=generator))
+    mask = mask[:, None, None, :]
+    together = fused(q, k, v)
+    assert together is not None and together.dtype == torch.float32 and together.is_contiguous()
+    assert all(torch.equal(t, x.float()) for t, x in zip(together.unbind(0), (q, k, v), strict=True))
+    apart = [x.clone() for x in (q, k, v)]
+    assert fused(*apart) is None and fused(k, q, v) is None and fused(q, k, q) is None
+    assert torch.equal(attend(q, k, v, mask), attend(*apart, mask))
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 30), keys=st.integers(1, 40), spread=st.sampled_from([1e-3, 1.0, 30.0]),
+       masked=st.sampled_from(["none", "min", "-inf"]), seed=st.integers(0, 2 ** 16))
+def test_softmax_on_short_rows_is_torchs_to_rounding(rows, keys, spread, masked, seed):
+    """Rows of any length (the short ones computed apart, in place), masked keys as evaluation masks them
+    (fp32's minimum) or as training does (-inf), each row keeping one key: torch's softmax to 1e-6."""
+    generator = torch.Generator().manual_seed(seed)
+    scores = torch.randn(rows, 3, keys, generator=generator) * spread
+    if masked != "none":
+        drop = torch.rand(rows, 3, keys, generator=generator) < 0.4
+        drop[..., 0] = False
+        scores = scores.masked_fill(drop, torch.finfo(torch.float32).min if masked == "min" else float("-inf"))
+    expected = torch.softmax(scores, dim=-1)
+    with torch.inference_mode():
+        given_in = scores.clone()
+        got = softmax_(given_in)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+    assert (got.data_ptr() == given_in.data_ptr()) == (keys < 16)  # short rows: in place, no new tensor
+
+
+def test_softmax_with_a_gradient_asked_for_is_torchs():
+    scores = torch.randn(4, 2, 12, requires_grad=True)
+    probs = softmax_(scores * 1.0)
+    (probs * torch.arange(12.0)).sum().backward()
+    reference = scores.detach().clone().requires_grad_()
+    (torch.softmax(reference, dim=-1) * torch.arange(12.0)).sum().backward()
+    torch.testing.assert_close(scores.grad, reference.grad)

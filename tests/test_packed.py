@@ -13,11 +13,13 @@ from torch import nn
 
 from trainables.evaluation import evaluators
 from trainables.evaluation.evaluators import Embedder
+from trainables.models import attention
 from trainables.models.batching import TokenCache
 from trainables.models.encoder import build_sentence_encoder, load_tokenizer
 from trainables.models.packed import available, packed_linears
 
 CPU = torch.device("cpu")
+real_fused = attention.fused
 pytestmark = pytest.mark.skipif(not available(torch.float32), reason="this torch has no oneDNN packed linear")
 
 
@@ -125,10 +127,17 @@ def test_an_encoder_embeds_as_without_packing(tiny_bert, dtype, monkeypatch):
             yield packed
 
     monkeypatch.setattr(evaluators, "packed_linears", spying)
+    one_copy = []
+    monkeypatch.setattr(attention, "fused", lambda *qkv: one_copy.append(real_fused(*qkv)) or one_copy[-1])
     packed = embed(sentences)
+    # every layer's attention laid out its query, key and value in one copy from the fused projection
+    assert len(one_copy) == model.encoder.config.num_hidden_layers and all(t is not None for t in one_copy)
+    # a block's matmuls: query, key and value as one, the attention's output, the feed-forward (GELU fused), its
+    # output; then BERT's pooler (on the first token); the three distinct sentences are one chunk
+    assert linear_calls(lambda: embed(sentences)) == 4 * model.encoder.config.num_hidden_layers + 1
     monkeypatch.setattr(evaluators, "packed_linears", lambda module, device: contextlib.nullcontext(False))
     plain = embed(sentences)
-    (used, names), = seen
+    (used, names), *_ = seen
     layers = model.encoder.config.num_hidden_layers
     assert used and sum(n.endswith("intermediate") for n in names) == layers
     assert not any(n.endswith("intermediate.dense") for n in names) and overridden(model) == set()
@@ -142,3 +151,95 @@ def test_only_on_an_x86_64_cpu(monkeypatch):
     assert not available(torch.float32)
     with torch.inference_mode(), packed_linears(nn.Linear(4, 4), CPU) as packed:
         assert not packed
+
+
+class BertSelfAttention(nn.Module):
+    """An attention module's projections as BERT names them, called in `order` on one input."""
+
+    def __init__(self, width: int, outs: tuple[int, int, int] = (8, 8, 8), bias: bool = True):
+        super().__init__()
+        self.query, self.key, self.value = (nn.Linear(width, out, bias=bias) for out in outs)
+
+    def forward(self, hidden: torch.Tensor, order: str = "qkv") -> list[torch.Tensor]:
+        layers = {"q": self.query, "k": self.key, "v": self.value}
+        return [layers[name](hidden) for name in order]
+
+
+def linear_calls(run) -> int:
+    """How many oneDNN packed matmuls `run()` makes (torch's profiler counts them)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        run()
+    return sum(e.count for e in profile.key_averages() if e.key == "mkldnn::_linear_pointwise")
+
+
+@settings(max_examples=25, deadline=None)
+@given(order=st.sampled_from(["qkv", "vkq", "kqv", "qqkv", "qk", "v"]), outs=st.tuples(*[st.integers(1, 24)] * 3),
+       bias=st.booleans(), rows=st.integers(1, 40), seed=st.integers(0, 2 ** 16))
+def test_query_key_and_value_on_one_input_are_one_matmul_with_each_ones_numbers(order, outs, bias, rows, seed):
+    """In any order of calls, each projection gives F.linear's result (fp32, 1e-5); the calls on one input
+    after the first take their slice of its one matmul (a second call of the same layer computes again)."""
+    torch.manual_seed(seed)
+    attention = BertSelfAttention(12, outs, bias)
+    x = torch.randn(rows, 3, 12)
+    with torch.inference_mode():
+        expected = attention(x, order)
+        with packed_linears(attention, CPU) as packed:
+            got = attention(x, order)
+            calls = linear_calls(lambda: attention(x, order))
+    assert packed and overridden(attention) == set()
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    seen, expected_calls = set(), 0
+    for name in order:  # a matmul whenever the layer's slice was taken already (or none was computed)
+        if not seen or name in seen:
+            expected_calls, seen = expected_calls + 1, set()
+        seen.add(name)
+    assert calls == expected_calls
+
+
+def test_projections_on_different_inputs_or_widths_are_computed_apart():
+    """A key called on another tensor (even an equal one) computes again; layers of different input widths
+    are packed one by one."""
+    torch.manual_seed(0)
+    attention = BertSelfAttention(6)
+    x, y = torch.randn(5, 6), torch.randn(5, 6)
+    with torch.inference_mode():
+        expected = [attention.query(x), attention.key(y), attention.value(x.clone())]
+        with packed_linears(attention, CPU):
+            got = [attention.query(x), attention.key(y), attention.value(x.clone())]
+            calls = linear_calls(lambda: [attention.query(x), attention.key(y), attention.value(x.clone())])
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    assert calls == 3
+    mixed = BertSelfAttention(6)
+    mixed.value = nn.Linear(7, 8)
+    with torch.inference_mode(), packed_linears(mixed, CPU):
+        assert linear_calls(lambda: [mixed.query(x), mixed.key(x)]) == 2
+
+
+def test_only_attention_modules_read_to_call_their_projections_on_one_input_back_to_back_are_fused():
+    """Each class in FUSED_ATTENTIONS (as this transformers writes it) calls query, key and value on
+    `hidden_states` on three consecutive lines; a module of any other name keeps three matmuls."""
+    import importlib
+    import inspect
+    import re
+
+    from trainables.models.packed import FUSED_ATTENTIONS
+
+    back_to_back = re.compile(r"self\.(query|q)\(hidden_states\)[^\n]*\n[^\n]*self\.(key|k)\(hidden_states\)"
+                              r"[^\n]*\n[^\n]*self\.(value|v)\(hidden_states\)")
+    families = {"Bert": "bert", "Roberta": "roberta", "XLMRoberta": "xlm_roberta", "Electra": "electra",
+                "Camembert": "camembert", "MPNet": "mpnet"}
+    assert {f"{family}SelfAttention" for family in families} == FUSED_ATTENTIONS
+    for family, module in families.items():
+        cls = getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"),
+                      f"{family}SelfAttention")
+        assert back_to_back.search(inspect.getsource(cls.forward)), cls
+
+    class OtherAttention(BertSelfAttention):
+        pass
+
+    x = torch.randn(5, 12)
+    other = OtherAttention(12)
+    with torch.inference_mode(), packed_linears(other, CPU):
+        assert linear_calls(lambda: other(x)) == 3

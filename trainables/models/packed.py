@@ -8,7 +8,11 @@ runs `torch.ops.mkldnn._linear_pointwise` on it: at the shapes of an evaluation 
 384 <-> 1,536) the fp32 matmul ran 1.17x and the bf16 one 1.05-1.10x faster on the 2-core EPYC
 (benchmarks/profile_step.py splits an evaluation). A transformer block's feed-forward (`dense`
 then an exact GELU, BERT's and MPNet's `*Intermediate`) runs as one call with GELU as the matmul's
-post-op, so its 4,096 x 1,536 activation is written once, not twice.
+post-op, so its 4,096 x 1,536 activation is written once, not twice. An attention module's query, key
+and value layers (in the transformers classes of FUSED_ATTENTIONS, whose forward calls them back to
+back on one tensor) run as one packed matmul on their stacked weights: one conversion of the block's
+fp32 input to bf16 instead of three, and their outputs are slices of one tensor that evaluation's
+attention lays out for its matmuls in one copy (trainables.models.attention.fused).
 
 Same numbers: in fp32 the packed matmul is torch's result (the same oneDNN kernel, 0 difference in
 a test) and the fused GELU within 3e-6 of the separate one; under bf16 autocast the input and
@@ -75,6 +79,55 @@ def packed_forward(linear: nn.Linear, dtype: torch.dtype, post_op: str = "none")
     return forward
 
 
+PROJECTIONS = (("query", "key", "value"), ("q", "k", "v"))  # BERT-family and MPNet attention's linear layers
+# transformers' attention modules whose forward calls its query, key and value layers one after the other on
+# the same hidden states, writing nothing in between (a test reads each forward): there a projection may take
+# its slice of a matmul made for the same tensor a call before, which no version counter could vouch for (an
+# inference tensor has none)
+FUSED_ATTENTIONS = frozenset({"BertSelfAttention", "RobertaSelfAttention", "XLMRobertaSelfAttention",
+                              "ElectraSelfAttention", "CamembertSelfAttention", "MPNetSelfAttention"})
+
+
+def projections(module: nn.Module) -> list[nn.Linear] | None:
+    """An attention module's query, key and value linear layers, when the module is one of FUSED_ATTENTIONS
+    and they are plain `nn.Linear`s of one input width with biases alike (what one packed weight can compute
+    together); else None."""
+    if type(module).__name__ not in FUSED_ATTENTIONS:
+        return None
+    for names in PROJECTIONS:
+        linears = [getattr(module, name, None) for name in names]
+        if (all(type(linear) is nn.Linear for linear in linears)
+                and len({linear.in_features for linear in linears}) == 1
+                and len({linear.bias is None for linear in linears}) == 1):
+            return linears
+    return None
+
+
+def fused_projections(linears: list[nn.Linear], dtype: torch.dtype) -> list:
+    """Forwards for an attention's query, key and value layers on one packed weight (theirs stacked): the
+    first call with an input computes all three in one matmul, and a call of another with that same input
+    (the same tensor object, as an attention module passes it to each) takes its slice. A call with any
+    other input computes again, so any order of calls is right; only the three calls on one input cost one."""
+    weight = torch.ops.mkldnn._reorder_linear_weight(torch.cat([m.weight.detach() for m in linears]).to(dtype),
+                                                     PACK_HINT)
+    bias = None if linears[0].bias is None else torch.cat([m.bias.detach() for m in linears]).to(dtype)
+    sizes = [m.out_features for m in linears]
+    computed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def projection(index: int):
+        def forward(hidden: torch.Tensor) -> torch.Tensor:
+            entry = computed.get(index)
+            if entry is None or entry[0] is not hidden:
+                output = torch.ops.mkldnn._linear_pointwise(hidden.to(dtype), weight, bias, "none", [], "")
+                for i, part in enumerate(output.split(sizes, dim=-1)):
+                    computed[i] = (hidden, part)
+            return computed.pop(index)[1]
+
+        return forward
+
+    return [projection(i) for i in range(len(linears))]
+
+
 @contextlib.contextmanager
 def packed_linears(model: nn.Module, device: torch.device) -> Iterator[bool]:
     """Within: `model`'s linear layers run on packed weights (see the module's docstring); yields
@@ -98,6 +151,11 @@ def packed_linears(model: nn.Module, device: torch.device) -> Iterator[bool]:
                 module.forward = packed_forward(dense, dtype, "gelu")  # act(dense(h)) in one call
                 replaced.append(module)
                 fused.add(id(dense))
+            if (together := projections(module)) is not None and not fused & {id(m) for m in together}:
+                for linear, forward in zip(together, fused_projections(together, dtype), strict=True):
+                    linear.forward = forward
+                    replaced.append(linear)
+                    fused.add(id(linear))
         for linear in linears:
             if id(linear) not in fused:
                 linear.forward = packed_forward(linear, dtype)
