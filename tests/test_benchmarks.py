@@ -237,11 +237,13 @@ def test_the_encoding_and_probe_benchmarks_time_like_for_like(tiny_bert, synthet
     peer_seconds, peer_spearman = probe.peer_once(test, tiny_bert, False)
     assert seconds > 0 and peer_seconds > 0
     assert [row["layer"] for row in rows] == [0, 1, 2, 3]
-    # x100, so 2e-4 as a fraction: batches padded differently round differently, and a tiny random encoder's
-    # near-tied pairs swap (0.008 with length_chunks, 0.013 with padding_chunks; all-MiniLM-L6-v2 on the whole of
-    # STS-B holds 1e-4 in test_attention.py)
-    assert rows[-1]["test_spearman"] == pytest.approx(peer_spearman, abs=2e-2)
-    assert rows[0]["test_spearman"] != pytest.approx(peer_spearman, abs=1e-2)  # a wrong layer would differ
+    # x100, so 4e-4 as a fraction: batches padded differently round differently, and a tiny random encoder's
+    # near-tied pairs swap (0.008 with length_chunks, 0.013 with padding_chunks, 0.031 with evaluation's short-row
+    # softmax, whose results equal torch's to 1e-6; all-MiniLM-L6-v2 on the whole of STS-B holds 1e-4 as a
+    # fraction in test_attention.py)
+    assert rows[-1]["test_spearman"] == pytest.approx(peer_spearman, abs=4e-2)
+    # the embeddings' layer 0 (0.145 away here) would differ; this encoder's deeper layers score within 0.05
+    assert rows[0]["test_spearman"] != pytest.approx(peer_spearman, abs=1e-1)
 
 
 def test_a_model_carried_as_bf16_comes_back_as_the_same_fp32_weights(tiny_bert, tmp_path):
