@@ -67,16 +67,22 @@ def is_exact_gelu(module: nn.Module) -> bool:
     return type(module).__name__ == "GELUActivation" and getattr(module, "act", None) is nn.functional.gelu
 
 
-def packed_forward(linear: nn.Linear, dtype: torch.dtype, post_op: str = "none"):
-    """A forward for `linear` on its weight cast to `dtype` and packed once; `post_op` "gelu" fuses erf GELU."""
-    weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().to(dtype), PACK_HINT)
-    bias = None if linear.bias is None else linear.bias.detach().to(dtype)
+def packed_matmul(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, post_op: str = "none"):
+    """hidden @ weightᵀ + bias as a forward, on `weight` cast to `dtype` and packed once; `post_op` "gelu"
+    fuses erf GELU."""
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype), PACK_HINT)
+    bias = None if bias is None else bias.detach().to(dtype)
     algorithm = "none" if post_op == "gelu" else ""
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(hidden.to(dtype), weight, bias, post_op, [], algorithm)
+        return torch.ops.mkldnn._linear_pointwise(hidden.to(dtype), packed, bias, post_op, [], algorithm)
 
     return forward
+
+
+def packed_forward(linear: nn.Linear, dtype: torch.dtype, post_op: str = "none"):
+    """A forward for `linear` on its weight cast to `dtype` and packed once; `post_op` "gelu" fuses erf GELU."""
+    return packed_matmul(linear.weight, linear.bias, dtype, post_op)
 
 
 PROJECTIONS = (("query", "key", "value"), ("q", "k", "v"))  # BERT-family and MPNet attention's linear layers
@@ -108,9 +114,8 @@ def fused_projections(linears: list[nn.Linear], dtype: torch.dtype) -> list:
     first call with an input computes all three in one matmul, and a call of another with that same input
     (the same tensor object, as an attention module passes it to each) takes its slice. A call with any
     other input computes again, so any order of calls is right; only the three calls on one input cost one."""
-    weight = torch.ops.mkldnn._reorder_linear_weight(torch.cat([m.weight.detach() for m in linears]).to(dtype),
-                                                     PACK_HINT)
-    bias = None if linears[0].bias is None else torch.cat([m.bias.detach() for m in linears]).to(dtype)
+    matmul = packed_matmul(torch.cat([m.weight.detach() for m in linears]),
+                           None if linears[0].bias is None else torch.cat([m.bias.detach() for m in linears]), dtype)
     sizes = [m.out_features for m in linears]
     computed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -118,8 +123,7 @@ def fused_projections(linears: list[nn.Linear], dtype: torch.dtype) -> list:
         def forward(hidden: torch.Tensor) -> torch.Tensor:
             entry = computed.get(index)
             if entry is None or entry[0] is not hidden:
-                output = torch.ops.mkldnn._linear_pointwise(hidden.to(dtype), weight, bias, "none", [], "")
-                for i, part in enumerate(output.split(sizes, dim=-1)):
+                for i, part in enumerate(matmul(hidden).split(sizes, dim=-1)):
                     computed[i] = (hidden, part)
             return computed.pop(index)[1]
 
@@ -151,7 +155,7 @@ def packed_linears(model: nn.Module, device: torch.device) -> Iterator[bool]:
                 module.forward = packed_forward(dense, dtype, "gelu")  # act(dense(h)) in one call
                 replaced.append(module)
                 fused.add(id(dense))
-            if (together := projections(module)) is not None and not fused & {id(m) for m in together}:
+            if (together := projections(module)) is not None:  # no attention module is also a feed-forward
                 for linear, forward in zip(together, fused_projections(together, dtype), strict=True):
                     linear.forward = forward
                     replaced.append(linear)
