@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
@@ -201,13 +202,12 @@ def described(variable: str) -> str:
     return "\n".join(lines)
 
 
-def parents() -> dict[int, int]:
-    """Every process's parent, by pid (from /proc/PID/stat)."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                found[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+def with_descendants(pids: set[int]) -> set[int]:
+    """`pids` and every living descendant of one (psutil walks /proc)."""
+    found = set(pids)
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            found |= {child.pid for child in psutil.Process(pid).children(recursive=True)}
     return found
 
 
@@ -221,10 +221,7 @@ def kill_all(*variables: str, timeout: float = 30) -> set[int]:
     stopped: set[int] = set()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        tree = parents()
-        members = {pid for variable in variables for pid in processes_with(variable)} | (stopped & set(tree))
-        while children := {pid for pid, parent in tree.items() if parent in members} - members:
-            members |= children
+        members = with_descendants({pid for variable in variables for pid in processes_with(variable)} | stopped)
         if not (new := members - stopped - {os.getpid()}):
             break
         for pid in new:
@@ -406,14 +403,14 @@ def test_kill_all_reaches_descendants_whose_environment_no_longer_shows_the_job(
     parent = subprocess.Popen([sys.executable, "-c", tree], env={**os.environ, marker.split("=")[0]: tmp_path.name})
     try:
         deadline = time.monotonic() + 30
-        while len(family := [parent.pid, *descendants(parent.pid)]) < 3:
+        while len(family := sorted(with_descendants({parent.pid}))) < 3:
             assert time.monotonic() < deadline, "the tree did not start"
             time.sleep(0.2)
         assert processes_with(marker) == [parent.pid]
         assert kill_all(marker) >= set(family)
         parent.wait(timeout=30)
         deadline = time.monotonic() + 30
-        while alive := [pid for pid in family[1:] if parents().get(pid) is not None and not zombie(pid)]:
+        while alive := [pid for pid in family if pid != parent.pid and running(pid)]:
             assert time.monotonic() < deadline, f"still running: {alive}"
             time.sleep(0.2)
     finally:
@@ -421,15 +418,8 @@ def test_kill_all_reaches_descendants_whose_environment_no_longer_shows_the_job(
             parent.kill()
 
 
-def descendants(pid: int) -> list[int]:
-    tree, found = parents(), []
-    frontier = {pid}
-    while frontier := {child for child, parent in tree.items() if parent in frontier}:
-        found.extend(frontier)
-    return found
-
-
-def zombie(pid: int) -> bool:
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    return True
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a container's pid 1 may never reap an orphan)."""
+    with contextlib.suppress(psutil.Error):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    return False
