@@ -113,8 +113,9 @@ def our_epoch(data_dir: str | None, precision: str, model_name: str = MODEL, dev
 
 
 def peer_encode(sentences: list[str], bf16: bool = False, model_name: str = MODEL, device: str = "cpu",
-                batch: int = 32) -> float:
-    """Sentences/s of sentence-transformers' encode (a bf16 model with `bf16`), tokenization included."""
+                batch: int = 32, passes: int = 1) -> float:
+    """Sentences/s of sentence-transformers' encode (a bf16 model with `bf16`), tokenization included;
+    the best of `passes` passes over all the sentences (one pass is a fifth of a second on a GPU)."""
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(resolve_model_path(model_name), device=device)
@@ -122,17 +123,21 @@ def peer_encode(sentences: list[str], bf16: bool = False, model_name: str = MODE
         model = model.to(torch.bfloat16)
     model.max_seq_length = 128
     model.encode(sentences[:64], batch_size=batch)
-    synchronize(device)
-    started = time.perf_counter()
-    model.encode(sentences, batch_size=batch)
-    synchronize(device)
-    return len(sentences) / (time.perf_counter() - started)
+    best = 0.0
+    for _ in range(passes):
+        synchronize(device)
+        started = time.perf_counter()
+        model.encode(sentences, batch_size=batch)
+        synchronize(device)
+        best = max(best, len(sentences) / (time.perf_counter() - started))
+    return best
 
 
 def our_encode(sentences: list[str], precision: str, model_name: str = MODEL, device: str = "cpu",
-               fused: bool = False) -> float:
+               fused: bool = False, passes: int = 1) -> float:
     """Sentences/s of our evaluator's embedder (the model as a `finetune` trial builds it), tokenization
-    included; `fused`: with SDPA's fused attention kernel instead of evaluation's unfused one."""
+    included; `fused`: with SDPA's fused attention kernel instead of evaluation's unfused one; the best
+    of `passes` passes, each tokenizing afresh."""
     resolved = torch.device(device)
     model = build_sentence_encoder(model_name, dropout_masks="fast").to(resolved).eval()
     if fused:
@@ -140,13 +145,16 @@ def our_encode(sentences: list[str], precision: str, model_name: str = MODEL, de
     embed = Embedder(model, TokenCache(load_tokenizer(model_name), 128), resolved,
                      resolve_precision(precision, resolved))
     embed(sentences[:64])
-    forget_shared_tokens()
-    embed.tokens = TokenCache(load_tokenizer(model_name), 128)  # tokenization is part of the measured time
-    synchronize(device)
-    started = time.perf_counter()
-    embed(sentences)
-    synchronize(device)
-    return len(sentences) / (time.perf_counter() - started)
+    best = 0.0
+    for _ in range(passes):
+        forget_shared_tokens()
+        embed.tokens = TokenCache(load_tokenizer(model_name), 128)  # tokenization is part of the measured time
+        synchronize(device)
+        started = time.perf_counter()
+        embed(sentences)
+        synchronize(device)
+        best = max(best, len(sentences) / (time.perf_counter() - started))
+    return best
 
 
 def encode_rows(test, precisions: list[str], repeats: int = 2) -> dict[str, dict[str, float]]:

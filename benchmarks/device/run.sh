@@ -1,7 +1,11 @@
 #!/bin/bash
-# What a call of the device tool runs (after prepare.sh, carrying .gpu): benchmarks/gpu.py on MiniLM with
-# the image's torch, transformers and sentence-transformers, pydantic and datasets from the carried wheels.
-# GPU_ARGS replaces gpu.py's options below; GPU_LIMIT (seconds) bounds it inside the call's timeout.
+# What a call of the device tool runs (after prepare.sh, carrying .gpu): benchmarks/gpu.py with the image's torch,
+# transformers and sentence-transformers, pydantic and datasets from the carried wheels, in three stages, each
+# bounded by its own limit (seconds) so that one overrun leaves the next its time:
+#   1. MiniLM, both sides trained and encoded, test Spearman after each epoch    (GPU_ARGS,   GPU_LIMIT,   200)
+#   2. MiniLM, 1/2/4/8 one-epoch trials sharing the device as processes          (PACK_ARGS,  PACK_LIMIT,  110)
+#   3. MPNet with weights drawn from its config: speed only, no Spearman          (MPNET_ARGS, MPNET_LIMIT, 170)
+# A stage's *_LIMIT=0 skips it. Each stage writes $OUT/<stage>.json and .log.
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
@@ -10,8 +14,22 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,
 lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$OUT/smi.txt"
 python3 -m pip list 2>/dev/null | grep -iE "^(torch|transformers|sentence-transformers|tokenizers|huggingface.hub|pyarrow|pandas|numpy) " | tee "$OUT/versions.txt"
 python3 benchmarks/device/upcast.py .gpu/minilm /tmp/minilm || exit 1
+
+stage() {  # name, limit, model folder, gpu.py's options
+  local name=$1 limit=$2 model=$3; shift 3
+  [ "$limit" = 0 ] && return
+  local started=$SECONDS
+  # shellcheck disable=SC2068
+  timeout "$limit" python3 benchmarks/gpu.py --data-dir .gpu/data --device cuda --models "$model" $@ \
+    --json "$OUT/$name.json" 2>&1 | grep -v -E "warmup_ratio|Computing widget" | tee "$OUT/$name.log"
+  echo "stage $name rc=$? in $((SECONDS - started)) s"
+}
 # shellcheck disable=SC2086
-timeout "${GPU_LIMIT:-400}" python3 benchmarks/gpu.py --data-dir .gpu/data --device cuda --models /tmp/minilm \
-  ${GPU_ARGS:---batches 32,128 --score --repeats 2 --before --packing none} --json "$OUT/gpu.json" 2>&1 \
-  | grep -v -E "warmup_ratio|Computing widget" | tee "$OUT/gpu.log"
-echo "gpu.py rc=$?"
+stage train "${GPU_LIMIT:-200}" /tmp/minilm ${GPU_ARGS:---batches 32,128 --score --repeats 2 --packing none}
+# shellcheck disable=SC2086
+stage pack "${PACK_LIMIT:-110}" /tmp/minilm ${PACK_ARGS:---batches 32 --repeats 1 --packing 1,2,4,8 --packing-mode processes --no-compare}
+if [ -d .gpu/mpnet ] && [ "${MPNET_LIMIT:-170}" != 0 ]; then
+  python3 benchmarks/device/upcast.py --draw .gpu/mpnet /tmp/mpnet || exit 1
+  # shellcheck disable=SC2086
+  stage mpnet "${MPNET_LIMIT:-170}" /tmp/mpnet ${MPNET_ARGS:---batches 32,128 --repeats 1 --encode-passes 2 --packing none}
+fi

@@ -4,8 +4,15 @@ carry allows for MiniLM; `upcast` (there) writes fp32 `model.safetensors` in a n
 sides of a benchmark then load the same fp32 weights (MiniLM's rounded to bf16 once, so its
 Spearman differs slightly from the published model's).
 
+A model too large to carry at all (MPNet: 220 MB in bf16) travels without its weights (`--bare`:
+config and tokenizer), and `--draw` makes weights there from its config (seed 0, the architecture's
+own initialization): both sides then time the same architecture, shapes and tokens as the real
+model, but its Spearman means nothing, so such a run is for speed only.
+
     python benchmarks/device/upcast.py .gpu/minilm /tmp/minilm
     python benchmarks/device/upcast.py --down MODEL_FOLDER .gpu/minilm
+    python benchmarks/device/upcast.py --bare MODEL_FOLDER .gpu/mpnet
+    python benchmarks/device/upcast.py --draw .gpu/mpnet /tmp/mpnet
 """
 
 from __future__ import annotations
@@ -40,10 +47,32 @@ def upcast(source: Path, target: Path) -> int:
     return convert(source, target, CARRIED, "model.safetensors", torch.float32, ())
 
 
+def bare(source: Path, target: Path) -> int:
+    """The folder to carry without weights (config, tokenizer, sentence-transformers' modules)."""
+    shutil.copytree(source, target, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("*.safetensors", "*.bin", "*.pt", "*.onnx", "onnx", "openvino",
+                                                  "README.md", "data_config.json"))
+    return 0
+
+
+def draw(source: Path, target: Path) -> int:
+    """A bare folder given weights drawn from its config (seed 0) in `model.safetensors`."""
+    from transformers import AutoConfig, AutoModel
+
+    shutil.copytree(source, target, dirs_exist_ok=True)
+    torch.manual_seed(0)
+    model = AutoModel.from_config(AutoConfig.from_pretrained(source))
+    weights = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(weights, target / "model.safetensors", metadata={"format": "pt"})
+    return len(weights)
+
+
+MODES = {"--down": downcast, "--bare": bare, "--draw": draw}
+
 if __name__ == "__main__":
-    down = sys.argv[1:2] == ["--down"]
-    paths = sys.argv[2:] if down else sys.argv[1:]
+    mode = sys.argv[1] if sys.argv[1:2] and sys.argv[1] in MODES else None
+    paths = sys.argv[2:] if mode else sys.argv[1:]
     if len(paths) != 2:
         sys.exit(__doc__)
-    count = (downcast if down else upcast)(Path(paths[0]), Path(paths[1]))
-    print(f"{'downcast' if down else 'upcast'} {count} tensors to {paths[1]}")
+    count = MODES.get(mode, upcast)(Path(paths[0]), Path(paths[1]))
+    print(f"{(mode or '--up')[2:]} {count} tensors to {paths[1]}")
