@@ -72,6 +72,72 @@ def test_the_gpu_benchmark_packs_processes_scores_and_writes_json(tiny_bert, syn
     assert any(x.startswith(f"{name} packing 2 processes on one device") for x in done.stdout.splitlines())
 
 
+def test_the_gpu_benchmark_encodes_after_every_epoch_of_a_turn_in_alternating_order(synthetic_data_dir, monkeypatch,
+                                                                                     capsys):
+    """On a GPU the encoding measured right after a training epoch ran slower (even two routes running the
+    same code): gpu.py encodes after the turn's epochs, each after a garbage collection, in an order
+    reversed every other turn, each side keeping the best of its turns and `--encode-passes` passes."""
+    monkeypatch.syspath_prepend(str(GPU.parent))
+    import gpu
+
+    calls, speeds = [], iter(range(1, 1000))
+
+    def our_epoch(data_dir, precision, *args, **kwargs):
+        calls.append(("epoch", f"ours {precision}"))
+        return 10.0, 80.0
+
+    def peer_epoch(train, test, bf16, *args, **kwargs):
+        calls.append(("epoch", f"ST {'bf16' if bf16 else 'fp32'}"))
+        return 10.0, 0.0, 80.0
+
+    def our_encode(sentences, precision, model, device, fused=False, passes=1):
+        calls.append(("encode", f"ours {precision}{' sdpa' if fused else ''}", passes))
+        return float(next(speeds))
+
+    def peer_encode(sentences, bf16, model, device, batch, passes=1):
+        calls.append(("encode", f"ST {'bf16' if bf16 else 'fp32'}", passes))
+        return float(next(speeds))
+
+    settled = []
+    monkeypatch.setattr(gpu, "our_epoch", our_epoch)
+    monkeypatch.setattr(gpu, "sentence_transformers_epoch", peer_epoch)
+    monkeypatch.setattr(gpu, "our_encode", our_encode)
+    monkeypatch.setattr(gpu, "peer_encode", peer_encode)
+    monkeypatch.setattr(gpu, "settle", lambda device: settled.append(len(calls)))
+    gpu.main(["--data-dir", str(synthetic_data_dir), "--device", "cpu", "--models", "tiny", "--batches", "16",
+              "--repeats", "2", "--encode-passes", "3", "--packing", "none", "--no-warmup"])
+    kinds = [c[0] for c in calls]
+    sides = 2 + (2 if gpu.bf16_is_fast(gpu.torch.device("cpu")) else 1)  # ours auto, fp32; ST fp32 (and bf16)
+    encodings = 4 + sides - 2
+    assert kinds == (["epoch"] * sides + ["encode"] * encodings) * 2  # every epoch of a turn before its encodings
+    first, second = ([c[1] for c in calls[start:start + encodings]]
+                     for start in (sides, 2 * sides + encodings))
+    assert second == first[::-1] and len(set(first)) == encodings
+    assert all(c[2] == 3 for c in calls if c[0] == "encode")
+    assert len(settled) == 2 * encodings  # a collection before each encoding
+    # each side's best of its two turns: the later measurement of each is the larger here
+    best = {name: float(i + 1) for i, name in enumerate(first)}
+    best.update({name: float(encodings + i + 1) for i, name in enumerate(second)})
+    line = next(x for x in capsys.readouterr().out.splitlines() if "encode sentences/s" in x)
+    for name, value in best.items():
+        assert f"{name} {value:.1f}" in line
+
+
+@pytest.mark.slow
+def test_the_gpu_benchmark_packs_alone_without_the_side_by_side(tiny_bert, synthetic_data_dir, tmp_path):
+    """--no-compare (what the device call's packing stage runs): no epoch or encoding side by side, only the packing."""
+    import json
+
+    out = tmp_path / "gpu.json"
+    done = run_gpu_benchmark("--data-dir", str(synthetic_data_dir), "--device", "cpu", "--models", tiny_bert,
+                             "--pairs", "24", "--batches", "8", "--packing", "1", "--packing-mode", "processes",
+                             "--no-compare", "--json", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["runs"] == [] and [p["k"] for p in record["packing"]] == [1]
+    assert "train pairs/s ST" not in done.stdout and "packing 1 process on one device" in done.stdout
+
+
 @pytest.mark.slow
 def test_a_failed_packing_process_is_reported_at_once(synthetic_data_dir, tmp_path, monkeypatch):
     """A trial's process that fails (here: no such model) ends packing with its error, not a hang."""
@@ -267,3 +333,37 @@ def test_a_model_carried_as_bf16_comes_back_as_the_same_fp32_weights(tiny_bert, 
         assert back[key].dtype == (torch.float32 if value.is_floating_point() else value.dtype)
         assert torch.equal(back[key], expected)
     assert (tmp_path / "up" / "config.json").is_file() and not (tmp_path / "up" / "model.bf16.safetensors").exists()
+
+
+def test_a_model_too_large_to_carry_travels_bare_and_gets_weights_drawn_from_its_config(tiny_bert, tmp_path):
+    """upcast.py --bare leaves every weight file behind (MPNet: 220 MB even in bf16); --draw gives the folder
+    the architecture's own weights, seed 0: the original's names and shapes, not its values, the same on
+    every draw, and a folder both sides of a benchmark load."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    script = GPU.parent / "device" / "upcast.py"
+    trained = tmp_path / "trained"  # the tiny encoder is itself drawn with seed 0: weights moved, as training would
+    shutil.copytree(tiny_bert, trained)
+    save_file({k: v + 0.5 if v.is_floating_point() else v for k, v in load_file(trained / "model.safetensors").items()},
+              trained / "model.safetensors")
+    steps = (["--bare", str(trained), str(tmp_path / "bare")], ["--draw", str(tmp_path / "bare"), str(tmp_path / "a")],
+             ["--draw", str(tmp_path / "bare"), str(tmp_path / "b")])
+    for args in steps:
+        done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert done.returncode == 0, done.stderr
+    assert not list((tmp_path / "bare").rglob("*.safetensors")) and (tmp_path / "bare" / "config.json").is_file()
+    original = load_file(trained / "model.safetensors")
+    drawn, again = (load_file(tmp_path / name / "model.safetensors") for name in ("a", "b"))
+    shared = original.keys() & drawn.keys()
+    assert {k for k in original.keys() - drawn.keys() if not k.endswith("position_ids")} == set()
+    assert all(drawn[k].shape == original[k].shape for k in shared)
+    assert not torch.equal(drawn["embeddings.word_embeddings.weight"], original["embeddings.word_embeddings.weight"])
+    assert all(torch.equal(drawn[k], again[k]) for k in drawn)
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(tmp_path / "a"), device="cpu")
+    assert model.encode(["a drawn model still encodes"]).shape[-1] == model.get_sentence_embedding_dimension()
