@@ -180,6 +180,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
                         help="one short untimed round of every side first (default: on a GPU)")
     args = parser.parse_args(argv)
+    for option, value in (("--repeats", args.repeats), ("--encode-passes", args.encode_passes)):
+        if value is not None and value < 1:
+            parser.error(f"{option} {value}: give 1 or more")
     quiet_libraries()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here; use --device cpu to check the benchmark runs")
@@ -223,8 +226,8 @@ def main(argv: list[str] | None = None) -> None:
                                                                   score=args.score)
                     theirs[name], spearman[name] = max(theirs.get(name, 0.0), speed), after
                 # the encodings after the turn's epochs, in an order reversed every other turn, each after a
-                # garbage collection: on the H100 and the H200 whichever encoding ran right after a training
-                # epoch was up to 40 % slower, even MPNet's two routes, which run the same code
+                # garbage collection: on the H100 the encoding right after a training epoch lost up to 42 % of
+                # its speed (the H200 60 %), even between MPNet's two routes, which run the same code
                 encodings = [(enc_ours, p, partial(our_encode, sentences, p, model, args.device, passes=passes))
                              for p in ("auto", "fp32")]
                 encodings += [(enc_ours, f"{p} sdpa",  # SDPA set directly: on a CPU the kernel evaluation replaces

@@ -27,6 +27,12 @@ def test_the_gpu_benchmark_without_cuda_says_how_to_run_it_on_the_cpu(tmp_path):
     assert done.returncode == 2 and "no CUDA device here; use --device cpu" in done.stderr
 
 
+@pytest.mark.parametrize("option", ["--repeats", "--encode-passes"])
+def test_the_gpu_benchmark_refuses_fewer_than_one_turn_or_pass(option, tmp_path):
+    done = run_gpu_benchmark("--device", "cpu", option, "0", cwd=tmp_path)
+    assert done.returncode == 2 and f"{option} 0: give 1 or more" in done.stderr and "Traceback" not in done.stderr
+
+
 @pytest.mark.slow
 def test_the_gpu_benchmark_runs_end_to_end_on_the_cpu(tiny_bert, synthetic_data_dir, tmp_path):
     """benchmarks/gpu.py with --device cpu: both sides of the training and encoding comparison, then
