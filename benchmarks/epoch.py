@@ -123,14 +123,7 @@ def peer_encode(sentences: list[str], bf16: bool = False, model_name: str = MODE
         model = model.to(torch.bfloat16)
     model.max_seq_length = 128
     model.encode(sentences[:64], batch_size=batch)
-    best = 0.0
-    for _ in range(passes):
-        synchronize(device)
-        started = time.perf_counter()
-        model.encode(sentences, batch_size=batch)
-        synchronize(device)
-        best = max(best, len(sentences) / (time.perf_counter() - started))
-    return best
+    return best_rate(len(sentences), lambda: model.encode(sentences, batch_size=batch), device, passes)
 
 
 def our_encode(sentences: list[str], precision: str, model_name: str = MODEL, device: str = "cpu",
@@ -145,15 +138,25 @@ def our_encode(sentences: list[str], precision: str, model_name: str = MODEL, de
     embed = Embedder(model, TokenCache(load_tokenizer(model_name), 128), resolved,
                      resolve_precision(precision, resolved))
     embed(sentences[:64])
+
+    def untokenized() -> None:  # tokenization is part of the measured time
+        forget_shared_tokens()
+        embed.tokens = TokenCache(load_tokenizer(model_name), 128)
+
+    return best_rate(len(sentences), lambda: embed(sentences), device, passes, before=untokenized)
+
+
+def best_rate(count: int, run, device: str, passes: int, before=lambda: None) -> float:
+    """count / seconds of the fastest of `passes` calls of `run`, each after `before` (untimed), the device
+    synchronized before the clock starts and before it stops."""
     best = 0.0
     for _ in range(passes):
-        forget_shared_tokens()
-        embed.tokens = TokenCache(load_tokenizer(model_name), 128)  # tokenization is part of the measured time
+        before()
         synchronize(device)
         started = time.perf_counter()
-        embed(sentences)
+        run()
         synchronize(device)
-        best = max(best, len(sentences) / (time.perf_counter() - started))
+        best = max(best, count / (time.perf_counter() - started))
     return best
 
 

@@ -203,8 +203,13 @@ def test_softmax_on_short_rows_is_torchs_to_rounding(rows, keys, spread, masked,
 
 
 def test_softmax_with_a_gradient_asked_for_is_torchs():
+    """With a gradient asked for, short rows take torch's softmax (not the in-place passes): the input left
+    as it was, torch's probabilities bit for bit, and its gradient."""
     scores = torch.randn(4, 2, 12, requires_grad=True)
-    probs = softmax_(scores * 1.0)
+    given = scores * 1.0
+    probs = softmax_(given)
+    assert torch.equal(given, scores.detach()) and probs.data_ptr() != given.data_ptr()
+    assert torch.equal(probs, torch.softmax(scores.detach(), dim=-1))
     (probs * torch.arange(12.0)).sum().backward()
     reference = scores.detach().clone().requires_grad_()
     (torch.softmax(reference, dim=-1) * torch.arange(12.0)).sum().backward()

@@ -1,8 +1,9 @@
 #!/bin/bash
 # What a call of the device tool runs (after prepare.sh, carrying .gpu): benchmarks/gpu.py with the image's torch,
 # transformers and sentence-transformers, pydantic and datasets from the carried wheels, in three stages, each
-# bounded by its own limit (seconds) so that one overrun leaves the next its time; on the H100 (2026-11-26) they took
-# about 210, 160 and 134 s, so the call's timeout_s is 600 (the three limits, 560 s, and the setup):
+# bounded by its own limit (seconds) so that one overrun leaves the next its time. On the H100 (2026-11-26) stage 1
+# ran past its 200 s at batch 128 (which alone took 101 s in a call of its own), stage 2's 1, 2 and 4 processes took
+# 110 s and 8 another 50 s, stage 3 134 s; hence the limits below and the call's timeout_s of 600 (560 s and setup):
 #   1. MiniLM, both sides trained and encoded, test Spearman after each epoch    (GPU_ARGS,   GPU_LIMIT,   240)
 #   2. MiniLM, 1/2/4/8 one-epoch trials sharing the device as processes          (PACK_ARGS,  PACK_LIMIT,  170)
 #   3. MPNet with weights drawn from its config: speed only, no Spearman          (MPNET_ARGS, MPNET_LIMIT, 150)
