@@ -178,11 +178,24 @@ def test_an_accelerator_takes_a_batch_in_one_forward_a_cpu_in_cache_sized_chunks
         if device == "cpu":
             assert out[:, 0].tolist() == [float(len(ids)) for ids in token_lists]
     assert rows["meta"] == 1
-    assert rows["cpu"] >= (7 if not fewest_padded else 2)  # 768 tokens a chunk; evaluation's 4,096 and 150 a chunk
+    assert rows["cpu"] >= (4 if not fewest_padded else 2)  # training's 2,048 tokens a chunk; evaluation's 4,096
 
 
 def test_chunk_budgets_by_device():
     from trainables.models.batching import chunk_cost, chunk_tokens
 
-    assert (chunk_tokens("cpu"), chunk_tokens("cpu", evaluation=True), chunk_cost("cpu")) == (768, 4096, 150)
+    assert (chunk_tokens("cpu"), chunk_tokens("cpu", evaluation=True)) == (2048, 4096)
+    assert (chunk_cost("cpu", evaluation=False), chunk_cost("cpu")) == (300, 150)
     assert (chunk_tokens("cuda"), chunk_tokens("cuda", evaluation=True), chunk_cost("cuda:0")) == (65536, 65536, 2048)
+    assert chunk_cost("cuda:0", evaluation=False) is None  # training: one forward a batch
+
+
+def test_training_chunks_are_cut_where_padding_and_chunks_cost_least():
+    """A CPU training batch goes through in chunks cut by padding_chunks at training's budget and
+    cost, not filled in turn: 64 sentences of two lengths, 1,344 tokens, in two chunks (one per
+    length, no padding) where filling longest first pads the short ones to the long ones' length."""
+    token_lists = [[1] * 30] * 32 + [[1] * 12] * 32  # 960 + 384 tokens
+    model = CountingEncoder()
+    encode_tokens(model, token_lists, 0, torch.device("cpu"))
+    assert sorted(model.calls) == [(32, 12), (32, 30)]
+    assert length_chunks([len(t) for t in token_lists], 2048) == [list(range(64))]  # one chunk, 576 of its 1,920 tokens padding

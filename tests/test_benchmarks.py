@@ -373,3 +373,35 @@ def test_a_model_too_large_to_carry_travels_bare_and_gets_weights_drawn_from_its
 
     model = SentenceTransformer(str(tmp_path / "a"), device="cpu")
     assert model.encode(["a drawn model still encodes"]).shape[-1] == model.get_sentence_embedding_dimension()
+
+
+def run_train_chunks(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    script = GPU.parent / "train_chunks.py"
+    return subprocess.run([sys.executable, str(script), *args], cwd=cwd, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def test_the_training_chunk_benchmark_times_every_chunking_and_counts_its_padding(tiny_bert, synthetic_data_dir,
+                                                                                  tmp_path):
+    """benchmarks/train_chunks.py on a tiny encoder: a line per chunking with one time per turn, and
+    padding and chunks that are the chunkings' own: a budget too small for two sentences puts each in
+    a chunk of its own (no padding at all, 64 chunks a step of 32 pairs), a large one fewer chunks."""
+    done = run_train_chunks("--data-dir", str(synthetic_data_dir), "--model", tiny_bert, "--steps", "3",
+                            "--turns", "2", "--variants", "1", "4096/30", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "training's chunking now 2048, 300 a chunk" in out
+    assert float(re.search(r"64 sentences of 3 tokens \(the step's fixed cost\): ([0-9.]+) ms", out).group(1)) > 0
+    one = re.search(r"1 filled in turn: ([0-9.]+) ([0-9.]+) ms/step, best [0-9.]+ \(1.00x the first\); "
+                    r"padding ([0-9.]+) % over the real tokens, ([0-9.]+) chunks/step", out)
+    big = re.search(r"4096, 30 a chunk: ([0-9.]+) ([0-9.]+) ms/step, best [0-9.]+ \([0-9.]+x the first\); "
+                    r"padding ([0-9.]+) % over the real tokens, ([0-9.]+) chunks/step", out)
+    assert one and big, out
+    assert float(one.group(3)) == 0.0 and float(one.group(4)) == 64.0
+    assert float(big.group(4)) < 64.0
+
+
+def test_the_training_chunk_benchmark_refuses_a_malformed_chunking(tmp_path):
+    done = run_train_chunks("--data-dir", str(tmp_path), "--variants", "2048/x", cwd=tmp_path)
+    assert done.returncode == 2 and "'2048/x': give BUDGET (tokens, 1 or more) or BUDGET/COST" in done.stderr
+    assert "Traceback" not in done.stderr

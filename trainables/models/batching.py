@@ -12,7 +12,15 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
-TRAIN_TOKENS_PER_CHUNK = 768
+# A training batch on a CPU goes through in chunks of at most TRAIN_TOKENS_PER_CHUNK padded tokens,
+# cut where padding plus TRAIN_CHUNK_COST per chunk is least (padding_chunks). Each forward has a
+# fixed cost that does not shrink with its tokens (every weight cast to bf16 and laid out for the
+# matmul again, per-operator overhead: a MiniLM step of 64 three-token sentences took 73-75 ms on a
+# 2-core Xeon with AMX), so a step of 32 STS-B pairs in 1.1 chunks (10.7 % padding) ran 1.09-1.15x as
+# fast for MiniLM and 1.03-1.05x for MPNet as in 1.7 chunks of 768 tokens filled in turn (8.2 %
+# padding; benchmarks/train_chunks.py, docs/benchmarks/speed.md)
+TRAIN_TOKENS_PER_CHUNK = 2048
+TRAIN_CHUNK_COST: int | None = 300
 EVAL_TOKENS_PER_CHUNK = 4096
 # what one more chunk costs in evaluation, in padded tokens: an encoder forward's fixed cost (Python,
 # per-operator overhead, smaller matmuls); 150 ran fastest of 0-400 on STS-B test (MiniLM, 2-core EPYC)
@@ -26,16 +34,21 @@ ACCELERATOR_CHUNK_COST = 2048
 
 
 def chunk_tokens(device: torch.device | str, evaluation: bool = False) -> int:
-    """The padded tokens one encoder forward takes on `device`: cache-sized chunks on a CPU
-    (training's 768, evaluation's 4096), whole batches up to ACCELERATOR_TOKENS_PER_CHUNK elsewhere."""
+    """The padded tokens one encoder forward takes at most on `device`: on a CPU training's
+    TRAIN_TOKENS_PER_CHUNK and evaluation's EVAL_TOKENS_PER_CHUNK, whole batches up to
+    ACCELERATOR_TOKENS_PER_CHUNK elsewhere."""
     if torch.device(device).type == "cpu":
         return EVAL_TOKENS_PER_CHUNK if evaluation else TRAIN_TOKENS_PER_CHUNK
     return ACCELERATOR_TOKENS_PER_CHUNK
 
 
-def chunk_cost(device: torch.device | str) -> int:
-    """What one more evaluation chunk costs on `device`, in padded tokens (padding_chunks' weighing)."""
-    return EVAL_CHUNK_COST if torch.device(device).type == "cpu" else ACCELERATOR_CHUNK_COST
+def chunk_cost(device: torch.device | str, evaluation: bool = True) -> int | None:
+    """What one more chunk costs on `device`, in padded tokens (padding_chunks' weighing); None where
+    chunks are filled in turn by length_chunks (training on an accelerator, whose batch goes through
+    in one forward; on a CPU with TRAIN_CHUNK_COST set to None, as benchmarks/train_chunks.py does)."""
+    if torch.device(device).type == "cpu":
+        return EVAL_CHUNK_COST if evaluation else TRAIN_CHUNK_COST
+    return ACCELERATOR_CHUNK_COST if evaluation else None
 
 
 def tokenize(tokenizer, sentences: Sequence[str], max_length: int) -> list[list[int]]:
@@ -108,13 +121,16 @@ def encode_tokens(model: nn.Module, token_lists: Sequence[Sequence[int]], pad_id
                   device: torch.device, tokens_per_chunk: int | None = None,
                   max_chunk: int | None = None, fewest_padded: bool = False) -> torch.Tensor:
     """`model(input_ids, attention_mask)` over length-sorted chunks, rows back in input order;
-    `fewest_padded`: chunks cut by padding_chunks (evaluation), else by length_chunks (training's
-    batches, whose chunking is part of its numbers); `tokens_per_chunk` by default chunk_tokens'
-    for the device. Keeps the autograd graph with gradients enabled."""
+    `fewest_padded`: evaluation's chunking, else training's (whose chunking is part of its numbers:
+    dropout's masks are drawn per chunk). Chunks are cut by padding_chunks at the device's chunk
+    cost, or by length_chunks where it has none (training on an accelerator: one forward a batch);
+    `tokens_per_chunk` by default chunk_tokens' for the device. Keeps the autograd graph with
+    gradients enabled."""
     lengths = [len(ids) for ids in token_lists]
     budget = chunk_tokens(device, fewest_padded) if tokens_per_chunk is None else tokens_per_chunk
-    chunks = (padding_chunks(lengths, budget, max_chunk, chunk_cost(device)) if fewest_padded
-              else length_chunks(lengths, budget, max_chunk))
+    cost = chunk_cost(device, evaluation=fewest_padded)
+    chunks = (length_chunks(lengths, budget, max_chunk) if cost is None
+              else padding_chunks(lengths, budget, max_chunk, cost))
     outputs, positions = [], []
     for chunk in chunks:
         input_ids, mask = pad([token_lists[i] for i in chunk], pad_id, device)

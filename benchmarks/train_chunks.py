@@ -1,0 +1,141 @@
+"""How a CPU training step's chunking moves its time: the same STS-B batches, the same model and
+optimizer, the step timed under each chunking in turn, in one process.
+
+A chunking is `BUDGET` (length_chunks: each chunk filled longest first up to BUDGET padded tokens,
+training's chunking until this benchmark's run) or `BUDGET/COST` (padding_chunks: cut where padded
+tokens plus COST per chunk are fewest, each chunk under BUDGET). The variants take turns, in the
+given order on even turns and reversed on odd ones, each turn timing `--steps` steps (after two
+warm-up steps at the start); per variant it prints the ms per step of every turn and the best, the
+best's ratio to the first variant's, the padded tokens over the real ones and the chunks per step.
+First, the step's fixed cost: a step on 64 sentences of three tokens (so nearly no matmul work),
+the best of three passes of 20.
+
+    python benchmarks/train_chunks.py --data-dir ../shared/data [--model mpnet] [--variants 768 2048/300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from transformers import get_linear_schedule_with_warmup
+
+import trainables.models.batching as batching
+from trainables.data.tasks import load_task
+from trainables.models.batching import TokenCache
+from trainables.models.encoder import build_sentence_encoder, encoder_depth, load_config, load_tokenizer
+from trainables.objectives.sts import CosineMSELoss
+from trainables.training.bi_encoder import build_optimizer, epoch_batches, pair_lengths, train_step
+from trainables.training.runtime import resolve_precision
+
+MODELS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "mpnet": "sentence-transformers/all-mpnet-base-v2"}
+
+
+def parse_variant(text: str) -> tuple[int, int | None]:
+    budget, _, cost = text.partition("/")
+    try:
+        parsed = int(budget), (int(cost) if cost else None)
+    except ValueError:
+        parsed = (0, None)
+    if parsed[0] < 1 or (parsed[1] is not None and parsed[1] < 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: give BUDGET (tokens, 1 or more) or BUDGET/COST, e.g. 2048/300")
+    return parsed
+
+
+class Recorder(torch.nn.Module):
+    """The encoder, noting each forward's padded and real tokens."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model, self.padded, self.real, self.forwards = model, 0, 0, 0
+
+    def forward(self, input_ids, mask):
+        self.padded += input_ids.numel()
+        self.real += int(mask.sum())
+        self.forwards += 1
+        return self.model(input_ids, mask)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--model", default="minilm", help="minilm, mpnet or a model folder")
+    parser.add_argument("--variants", nargs="+", type=parse_variant, default=[(768, None), (2048, 300)],
+                        help="chunkings: BUDGET (filled in turn) or BUDGET/COST (fewest padded plus COST a chunk)")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = parser.parse_args()
+    if args.steps < 1 or args.turns < 1:
+        parser.error(f"--steps {args.steps} --turns {args.turns}: give 1 or more of each")
+    torch.set_num_threads(args.threads)
+    name = MODELS.get(args.model, args.model)
+    device = torch.device("cpu")
+    dtype = resolve_precision("auto", device)
+    data = load_task("stsb", None, args.data_dir)
+    model = build_sentence_encoder(name, encoder_depth(load_config(name)), "mean", seed=0, dropout_masks="fast")
+    recorder = Recorder(model).train()
+    tokens = TokenCache(load_tokenizer(name), 128)
+    first, second = list(data.train.sentence1), list(data.train.sentence2)
+    tokens.add(first + second)
+    targets = torch.as_tensor(data.train.score.to_numpy().copy(), dtype=torch.float32)
+    batches = epoch_batches(pair_lengths(tokens, first, second), 32, 0, True)[: args.steps + 2]
+    loss_fn = CosineMSELoss()
+    optimizer = build_optimizer(list(model.named_parameters()), 2e-5, 0.01)
+    scheduler = get_linear_schedule_with_warmup(optimizer, 0, 10_000)
+
+    def step(token_lists, y):
+        train_step(recorder, loss_fn, optimizer, scheduler, token_lists, y, tokens.pad_id, device, dtype, 1.0)
+
+    def pairs(rows):
+        return [tokens[first[i]] for i in rows] + [tokens[second[i]] for i in rows], targets[rows]
+
+    saved = batching.TRAIN_TOKENS_PER_CHUNK, batching.TRAIN_CHUNK_COST
+    print(f"torch {torch.__version__}, {args.threads} threads, precision auto -> {str(dtype).split('.')[-1]}; "
+          f"{name.split('/')[-1]}, STS-B train batches of 32 pairs; training's chunking now "
+          f"{label(saved)}")
+    tiny = [[tokens.pad_id + 1 + (i % 50)] * 3 for i in range(64)]
+    tiny_targets = torch.rand(32)
+    for _ in range(3):
+        step(tiny, tiny_targets)
+    fixed = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        for _ in range(20):
+            step(tiny, tiny_targets)
+        fixed = min(fixed, (time.perf_counter() - started) / 20)
+    print(f"a step on 64 sentences of 3 tokens (the step's fixed cost): {1000 * fixed:.1f} ms")
+
+    for rows in batches[:2]:  # warm-up: allocator, oneDNN kernels
+        step(*pairs(rows))
+    times: dict[tuple, list[float]] = {v: [] for v in args.variants}
+    counts: dict[tuple, list[int]] = {v: [0, 0, 0] for v in args.variants}
+    try:
+        for turn in range(args.turns):
+            for variant in args.variants if turn % 2 == 0 else args.variants[::-1]:
+                batching.TRAIN_TOKENS_PER_CHUNK, batching.TRAIN_CHUNK_COST = variant
+                recorder.padded = recorder.real = recorder.forwards = 0
+                started = time.perf_counter()
+                for rows in batches[2:]:
+                    step(*pairs(rows))
+                times[variant].append(1000 * (time.perf_counter() - started) / len(batches[2:]))
+                counts[variant] = [recorder.padded, recorder.real, recorder.forwards]
+    finally:
+        batching.TRAIN_TOKENS_PER_CHUNK, batching.TRAIN_CHUNK_COST = saved
+    base = min(times[args.variants[0]])
+    steps = len(batches[2:])
+    for variant in args.variants:
+        padded, real, forwards = counts[variant]
+        print(f"{label(variant):>24}: " + " ".join(f"{t:.1f}" for t in times[variant])
+              + f" ms/step, best {min(times[variant]):.1f} ({base / min(times[variant]):.2f}x the first); "
+              f"padding {100 * (padded / real - 1):.1f} % over the real tokens, {forwards / steps:.2f} chunks/step")
+
+
+def label(variant: tuple[int, int | None]) -> str:
+    budget, cost = variant
+    return f"{budget} filled in turn" if cost is None else f"{budget}, {cost} a chunk"
+
+
+if __name__ == "__main__":
+    main()
