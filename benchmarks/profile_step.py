@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from types import SimpleNamespace
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -63,6 +64,27 @@ def shaped_peak(dtype: torch.dtype, hidden: int, inner: int) -> float:
     return max(matmul_peak(dtype, 1024, hidden, inner, repeats=20), matmul_peak(dtype, 1024, inner, hidden, repeats=20))
 
 
+def stsb_steps(name: str, data_dir: str, model: torch.nn.Module, steps: int) -> SimpleNamespace:
+    """What the step benchmarks train on: STS-B (`data`), its train sentences in a token cache, the
+    first `steps` + 2 batches of 32 pairs in our length-grouped order (seed 0; two to warm up), the
+    cosine-MSE loss, fused AdamW at 2e-5 and a linear schedule; `batch(rows)` gives a batch's token
+    lists (first sentences, then second) and targets."""
+    data = load_task("stsb", None, data_dir)
+    tokens = TokenCache(load_tokenizer(name), 128)
+    first, second = list(data.train.sentence1), list(data.train.sentence2)
+    tokens.add(first + second)
+    targets = torch.as_tensor(data.train.score.to_numpy().copy(), dtype=torch.float32)
+    optimizer = build_optimizer(list(model.named_parameters()), 2e-5, 0.01)
+
+    def batch(rows):
+        return [tokens[first[i]] for i in rows] + [tokens[second[i]] for i in rows], targets[rows]
+
+    return SimpleNamespace(data=data, tokens=tokens, first=first, second=second, batch=batch,
+                           batches=epoch_batches(pair_lengths(tokens, first, second), 32, 0, True)[: steps + 2],
+                           loss_fn=CosineMSELoss(), optimizer=optimizer,
+                           scheduler=get_linear_schedule_with_warmup(optimizer, 0, 10_000))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", required=True)
@@ -96,21 +118,12 @@ def main() -> None:
           f"GFLOP/s, fp32 {peaks['fp32']:.0f} GFLOP/s; at the model's feed-forward shape (1024 tokens, {hidden} <-> "
           f"{inner}) {shaped:.0f} GFLOP/s")
 
-    data = load_task("stsb", None, args.data_dir)
     model = build_sentence_encoder(name, depth, "mean", seed=0, dropout_masks=args.dropout_masks).to(device)
     if args.dense_embedding_grad:
         model.encoder.set_input_embeddings(model.encoder.get_input_embeddings().dense())
-    tokens = TokenCache(load_tokenizer(name), 128)
-    first, second = list(data.train.sentence1), list(data.train.sentence2)
-    tokens.add(first + second)
-    targets = torch.as_tensor(data.train.score.to_numpy().copy(), dtype=torch.float32)
-    batches = epoch_batches(pair_lengths(tokens, first, second), 32, 0, True)[: args.steps + 2]
-    loss_fn = CosineMSELoss()
-    optimizer = build_optimizer(list(model.named_parameters()), 2e-5, 0.01)
-    scheduler = get_linear_schedule_with_warmup(optimizer, 0, 10_000)
-
-    def batch(rows):
-        return [tokens[first[i]] for i in rows] + [tokens[second[i]] for i in rows], targets[rows]
+    run = stsb_steps(name, args.data_dir, model, args.steps)
+    data, tokens, first, second, batches = run.data, run.tokens, run.first, run.second, run.batches
+    loss_fn, optimizer, scheduler, batch = run.loss_fn, run.optimizer, run.scheduler, run.batch
 
     runner = {"model": model}  # the eager encoder counts the FLOPs; the timed one may be compiled
 

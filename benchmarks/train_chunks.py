@@ -19,17 +19,12 @@ import argparse
 import time
 
 import torch
-from transformers import get_linear_schedule_with_warmup
+from profile_step import MODELS, stsb_steps  # benchmarks/, the script's own folder
 
 import trainables.models.batching as batching
-from trainables.data.tasks import load_task
-from trainables.models.batching import TokenCache
-from trainables.models.encoder import build_sentence_encoder, encoder_depth, load_config, load_tokenizer
-from trainables.objectives.sts import CosineMSELoss
-from trainables.training.bi_encoder import build_optimizer, epoch_batches, pair_lengths, train_step
+from trainables.models.encoder import build_sentence_encoder, encoder_depth, load_config
+from trainables.training.bi_encoder import train_step
 from trainables.training.runtime import resolve_precision
-
-MODELS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "mpnet": "sentence-transformers/all-mpnet-base-v2"}
 
 
 def parse_variant(text: str) -> tuple[int, int | None]:
@@ -73,29 +68,20 @@ def main() -> None:
     name = MODELS.get(args.model, args.model)
     device = torch.device("cpu")
     dtype = resolve_precision("auto", device)
-    data = load_task("stsb", None, args.data_dir)
     model = build_sentence_encoder(name, encoder_depth(load_config(name)), "mean", seed=0, dropout_masks="fast")
     recorder = Recorder(model).train()
-    tokens = TokenCache(load_tokenizer(name), 128)
-    first, second = list(data.train.sentence1), list(data.train.sentence2)
-    tokens.add(first + second)
-    targets = torch.as_tensor(data.train.score.to_numpy().copy(), dtype=torch.float32)
-    batches = epoch_batches(pair_lengths(tokens, first, second), 32, 0, True)[: args.steps + 2]
-    loss_fn = CosineMSELoss()
-    optimizer = build_optimizer(list(model.named_parameters()), 2e-5, 0.01)
-    scheduler = get_linear_schedule_with_warmup(optimizer, 0, 10_000)
+    run = stsb_steps(name, args.data_dir, model, args.steps)
+    batches, pairs = run.batches, run.batch
 
     def step(token_lists, y):
-        train_step(recorder, loss_fn, optimizer, scheduler, token_lists, y, tokens.pad_id, device, dtype, 1.0)
-
-    def pairs(rows):
-        return [tokens[first[i]] for i in rows] + [tokens[second[i]] for i in rows], targets[rows]
+        train_step(recorder, run.loss_fn, run.optimizer, run.scheduler, token_lists, y, run.tokens.pad_id, device,
+                   dtype, 1.0)
 
     saved = batching.TRAIN_TOKENS_PER_CHUNK, batching.TRAIN_CHUNK_COST
     print(f"torch {torch.__version__}, {args.threads} threads, precision auto -> {str(dtype).split('.')[-1]}; "
           f"{name.split('/')[-1]}, STS-B train batches of 32 pairs; training's chunking now "
           f"{label(saved)}")
-    tiny = [[tokens.pad_id + 1 + (i % 50)] * 3 for i in range(64)]
+    tiny = [[run.tokens.pad_id + 1 + (i % 50)] * 3 for i in range(64)]
     tiny_targets = torch.rand(32)
     for _ in range(3):
         step(tiny, tiny_targets)

@@ -198,4 +198,5 @@ def test_training_chunks_are_cut_where_padding_and_chunks_cost_least():
     model = CountingEncoder()
     encode_tokens(model, token_lists, 0, torch.device("cpu"))
     assert sorted(model.calls) == [(32, 12), (32, 30)]
-    assert length_chunks([len(t) for t in token_lists], 2048) == [list(range(64))]  # one chunk, 576 of its 1,920 tokens padding
+    # filled in turn: one chunk, 576 of its 1,920 tokens padding
+    assert length_chunks([len(t) for t in token_lists], 2048) == [list(range(64))]
