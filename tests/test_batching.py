@@ -162,7 +162,7 @@ class CountingEncoder(torch.nn.Module):
 
 
 @pytest.mark.parametrize("fewest_padded", [False, True])
-def test_an_accelerator_takes_a_batch_in_one_forward_a_cpu_in_cache_sized_chunks(fewest_padded):
+def test_an_accelerator_takes_a_batch_in_one_forward_a_cpu_in_chunks(fewest_padded):
     """On an H200 MiniLM's step at batch 128 ran 5.6 forwards of 768 tokens and its epoch 0.53x
     sentence-transformers' (1.73x in one forward a batch): off the CPU the chunk budget is the
     accelerator's ("meta" stands in for CUDA here: the same code path, no kernels). Every row comes
