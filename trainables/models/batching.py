@@ -17,7 +17,7 @@ from torch import nn
 # fixed cost that does not shrink with its tokens (its weights laid out again for oneDNN's matmuls,
 # a weight-sized gradient per weight added to the other chunks', per-operator overhead; autocast
 # casts each weight and its gradient once a step, not per chunk); a MiniLM step of 64 three-token
-# sentences took 73-75 ms on a 2-core Xeon with AMX, AdamW and clipping included, so a step of
+# sentences took 73-76 ms on a 2-core Xeon with AMX, AdamW and clipping included, so a step of
 # 32 STS-B pairs in 1.1 chunks (10.7 % padding) ran 1.09-1.15x as fast for MiniLM and 1.03-1.05x
 # for MPNet as in 1.7 chunks of 768 tokens filled in turn (8.2 % padding; benchmarks/train_chunks.py,
 # docs/benchmarks/speed.md)
