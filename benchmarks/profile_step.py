@@ -17,6 +17,11 @@ measured matmul peak.
    training step), under bf16 autocast and in fp32 (what dev and test are scored in by default): sentences/s
    with evaluation's unfused attention and with SDPA's fused kernel, the fraction of that dtype's
    model-shaped matmul, the top operators.
+4. For both: the matmuls' own share. One more pass (of the steps; of the encoding) with every matmul call
+   (mm, addmm, bmm, matmul, oneDNN's packed linear) timed where it runs, and run again at once twice more,
+   its best kept (operands hot in cache): their FLOPs over their summed time is the rate the matmuls
+   themselves reach, so the fraction the whole would reach were everything but its matmuls free (the
+   ceiling no other lever can lift).
 
     python benchmarks/profile_step.py --data-dir ../shared/data [--model mpnet] [--compile]
 """
@@ -29,6 +34,7 @@ from types import SimpleNamespace
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import get_linear_schedule_with_warmup
 
@@ -62,6 +68,48 @@ def shaped_peak(dtype: torch.dtype, hidden: int, inner: int) -> float:
     machine must not lower it (with 5 runs one read 216 GFLOP/s where the same run's square bf16 peak was
     402 and its evaluation's read of this shape 385)."""
     return max(matmul_peak(dtype, 1024, hidden, inner, repeats=20), matmul_peak(dtype, 1024, inner, hidden, repeats=20))
+
+
+class MatmulTimer(TorchDispatchMode):
+    """Times every matmul-class call where it runs (`seconds`) and, with `again` > 0, the best of it and
+    `again` immediate reruns on the same operands (`best`); their FLOPs (2 x output elements x the
+    contracted size) and count. Other operators pass through untimed."""
+
+    OPS = {"aten.mm.default": 0, "aten.addmm.default": 1, "aten.bmm.default": 0, "aten.baddbmm.default": 1,
+           "aten.matmul.default": 0, "mkldnn._linear_pointwise.default": 0}  # the left operand's position
+
+    def __init__(self, again: int = 2):
+        super().__init__()
+        self.again, self.seconds, self.best, self.flops, self.calls = again, 0.0, 0.0, 0, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        left = self.OPS.get(str(func))
+        if left is None:
+            return func(*args, **kwargs)
+        started = time.perf_counter()
+        out = func(*args, **kwargs)
+        took = time.perf_counter() - started
+        best = took
+        for _ in range(self.again):
+            started = time.perf_counter()
+            func(*args, **kwargs)
+            best = min(best, time.perf_counter() - started)
+        self.seconds, self.best, self.calls = self.seconds + took, self.best + best, self.calls + 1
+        self.flops += 2 * out.numel() * args[left].shape[-1]
+        return out
+
+    def report(self, whole: float, shaped: float, count: int, unit: str) -> str:
+        """The matmuls' share of `whole` seconds (over `count` `unit`s) and the rates they reach, as
+        fractions of the model-shaped matmul `shaped` (GFLOP/s)."""
+        def rate(seconds: float) -> str:
+            return f"{self.flops / seconds / 1e9:.0f} GFLOP/s = {100 * self.flops / seconds / 1e9 / shaped:.0f} %"
+
+        return (f"its matmuls ({self.calls / count:.0f} calls a {unit}, {self.flops / count / 1e9:.2f} GFLOP): "
+                f"{1000 * self.seconds / count:.1f} ms a {unit} where they run ({100 * self.seconds / whole:.0f} % "
+                f"of it) -> {rate(self.seconds)} of the model-shaped matmul; each the best of it and "
+                f"{self.again} reruns at once: {1000 * self.best / count:.1f} ms -> {rate(self.best)}: the "
+                f"ceiling were all but the matmuls free")
 
 
 def stsb_steps(name: str, data_dir: str, model: torch.nn.Module, steps: int) -> SimpleNamespace:
@@ -187,6 +235,12 @@ def main() -> None:
         print("  split of a step: " + ", ".join(f"{k[2:]} {100 * v / whole:.0f} %" for k, v in sorted(events.items())))
         table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8, max_name_column_width=40)
         print("  top operators by self time:\n" + "\n".join("    " + line for line in table.splitlines()[:12]))
+        if not args.compile:  # a compiled step's kernels are not torch's matmuls one by one
+            timer = MatmulTimer()
+            with timer:
+                for rows in steps:
+                    step(rows)
+            print("  " + timer.report(seconds, shaped, len(steps), "step"))
 
     model.eval()
     test = list(dict.fromkeys(list(data.test.sentence1) + list(data.test.sentence2)))
@@ -242,6 +296,10 @@ def profile_evaluation(runner, model, ids, pad_id: int, dtype: torch.dtype, peak
     top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:8]
     print("  top operators by self time: " + ", ".join(f"{e.key} {100 * e.self_cpu_time_total / whole:.0f} %"
                                                        for e in top))
+    timer = MatmulTimer()
+    with torch.inference_mode(), autocast(device, dtype), packed_linears(model, device), timer:
+        encode_tokens(model, ids, pad_id, device, EVAL_TOKENS_PER_CHUNK, max_chunk=256, fewest_padded=True)
+    print("  " + timer.report(seconds, shaped, 1, "pass over STS-B test"))
 
 if __name__ == "__main__":
     main()

@@ -405,3 +405,52 @@ def test_the_training_chunk_benchmark_refuses_a_malformed_chunking(tmp_path):
     done = run_train_chunks("--data-dir", str(tmp_path), "--variants", "2048/x", cwd=tmp_path)
     assert done.returncode == 2 and "'2048/x': give BUDGET (tokens, 1 or more) or BUDGET/COST" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_matmul_timer_counts_the_flops_torch_counts_and_leaves_the_step_unchanged(tiny_bert, synthetic_data_dir,
+                                                                                      precision):
+    """profile_step.MatmulTimer, whose rate over its summed time is the ceiling the profile prints: over
+    three training steps its FLOPs are those torch's FlopCounterMode counts, and over the evaluator's
+    encoding on oneDNN's packed linears those FlopCounterMode counts on the plain layers (where the
+    counter sees the matmuls); every call is timed, its best never above where it ran; and the reruns
+    change nothing: the same seed trains the same weights with the timer as without."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from trainables.models.batching import EVAL_TOKENS_PER_CHUNK, encode_tokens
+    from trainables.models.encoder import build_sentence_encoder
+    from trainables.models.packed import packed_linears
+    from trainables.training.bi_encoder import train_step
+    from trainables.training.runtime import autocast
+
+    profile = load_benchmark("profile_step")
+    device, dtype = torch.device("cpu"), torch.bfloat16 if precision == "bf16" else torch.float32
+    counter, timer, trained = FlopCounterMode(display=False), profile.MatmulTimer(), []
+    for mode in (counter, timer):
+        torch.manual_seed(0)
+        model = build_sentence_encoder(tiny_bert, None, "mean", seed=0, dropout_masks="fast").train()
+        run = profile.stsb_steps(tiny_bert, str(synthetic_data_dir), model, 1)
+        with mode:
+            for rows in run.batches:
+                train_step(model, run.loss_fn, run.optimizer, run.scheduler, *run.batch(rows), run.tokens.pad_id,
+                           device, dtype, 1.0)
+        trained.append([p.detach().clone() for p in model.parameters()])
+    assert len(run.batches) == 3 and timer.calls > 0
+    assert timer.flops == counter.get_total_flops() > 0
+    assert 0 < timer.best <= timer.seconds
+    assert all(torch.equal(a, b) for a, b in zip(*trained, strict=True))
+
+    model.eval()
+    ids = [run.tokens[s] for s in run.first[:40] + run.second[:40]]
+    counter, timer = FlopCounterMode(display=False), profile.MatmulTimer(again=1)
+    with torch.inference_mode(), autocast(device, dtype):
+        with counter:
+            plain = encode_tokens(model, ids, run.tokens.pad_id, device, EVAL_TOKENS_PER_CHUNK, max_chunk=256,
+                                  fewest_padded=True)
+        with packed_linears(model, device), timer:
+            packed = encode_tokens(model, ids, run.tokens.pad_id, device, EVAL_TOKENS_PER_CHUNK, max_chunk=256,
+                                   fewest_padded=True)
+    assert timer.flops == counter.get_total_flops() > 0
+    assert 0 < timer.best <= timer.seconds
+    torch.testing.assert_close(packed.float(), plain.float(), atol=2e-2 if precision == "bf16" else 1e-5, rtol=0)
