@@ -454,3 +454,23 @@ def test_the_matmul_timer_counts_the_flops_torch_counts_and_leaves_the_step_unch
     assert timer.flops == counter.get_total_flops() > 0
     assert 0 < timer.best <= timer.seconds
     torch.testing.assert_close(packed.float(), plain.float(), atol=2e-2 if precision == "bf16" else 1e-5, rtol=0)
+
+
+def test_the_clip_norm_benchmark_times_both_norms_and_compares_them(tiny_bert, synthetic_data_dir, tmp_path):
+    """benchmarks/clip_norm.py on a tiny encoder: one time per turn for each side, the clipping's own time,
+    and the two norms of the same gradients within an fp32 rounding of each other (which rows the norm
+    reads is test_clipping's)."""
+    script = GPU.parent / "clip_norm.py"
+    done = subprocess.run([sys.executable, str(script), "--data-dir", str(synthetic_data_dir), "--model", tiny_bert,
+                           "--steps", "3", "--turns", "3"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    sides = {m.group(1): m for m in re.finditer(r"(rows|table): ([0-9.]+) ([0-9.]+) ([0-9.]+) ms/step, best "
+                                                  r"[0-9.]+ \(([0-9.]+)x the table's\); clipping ([0-9.]+) ms/step",
+                                                  done.stdout)}
+    assert set(sides) == {"rows", "table"}, done.stdout
+    assert float(sides["table"].group(5)) == 1.0
+    assert float(sides["rows"].group(6)) > 0 and float(sides["table"].group(6)) > 0
+    difference = re.search(r"the two norms of the same gradients \(3 steps\) differ by at most ([0-9.e+-]+) of",
+                           done.stdout)
+    assert difference and float(difference.group(1)) < 1e-5, done.stdout

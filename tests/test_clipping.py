@@ -1,4 +1,5 @@
-"""Gradient clipping: torch's clip_grad_norm_ to the bit, without its multiply by 1.0 when nothing is clipped."""
+"""Gradient clipping: torch's clip_grad_norm_ to the bit, without its multiply by 1.0 when nothing is clipped;
+a word-embedding gradient kept row by row normed on its written rows only, torch's to an fp32 rounding."""
 
 from __future__ import annotations
 
@@ -94,3 +95,46 @@ def test_a_torch_without_the_two_functions_clips_with_clip_grad_norm(monkeypatch
     total = clip_gradients(ours, 1.0)
     assert torch.equal(total, torch.nn.utils.clip_grad_norm_(theirs, 1.0)) and float(total) > 1.0
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(ours, theirs, strict=True))
+
+
+def test_a_row_wise_embedding_gradient_is_normed_on_the_rows_its_lookups_wrote(monkeypatch):
+    """The word-embedding gradient kept row by row (trainables.models.embedding_grad) is zero outside
+    the rows its lookups wrote, so its norm reads only those: the total norm and the clipped gradients
+    are torch's to an fp32 rounding, step after step (a step's rows reset at the next), within the norm
+    and beyond it; the norm never reads the whole table. A dense gradient from another use of the table
+    (a tied output layer) puts every row in play: then the whole table is read, torch's to the bit."""
+    from torch import nn
+
+    from trainables.models.embedding_grad import RowGradEmbedding
+
+    torch.manual_seed(0)
+    embedding = RowGradEmbedding.replacing(nn.Embedding(1000, 16, padding_idx=0))
+    head = nn.Linear(16, 4)
+    read = []
+    vector_norm = torch.linalg.vector_norm
+    monkeypatch.setattr(torch.linalg, "vector_norm", lambda t, *a, **k: read.append(tuple(t.shape))
+                        or vector_norm(t, *a, **k))
+    steps = [(torch.tensor([[5, 7, 7, 0], [999, 3, 0, 0]]), 0.1, False), (torch.tensor([[8, 5, 2]]), 10.0, False),
+             (torch.tensor([[4, 4]]), 0.1, True), (torch.tensor([[6, 1, 0]]), 0.1, False)]
+    for ids, scale, tied in steps:
+        hidden = embedding(ids)
+        loss = (head(hidden) * scale).pow(2).sum()
+        if tied:  # logits against the table itself: a dense gradient on every row
+            loss = loss + (hidden @ embedding.weight.t()).sum()
+        loss.backward()
+        params = [embedding.weight, *head.parameters()]
+        theirs = copies(params)
+        read.clear()
+        total = clip_gradients(params, 1.0)
+        expected = torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+        written = len(set(ids.flatten().tolist()) - {0})
+        if tied:
+            assert torch.equal(total, expected) and (1000, 16) in read
+        else:
+            assert float(total) == pytest.approx(float(expected), rel=1e-6)
+            assert (written, 16) in read and (1000, 16) not in read
+        assert (float(expected) > 1.0) == (scale > 1.0 or tied)  # the tied logits' sum alone is beyond 1.0
+        for ours, torchs in zip(params, theirs, strict=True):
+            torch.testing.assert_close(ours.grad, torchs.grad, rtol=1e-6, atol=1e-9)
+        for p in params:
+            p.grad = None

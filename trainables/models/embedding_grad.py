@@ -11,12 +11,16 @@ backward it zeroes only the rows the previous step touched, and hands the buffer
 parameter as its `.grad`. The optimizer, clipping and `zero_grad(set_to_none=True)` see the same
 dense gradient as before, with the same values (the rows' sums may round in a different order).
 Off the CPU (where a fill is cheap and `index_add_` is not deterministic) the backward is torch's.
+The rows written are known, so the clipping's norm reads only them (`nonzero_rows`,
+trainables.training.runtime.total_norm): a MiniLM step of 32 pairs writes about 250 of 30,522.
 
 A table that is also used outside the lookup (a tied output layer, a weight read by a loss) gets a
 dense gradient from autograd, which lands in the buffer on rows no lookup touched; a hook on the
 weight sees it arrive and the next step zeroes the whole buffer, as torch's fresh gradient would be."""
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 from torch import nn
@@ -94,6 +98,7 @@ class RowGradEmbedding(nn.Embedding):
             buffer = self._buffer
             if buffer is None or buffer.shape != weight.shape or buffer.dtype != weight.dtype:
                 buffer = self._buffer = torch.zeros_like(weight, memory_format=torch.contiguous_format)
+                buffer._row_grad_owner = weakref.ref(self)  # type: ignore[attr-defined]  # for nonzero_rows
             elif self._dense_since_zeroed:  # autograd wrote every row last step
                 buffer.zero_()
             elif self._touched:
@@ -103,6 +108,24 @@ class RowGradEmbedding(nn.Embedding):
         if weight.grad is self._buffer:
             self._touched.append(rows)
         weight.grad.index_add_(0, rows, values.to(weight.grad.dtype))
+
+    def written_rows(self) -> torch.Tensor | None:
+        """The rows of the weight's `.grad` that the lookups wrote since it was last reset, when every
+        other row of it is zero (it is this module's buffer and no dense gradient reached it); None
+        otherwise. What the clipping's norm reads instead of the whole table."""
+        grad = self.weight.grad
+        if grad is None or grad is not self._buffer or self._dense_since_zeroed or not self._touched:
+            return None
+        return torch.unique(torch.cat(self._touched))
+
+
+def nonzero_rows(grad: torch.Tensor) -> torch.Tensor | None:
+    """The only rows of `grad` that can be non-zero, when it is a RowGradEmbedding's gradient buffer
+    that holds nothing but its lookups' rows (`RowGradEmbedding.written_rows`); None for any other
+    tensor."""
+    owner = getattr(grad, "_row_grad_owner", None)
+    module = owner() if owner is not None else None
+    return module.written_rows() if module is not None and module._buffer is grad else None
 
 
 def use_row_gradients(model: nn.Module) -> int:
