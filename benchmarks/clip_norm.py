@@ -14,37 +14,23 @@ steps of one pass (the norms of the same gradients, each read both ways).
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
-from profile_step import MODELS, stsb_steps  # benchmarks/, the script's own folder
+from profile_step import stsb_steps, turns_model, turns_parser  # benchmarks/, the script's own folder
 
 import trainables.training.bi_encoder as bi_encoder
 import trainables.training.runtime as runtime
-from trainables.models.encoder import build_sentence_encoder, encoder_depth, load_config
 from trainables.training.bi_encoder import train_step
-from trainables.training.runtime import resolve_precision
 
 SIDES = ("rows", "table")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-dir", required=True)
-    parser.add_argument("--model", default="minilm", help="minilm, mpnet or a model folder")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser = turns_parser(__doc__, 4)
     args = parser.parse_args()
-    if args.steps < 1 or args.turns < 1:
-        parser.error(f"--steps {args.steps} --turns {args.turns}: give 1 or more of each")
-    torch.set_num_threads(args.threads)
-    name = MODELS.get(args.model, args.model)
-    device = torch.device("cpu")
-    dtype = resolve_precision("auto", device)
-    model = build_sentence_encoder(name, encoder_depth(load_config(name)), "mean", seed=0, dropout_masks="fast")
-    model.train()
+    setup = turns_model(parser, args)
+    name, device, dtype, model = setup.name, setup.device, setup.dtype, setup.model
     run = stsb_steps(name, args.data_dir, model, args.steps)
     ours, torchs, runtime_clip = runtime.total_norm, torch.nn.utils.get_total_norm, runtime.clip_gradients
     side = {"now": "rows"}

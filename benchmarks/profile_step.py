@@ -133,6 +133,30 @@ def stsb_steps(name: str, data_dir: str, model: torch.nn.Module, steps: int) -> 
                            scheduler=get_linear_schedule_with_warmup(optimizer, 0, 10_000))
 
 
+def turns_parser(doc: str, turns: int) -> argparse.ArgumentParser:
+    """The options the benchmarks that time STS-B steps in alternating turns share (train_chunks.py,
+    clip_norm.py); each adds its own."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--model", default="minilm", help="minilm, mpnet or a model folder")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--turns", type=int, default=turns)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    return parser
+
+
+def turns_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SimpleNamespace:
+    """The shared options checked (a count below 1 is one line, exit 2) and applied: the model's name,
+    the CPU, `auto` precision and the encoder at full depth with fast dropout masks, in training mode."""
+    if args.steps < 1 or args.turns < 1:
+        parser.error(f"--steps {args.steps} --turns {args.turns}: give 1 or more of each")
+    torch.set_num_threads(args.threads)
+    name = MODELS.get(args.model, args.model)
+    device = torch.device("cpu")
+    model = build_sentence_encoder(name, encoder_depth(load_config(name)), "mean", seed=0, dropout_masks="fast")
+    return SimpleNamespace(name=name, device=device, dtype=resolve_precision("auto", device), model=model.train())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", required=True)

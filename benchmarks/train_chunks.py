@@ -19,12 +19,10 @@ import argparse
 import time
 
 import torch
-from profile_step import MODELS, stsb_steps  # benchmarks/, the script's own folder
+from profile_step import stsb_steps, turns_model, turns_parser  # benchmarks/, the script's own folder
 
 import trainables.models.batching as batching
-from trainables.models.encoder import build_sentence_encoder, encoder_depth, load_config
 from trainables.training.bi_encoder import train_step
-from trainables.training.runtime import resolve_precision
 
 
 def parse_variant(text: str) -> tuple[int, int | None]:
@@ -53,22 +51,12 @@ class Recorder(torch.nn.Module):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-dir", required=True)
-    parser.add_argument("--model", default="minilm", help="minilm, mpnet or a model folder")
+    parser = turns_parser(__doc__, 3)
     parser.add_argument("--variants", nargs="+", type=parse_variant, default=[(768, None), (2048, 300)],
                         help="chunkings: BUDGET (filled in turn) or BUDGET/COST (fewest padded plus COST a chunk)")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
-    if args.steps < 1 or args.turns < 1:
-        parser.error(f"--steps {args.steps} --turns {args.turns}: give 1 or more of each")
-    torch.set_num_threads(args.threads)
-    name = MODELS.get(args.model, args.model)
-    device = torch.device("cpu")
-    dtype = resolve_precision("auto", device)
-    model = build_sentence_encoder(name, encoder_depth(load_config(name)), "mean", seed=0, dropout_masks="fast")
+    setup = turns_model(parser, args)
+    name, device, dtype, model = setup.name, setup.device, setup.dtype, setup.model
     recorder = Recorder(model).train()
     run = stsb_steps(name, args.data_dir, model, args.steps)
     batches, pairs = run.batches, run.batch

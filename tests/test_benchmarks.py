@@ -474,3 +474,12 @@ def test_the_clip_norm_benchmark_times_both_norms_and_compares_them(tiny_bert, s
     difference = re.search(r"the two norms of the same gradients \(3 steps\) differ by at most ([0-9.e+-]+) of",
                            done.stdout)
     assert difference and float(difference.group(1)) < 1e-5, done.stdout
+
+
+@pytest.mark.parametrize("script", ["clip_norm.py", "train_chunks.py"])
+def test_the_step_benchmarks_refuse_fewer_than_one_step_or_turn(script, tmp_path):
+    done = subprocess.run([sys.executable, str(GPU.parent / script), "--data-dir", str(tmp_path), "--steps", "0"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 2 and "--steps 0 --turns" in done.stderr and "give 1 or more of each" in done.stderr
+    assert "Traceback" not in done.stderr
