@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from trainables.errors import one_of
+from trainables.models.embedding_grad import nonzero_rows
 from trainables.names import EVAL_PRECISIONS, PRECISIONS
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -88,8 +89,6 @@ def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     a word-embedding gradient kept row by row (trainables.models.embedding_grad) is read only on the
     rows its lookups wrote, every other row being zero: the same norm to an fp32 rounding, without
     reading the whole table (MiniLM: 30,522 x 384, of which a step of 32 pairs writes a few hundred rows)."""
-    from trainables.models.embedding_grad import nonzero_rows
-
     norms = []
     for grad in grads:
         rows = nonzero_rows(grad)
