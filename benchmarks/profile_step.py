@@ -11,7 +11,8 @@ measured matmul peak.
    the fraction of the peak; and torch.profiler's split of the step (batching, forward, backward,
    optimizer) with the top operators; the step's time is the best of `--repeats` passes over the same
    steps (3 by default). `--compile` times the step with the encoder under
-   `torch.compile(dynamic=True)` (inductor), the compile time printed apart.
+   `torch.compile(dynamic=True)` (inductor), the compile time printed apart (the evaluation in part 3
+   stays eager, as the evaluator runs it: inductor cannot lower its packed linear layers).
 3. The same for the evaluator's encoding of STS-B test (no gradients, chunks as the evaluator cuts
    them, linear layers on packed weights as the evaluator runs them; `--evaluation-only` skips the
    training step), under bf16 autocast and in fp32 (what dev and test are scored in by default): sentences/s
@@ -166,7 +167,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed passes over the steps; the best counts (a shared machine's load moves)")
     parser.add_argument("--model", default="minilm", help="minilm, mpnet or a model folder")
-    parser.add_argument("--compile", action="store_true", help="time the step with torch.compile'd encoder")
+    parser.add_argument("--compile", action="store_true",
+                        help="time the training step with torch.compile'd encoder (evaluation stays eager)")
     parser.add_argument("--evaluation-only", action="store_true", help="only the evaluation (part 3)")
     parser.add_argument("--dropout-masks", default="fast", choices=["fast", "torch"],
                         help="fast (the default, trainables.models.dropout) or torch's bernoulli_")
@@ -271,7 +273,7 @@ def main() -> None:
     tokens.add(test)
     ids = [tokens[s] for s in test]
     for eval_dtype in [dtype, torch.float32] if dtype != torch.float32 else [dtype]:
-        profile_evaluation(runner["model"], model, ids, tokens.pad_id, eval_dtype, peaks, hidden, inner)
+        profile_evaluation(model, ids, tokens.pad_id, eval_dtype, peaks, hidden, inner)
 
 
 def timed_encoding(model, ids, pad_id: int, dtype: torch.dtype, repeats: int = 3) -> float:
@@ -287,8 +289,7 @@ def timed_encoding(model, ids, pad_id: int, dtype: torch.dtype, repeats: int = 3
     return best
 
 
-def profile_evaluation(runner, model, ids, pad_id: int, dtype: torch.dtype, peaks: dict, hidden: int,
-                       inner: int) -> None:
+def profile_evaluation(model, ids, pad_id: int, dtype: torch.dtype, peaks: dict, hidden: int, inner: int) -> None:
     """The evaluator's encoding in `dtype` (bf16 autocast or fp32, what scoring uses by default): its
     FLOPs, its speed with evaluation's unfused attention and with SDPA's fused kernel, the fraction of
     this dtype's model-shaped matmul, and the top operators."""
@@ -300,10 +301,10 @@ def profile_evaluation(runner, model, ids, pad_id: int, dtype: torch.dtype, peak
         with counter:  # the same chunks on plain linear layers (the counter does not see oneDNN's packed ones)
             encode_tokens(model, ids, pad_id, device, EVAL_TOKENS_PER_CHUNK, max_chunk=256, fewest_padded=True)
     flops = counter.get_total_flops()
-    seconds = timed_encoding(runner, ids, pad_id, dtype)
+    seconds = timed_encoding(model, ids, pad_id, dtype)
     implementation = model.encoder.config._attn_implementation
     model.encoder.set_attn_implementation("sdpa")
-    fused = timed_encoding(runner, ids, pad_id, dtype)
+    fused = timed_encoding(model, ids, pad_id, dtype)
     shaped = max(shaped, shaped_peak(dtype, hidden, inner))  # before and after the encodings: the best of both
     model.encoder.set_attn_implementation(implementation)
     achieved = flops / seconds / 1e9
@@ -313,8 +314,8 @@ def profile_evaluation(runner, model, ids, pad_id: int, dtype: torch.dtype, peak
           f"model-shaped matmul ({100 * achieved / peaks[name]:.0f} % of the square peak); with SDPA's fused "
           f"attention {len(ids) / fused:.0f} sentences/s = {100 * flops / fused / 1e9 / shaped:.0f} %")
     with (profile(activities=[ProfilerActivity.CPU]) as prof, torch.inference_mode(), autocast(device, dtype),
-          packed_linears(runner, device)):
-        encode_tokens(runner, ids, pad_id, device, EVAL_TOKENS_PER_CHUNK, max_chunk=256, fewest_padded=True)
+          packed_linears(model, device)):
+        encode_tokens(model, ids, pad_id, device, EVAL_TOKENS_PER_CHUNK, max_chunk=256, fewest_padded=True)
     events = prof.key_averages()
     whole = sum(e.self_cpu_time_total for e in events)
     top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:8]

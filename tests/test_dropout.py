@@ -88,6 +88,24 @@ def test_dropout_keeps_the_expected_activation():
     assert abs((out == 0).double().mean().item() - 0.1) < 0.002
 
 
+def test_dropout_runs_under_torch_compile_and_drops_at_its_rate():
+    """benchmarks/profile_step.py --compile: a graph that handed back an int16 view of its int64 random
+    words failed in AOT autograd's alias replay (torch 2.13); under compile the mask is a new tensor."""
+    torch.manual_seed(0)
+    layer = nn.Sequential(nn.Linear(16, 16), FastDropout(0.25)).train()
+    compiled = torch.compile(layer, dynamic=True)
+    for length in (8, 11):
+        x = torch.randn(64, length, 16, requires_grad=True)
+        out = compiled(x)
+        out.sum().backward()
+        kept = out != 0
+        assert abs(kept.double().mean().item() - 0.75) < 5 * math.sqrt(0.25 * 0.75 / out.numel())
+        dense = layer[0](x).detach()  # kept elements scaled by 1 / (1 - p), gradient where kept
+        assert torch.allclose(out.detach()[kept], dense[kept] / 0.75, rtol=1e-5, atol=1e-6)
+        expected = (kept.float() / 0.75) @ layer[0].weight.detach()  # the gradient flows only where kept
+        assert torch.allclose(x.grad, expected, rtol=1e-4, atol=1e-5)
+
+
 def fake_module(training: bool) -> nn.Module:
     module = nn.Module()
     module.train(training)

@@ -47,7 +47,10 @@ def keep_indicator(shape: torch.Size | tuple[int, ...], p: float, device: torch.
     words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(generator=generator)
     # random_() on int64 is uniform on [0, 2^63): the low 63 bits are uniform; each 16-bit quarter
     # keeps its low 15 bits (the top quarter's 16th bit is always 0)
-    bits = words.view(torch.int16)[:n].view(shape).bitwise_and_(LEVELS - 1)
+    bits = words.view(torch.int16)[:n].view(shape)
+    # in place in eager; under torch.compile a new tensor (a graph handing back an int16 view of its int64
+    # input failed in AOT autograd's alias replay, torch 2.13)
+    bits = bits & (LEVELS - 1) if torch.compiler.is_compiling() else bits.bitwise_and_(LEVELS - 1)
     threshold = keep_threshold(p)
     if threshold == 0:  # p below 1/65536 drops nothing (and 32767 - (0 - 1) would overflow int16)
         return bits.fill_(1)
