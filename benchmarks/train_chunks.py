@@ -8,7 +8,8 @@ given order on even turns and reversed on odd ones, each turn timing `--steps` s
 warm-up steps at the start); per variant it prints the ms per step of every turn and the best, the
 best's ratio to the first variant's, the padded tokens over the real ones and the chunks per step.
 First, the step's fixed cost: a step on 64 sentences of three tokens (so nearly no matmul work),
-the best of three passes of 20.
+the best of three passes of 20, and what it is made of: torch.profiler over ten more such steps, the
+top operators by self time in ms a step (with the profiler's own overhead in their sum).
 
     python benchmarks/train_chunks.py --data-dir ../shared/data [--model mpnet] [--variants 768 2048/300]
 """
@@ -20,6 +21,7 @@ import time
 
 import torch
 from profile_step import stsb_steps, turns_model, turns_parser  # benchmarks/, the script's own folder
+from torch.profiler import ProfilerActivity, profile
 
 import trainables.models.batching as batching
 from trainables.training.bi_encoder import train_step
@@ -80,6 +82,10 @@ def main() -> None:
             step(tiny, tiny_targets)
         fixed = min(fixed, (time.perf_counter() - started) / 20)
     print(f"a step on 64 sentences of 3 tokens (the step's fixed cost): {1000 * fixed:.1f} ms")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(10):
+            step(tiny, tiny_targets)
+    print("  " + operator_split(prof.key_averages(), 10))
 
     for rows in batches[:2]:  # warm-up: allocator, oneDNN kernels
         step(*pairs(rows))
@@ -104,6 +110,17 @@ def main() -> None:
         print(f"{label(variant):>24}: " + " ".join(f"{t:.1f}" for t in times[variant])
               + f" ms/step, best {min(times[variant]):.1f} ({base / min(times[variant]):.2f}x the first); "
               f"padding {100 * (padded / real - 1):.1f} % over the real tokens, {forwards / steps:.2f} chunks/step")
+
+
+def operator_split(events, steps: int, top: int = 8) -> str:
+    """The `top` operators (aten and custom autograd functions, not autograd's bookkeeping) by self time,
+    in ms a step over `steps` steps, and what all of them add to."""
+    ops = [e for e in events if not e.key.startswith("autograd::")]
+    total = sum(e.self_cpu_time_total for e in ops) / 1000 / steps
+    ranked = sorted(ops, key=lambda e: -e.self_cpu_time_total)[:top]
+    return ("its operators by self time, ms a step: " + ", ".join(
+        f"{e.key} {e.self_cpu_time_total / 1000 / steps:.2f}" for e in ranked)
+        + f" (all operators {total:.1f} ms a step under the profiler)")
 
 
 def label(variant: tuple[int, int | None]) -> str:
