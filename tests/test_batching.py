@@ -80,6 +80,18 @@ def test_pad_builds_ids_and_mask():
     assert mask.tolist() == [[1, 1, 1], [1, 0, 0]]
 
 
+@settings(max_examples=60, deadline=None)
+@given(token_lists=st.lists(st.lists(st.integers(0, 2**40), min_size=1, max_size=12), min_size=1, max_size=9),
+       pad_id=st.integers(0, 5))
+def test_pad_right_pads_every_row_to_the_longest(token_lists, pad_id):
+    ids, mask = pad(token_lists, pad_id, torch.device("cpu"))
+    longest = max(len(row) for row in token_lists)
+    assert ids.dtype == mask.dtype == torch.long and ids.shape == mask.shape == (len(token_lists), longest)
+    for row, given_ids in enumerate(token_lists):
+        assert ids[row].tolist() == given_ids + [pad_id] * (longest - len(given_ids))
+        assert mask[row].tolist() == [1] * len(given_ids) + [0] * (longest - len(given_ids))
+
+
 def test_chunked_encoding_equals_one_padded_batch(tiny_bert):
     model = build_sentence_encoder(tiny_bert, layer=3).eval()
     tokens = TokenCache(load_tokenizer(tiny_bert), 64)
