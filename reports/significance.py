@@ -10,6 +10,7 @@ mark silently (`reachable`), and it marks nothing with fewer than `MIN_SEEDS` pa
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -31,7 +32,12 @@ def paired_p(test: str, ours: np.ndarray, theirs: np.ndarray) -> float:
     if len(ours) < 2 or not np.any(ours != theirs):
         return math.nan
     if test == "t":
-        return float(ttest_rel(ours, theirs).pvalue)
+        with warnings.catch_warnings():
+            # the same difference on every seed (to float64's resolution): scipy warns of precision loss in
+            # their variance, yet its t is infinite or ~1e13 either way and p 0 or ~1e-27, a constant shift;
+            # the warning would reach `orchestrator report`'s terminal as two lines of scipy's source
+            warnings.filterwarnings("ignore", message="Precision loss occurred", category=RuntimeWarning)
+            return float(ttest_rel(ours, theirs).pvalue)
     if test == "wilcoxon":
         return float(wilcoxon(ours, theirs).pvalue)
     result = permutation_test((ours, theirs), lambda a, b, axis: np.mean(a - b, axis=axis), vectorized=True,

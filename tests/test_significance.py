@@ -4,10 +4,13 @@ what a test cannot reach at a table's n after correction."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import t as t_dist
 
 from reports.aggregate import summarize
@@ -120,3 +123,16 @@ def test_smallest_p_and_holm_agree_with_their_definitions():
     p = pd.Series([0.01, 0.04, math.nan, 0.03])
     assert list(adjust_p(p, "holm").dropna()) == pytest.approx([0.03, 0.06, 0.06])
     assert list(adjust_p(p, "bonferroni").dropna()) == pytest.approx([0.03, 0.12, 0.09])
+
+
+@settings(max_examples=30, deadline=None)
+@given(shift=st.floats(0.01, 30), base=st.lists(st.floats(40, 90), min_size=3, max_size=10))
+def test_the_same_gain_on_every_seed_is_p_zero_without_scipys_warning(shift, base):
+    """A cell that beats its baseline by the same amount on every seed (to float64's resolution): the paired
+    t-test's p is ~0 (t infinite), and scipy's precision-loss warning stays out of the report's terminal."""
+    theirs = np.array(base)
+    ours = theirs + shift
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        p = paired_p("t", ours, theirs)
+    assert p < 1e-6
