@@ -49,6 +49,15 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def warmup_argument(ratio: float) -> dict[str, float]:
+    """The warmup as a fraction of the steps, as this transformers takes it: `warmup_steps` below 1 from
+    transformers 5 (whose `warmup_ratio` warns that it is going), `warmup_ratio` before (the same
+    ceil(steps x ratio) steps)."""
+    import transformers
+
+    return {"warmup_steps" if int(transformers.__version__.split(".")[0]) >= 5 else "warmup_ratio": ratio}
+
+
 def sentence_transformers_epoch(train, test, bf16: bool = False, model_name: str = MODEL, device: str = "cpu",
                                 batch: int = BATCH, score: bool = True) -> tuple[float, float | None, float | None]:
     """(samples/s from model load to the epoch's end, test Spearman before, after; None without
@@ -59,8 +68,12 @@ def sentence_transformers_epoch(train, test, bf16: bool = False, model_name: str
         SentenceTransformerTrainer,
         SentenceTransformerTrainingArguments,
     )
-    from sentence_transformers.evaluation import EmbeddingSimilarityEvaluator
-    from sentence_transformers.losses import CosineSimilarityLoss
+    try:  # sentence-transformers 6.2 moved them (the old paths warn)
+        from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
+        from sentence_transformers.sentence_transformer.losses import CosineSimilarityLoss
+    except ImportError:  # before 6.2
+        from sentence_transformers.evaluation import EmbeddingSimilarityEvaluator
+        from sentence_transformers.losses import CosineSimilarityLoss
 
     evaluator = EmbeddingSimilarityEvaluator(list(test.sentence1), list(test.sentence2), list(test.score))
     before = (100 * evaluator(SentenceTransformer(resolve_model_path(model_name), device=device))["spearman_cosine"]
@@ -71,8 +84,8 @@ def sentence_transformers_epoch(train, test, bf16: bool = False, model_name: str
         model.max_seq_length = 128
         args = SentenceTransformerTrainingArguments(
             output_dir=out, num_train_epochs=1, per_device_train_batch_size=batch, learning_rate=LR,
-            warmup_ratio=WARMUP, save_strategy="no", report_to="none", disable_tqdm=True, seed=0,
-            use_cpu=device == "cpu", logging_strategy="no", bf16=bf16)
+            save_strategy="no", report_to="none", disable_tqdm=True, seed=0,
+            use_cpu=device == "cpu", logging_strategy="no", bf16=bf16, **warmup_argument(WARMUP))
         pairs = Dataset.from_pandas(train[["sentence1", "sentence2", "score"]])
         trainer = SentenceTransformerTrainer(model=model, args=args, loss=CosineSimilarityLoss(model),
                                              train_dataset=pairs)

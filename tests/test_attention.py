@@ -142,7 +142,7 @@ def test_minilm_scores_stsb_as_the_fused_kernel_and_sentence_transformers_do(dat
     """all-MiniLM-L6-v2 on the whole of STS-B dev and test, fp32: dev and test Spearman and Pearson
     with our kernel equal the fused kernel's and sentence-transformers' (fp32) to 1e-4. ~30 s."""
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.evaluation import EmbeddingSimilarityEvaluator
+    from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
 
     from tests.conftest import MINILM
 

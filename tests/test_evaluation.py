@@ -141,7 +141,7 @@ def test_embedder_encodes_each_distinct_sentence_once_and_keeps_train_mode(tiny_
 @pytest.mark.slow
 def test_sts_evaluator_agrees_with_sentence_transformers(data_dir, minilm_path):
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.evaluation import EmbeddingSimilarityEvaluator
+    from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
 
     from tests.conftest import MINILM
     from trainables.data.tasks import load_task
