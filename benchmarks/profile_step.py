@@ -23,6 +23,11 @@ measured matmul peak.
    its best kept (operands hot in cache): their FLOPs over their summed time is the rate the matmuls
    themselves reach, so the fraction the whole would reach were everything but its matmuls free (the
    ceiling no other lever can lift).
+5. For the step, a floor: its counted FLOPs at the model-shaped rate, plus the fused AdamW step over every
+   parameter and (bf16) autocast's casts of the linear weights and their gradients, each timed alone at
+   its best. Mixed precision with fp32 weights and AdamW pay those two every step, whatever runs the rest,
+   so their sum bounds the fraction a step can reach on this machine; with the matmuls' own best (part 4)
+   in place of the model-shaped rate, the tighter bound.
 
     python benchmarks/profile_step.py --data-dir ../shared/data [--model mpnet] [--compile]
 """
@@ -69,6 +74,51 @@ def shaped_peak(dtype: torch.dtype, hidden: int, inner: int) -> float:
     machine must not lower it (with 5 runs one read 216 GFLOP/s where the same run's square bf16 peak was
     402 and its evaluation's read of this shape 385)."""
     return max(matmul_peak(dtype, 1024, hidden, inner, repeats=20), matmul_peak(dtype, 1024, inner, hidden, repeats=20))
+
+
+def best_of(work, repeats: int) -> float:
+    """Seconds of the fastest of `repeats` calls of `work`, after one untimed call."""
+    work()
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        work()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def cast_by_autocast(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The parameters bf16 autocast converts in a forward: every linear layer's weight and bias (embeddings
+    and layer norms run in fp32)."""
+    return [t for m in model.modules() if isinstance(m, torch.nn.Linear) for t in (m.weight, m.bias) if t is not None]
+
+
+def step_floor(model: torch.nn.Module, dtype: torch.dtype, repeats: int = 5) -> SimpleNamespace:
+    """Two parts of a mixed-precision AdamW step that no kernel choice takes out, each timed alone at its
+    best (so a floor: in a step their operands come cold from memory): `adamw`, the fused AdamW step over
+    every parameter (on copies, each with a gradient: the model and its optimizer are left as they were),
+    and `casts`, under bf16 autocast, each linear layer's weight and bias converted to bf16 and a gradient
+    of each converted back to fp32, as autocast does once a step."""
+    params = [(name, p.detach().clone().requires_grad_()) for name, p in model.named_parameters()
+              if p.requires_grad]
+    for _, p in params:
+        p.grad = torch.randn_like(p).mul_(1e-3)
+    optimizer = build_optimizer(params, 2e-5, 0.01)
+    optimizer.step()  # the moments are allocated on the first step
+    adamw = best_of(optimizer.step, repeats)
+    casts = 0.0
+    if dtype != torch.float32:
+        weights = [t.detach() for t in cast_by_autocast(model)]
+        gradients = [t.to(dtype) for t in weights]
+
+        def cast() -> None:
+            for t in weights:
+                t.to(dtype)
+            for g in gradients:
+                g.to(torch.float32)
+
+        casts = best_of(cast, repeats)
+    return SimpleNamespace(adamw=adamw, casts=casts)
 
 
 class MatmulTimer(TorchDispatchMode):
@@ -240,6 +290,13 @@ def main() -> None:
               f"{1000 * seconds / len(steps):.1f} ms, {flops / len(steps) / 1e9:.2f} GFLOP counted (fwd + bwd) -> "
               f"{achieved:.0f} GFLOP/s = {100 * achieved / peak:.0f} % of the matmul peak, "
               f"{100 * achieved / shaped:.0f} % of the model-shaped matmul")
+        floor = step_floor(model, dtype)
+        matmuls = flops / len(steps) / (shaped * 1e9)
+        least = matmuls + floor.adamw + floor.casts
+        print(f"  the least a step could take here were all else free: its matmuls at the model-shaped rate "
+              f"{1000 * matmuls:.1f} ms + the fused AdamW step alone {1000 * floor.adamw:.1f} ms + autocast's casts "
+              f"of the linear weights and of their gradients alone {1000 * floor.casts:.1f} ms = {1000 * least:.1f} ms "
+              f"-> at most {100 * matmuls / least:.0f} % of the model-shaped matmul")
 
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for rows in steps:
@@ -267,6 +324,9 @@ def main() -> None:
                 for rows in steps:
                     step(rows)
             print("  " + timer.report(seconds, shaped, len(steps), "step"))
+            least = timer.best / len(steps) + floor.adamw + floor.casts
+            print(f"  the matmuls' best with the AdamW step and the casts alone added: {1000 * least:.1f} ms "
+                  f"-> at most {100 * matmuls / least:.0f} % of the model-shaped matmul")
 
     model.eval()
     test = list(dict.fromkeys(list(data.test.sentence1) + list(data.test.sentence2)))
