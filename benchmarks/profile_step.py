@@ -55,27 +55,6 @@ from trainables.training.runtime import autocast, clip_gradients, resolve_precis
 MODELS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "mpnet": "sentence-transformers/all-mpnet-base-v2"}
 
 
-def matmul_peak(dtype: torch.dtype, m: int, k: int | None = None, n: int | None = None, repeats: int = 5) -> float:
-    """GFLOP/s of the best of `repeats` (m x k) @ (k x n) matmuls (square when k, n are not given)."""
-    k, n = k or m, n or m
-    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-    torch.matmul(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        torch.matmul(a, b)
-        best = min(best, time.perf_counter() - started)
-    return 2 * m * k * n / best / 1e9
-
-
-def shaped_peak(dtype: torch.dtype, hidden: int, inner: int) -> float:
-    """GFLOP/s of a matmul of the model's feed-forward shape (~1,000 tokens, hidden <-> inner), the
-    best of 20 runs each way: the denominator of every fraction, so a short slow spell of a shared
-    machine must not lower it (with 5 runs one read 216 GFLOP/s where the same run's square bf16 peak was
-    402 and its evaluation's read of this shape 385)."""
-    return max(matmul_peak(dtype, 1024, hidden, inner, repeats=20), matmul_peak(dtype, 1024, inner, hidden, repeats=20))
-
-
 def best_of(work, repeats: int) -> float:
     """Seconds of the fastest of `repeats` calls of `work`, after one untimed call."""
     work()
@@ -85,6 +64,21 @@ def best_of(work, repeats: int) -> float:
         work()
         best = min(best, time.perf_counter() - started)
     return best
+
+
+def matmul_peak(dtype: torch.dtype, m: int, k: int | None = None, n: int | None = None, repeats: int = 5) -> float:
+    """GFLOP/s of the best of `repeats` (m x k) @ (k x n) matmuls (square when k, n are not given)."""
+    k, n = k or m, n or m
+    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+    return 2 * m * k * n / best_of(lambda: torch.matmul(a, b), repeats) / 1e9
+
+
+def shaped_peak(dtype: torch.dtype, hidden: int, inner: int) -> float:
+    """GFLOP/s of a matmul of the model's feed-forward shape (~1,000 tokens, hidden <-> inner), the
+    best of 20 runs each way: the denominator of every fraction, so a short slow spell of a shared
+    machine must not lower it (with 5 runs one read 216 GFLOP/s where the same run's square bf16 peak was
+    402 and its evaluation's read of this shape 385)."""
+    return max(matmul_peak(dtype, 1024, hidden, inner, repeats=20), matmul_peak(dtype, 1024, inner, hidden, repeats=20))
 
 
 def cast_by_autocast(model: torch.nn.Module) -> list[torch.Tensor]:
