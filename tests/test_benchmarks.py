@@ -385,20 +385,55 @@ def test_the_training_chunk_benchmark_times_every_chunking_and_counts_its_paddin
                                                                                   tmp_path):
     """benchmarks/train_chunks.py on a tiny encoder: a line per chunking with one time per turn, and
     padding and chunks that are the chunkings' own: a budget too small for two sentences puts each in
-    a chunk of its own (no padding at all, 64 chunks a step of 32 pairs), a large one fewer chunks."""
+    a chunk of its own (no padding at all, 64 chunks a step of 32 pairs), a large one fewer chunks; the
+    steps with the lengths evened hold the same real tokens with less than a token of padding a sentence,
+    and the saving printed is their best against training's chunking's."""
     done = run_train_chunks("--data-dir", str(synthetic_data_dir), "--model", tiny_bert, "--steps", "3",
-                            "--turns", "2", "--variants", "1", "4096/30", cwd=tmp_path)
+                            "--turns", "2", "--variants", "1", "2048/300", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     assert "training's chunking now 2048, 300 a chunk" in out
     assert float(re.search(r"64 sentences of 3 tokens \(the step's fixed cost\): ([0-9.]+) ms", out).group(1)) > 0
-    one = re.search(r"1 filled in turn: ([0-9.]+) ([0-9.]+) ms/step, best [0-9.]+ \(1.00x the first\); "
-                    r"padding ([0-9.]+) % over the real tokens, ([0-9.]+) chunks/step", out)
-    big = re.search(r"4096, 30 a chunk: ([0-9.]+) ([0-9.]+) ms/step, best [0-9.]+ \([0-9.]+x the first\); "
-                    r"padding ([0-9.]+) % over the real tokens, ([0-9.]+) chunks/step", out)
-    assert one and big, out
-    assert float(one.group(3)) == 0.0 and float(one.group(4)) == 64.0
-    assert float(big.group(4)) < 64.0
+    lines = {}
+    for name in ("1 filled in turn", "2048, 300 a chunk", "lengths evened"):
+        lines[name] = re.search(re.escape(name) + r": ([0-9.]+) ([0-9.]+) ms/step, best ([0-9.]+) \([0-9.]+x the "
+                                r"first\); padding ([0-9.]+) % over the real tokens, ([0-9.]+) chunks/step, "
+                                r"([0-9]+) real tokens a step", out)
+        assert lines[name], (name, out)
+    one, big, even = lines["1 filled in turn"], lines["2048, 300 a chunk"], lines["lengths evened"]
+    assert float(one.group(4)) == 0.0 and float(one.group(5)) == 64.0
+    assert float(big.group(5)) < 64.0
+    assert one.group(6) == big.group(6) == even.group(6)  # the same real tokens in every variant
+    assert float(even.group(4)) / 100 * int(even.group(6)) < 64  # under one padded token a sentence
+    saving = re.search(r"with the lengths evened \(padding ([0-9.]+) % -> ([0-9.]+) % over the real tokens\) a step "
+                       r"took (-?[0-9.]+) % less than under training's chunking \(2048, 300 a chunk\)", out)
+    assert saving and saving.group(1) == big.group(4) and saving.group(2) == even.group(4), out
+    best_even, best_now = float(even.group(3)), float(big.group(3))  # each printed to 0.1 ms
+    low, high = 100 * (1 - (best_even + 0.05) / (best_now - 0.05)), 100 * (1 - (best_even - 0.05) / (best_now + 0.05))
+    assert low - 0.05 <= float(saving.group(3)) <= high + 0.05, out
+
+
+def test_the_evened_lengths_spread_the_same_tokens_evenly_over_the_same_sentences():
+    """train_chunks.evened, what the benchmark's evened-lengths variant times: as many sentences and tokens
+    as before, lengths that differ by one at most (so a chunk of them pads less than a token a sentence),
+    each sentence's own ids cycled to its new length."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    load_benchmark("profile_step")  # train_chunks imports it from the benchmarks' folder
+    evened = load_benchmark("train_chunks").evened
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(st.lists(st.integers(0, 30_000), min_size=1, max_size=80), min_size=1, max_size=70))
+    def check(token_lists):
+        spread = evened(token_lists)
+        lengths = [len(ids) for ids in spread]
+        assert len(spread) == len(token_lists) and sum(lengths) == sum(len(ids) for ids in token_lists)
+        assert max(lengths) - min(lengths) <= 1
+        for before, after in zip(token_lists, spread, strict=True):
+            assert after == [before[i % len(before)] for i in range(len(after))]
+
+    check()
 
 
 def test_the_training_chunk_benchmark_refuses_a_malformed_chunking(tmp_path):
