@@ -154,11 +154,11 @@ EVEN = (0, None)  # the evened lengths' key among the variants (no chunking pars
 
 def evened(token_lists: list[list[int]]) -> list[list[int]]:
     """The same real tokens spread evenly over the same sentences: lengths that differ by one at most,
-    each sentence's own ids repeated to its new length (what the step computes on them is not looked at,
-    only how long it takes)."""
+    each sentence's own ids (one at least: its special tokens) repeated to its new length (what the step
+    computes on them is not looked at, only how long it takes)."""
     total, count = sum(len(ids) for ids in token_lists), len(token_lists)
     base, extra = divmod(total, count)
-    return [(ids * (base // max(len(ids), 1) + 2))[: base + (i < extra)] for i, ids in enumerate(token_lists)]
+    return [(ids * (base // len(ids) + 2))[: base + (i < extra)] for i, ids in enumerate(token_lists)]
 
 
 def label(variant: tuple[int, int | None]) -> str:
