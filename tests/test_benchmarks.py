@@ -436,6 +436,37 @@ def test_the_evened_lengths_spread_the_same_tokens_evenly_over_the_same_sentence
     check()
 
 
+def run_row_adamw(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(GPU.parent / "row_adamw.py"), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def test_the_row_adamw_benchmark_times_both_sides_and_finds_the_same_weights(tiny_bert, synthetic_data_dir,
+                                                                             tmp_path):
+    """benchmarks/row_adamw.py on a tiny encoder given a table of 40,000 rows: the table alone at every
+    share, one time per turn and side, the share of rows touched (a few rows of 40,000: under 1 %), and
+    both sides' weights the same to the bit after the same steps."""
+    done = run_row_adamw("--data-dir", str(synthetic_data_dir), "--model", tiny_bert, "--vocabulary", "40000",
+                         "--layers", "1", "--steps", "3", "--turns", "2", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "a word table of 40,000 x 32" in out and "RowAdamW takes the row step up to 20% of the rows" in out
+    alone = re.search(r"the table alone: torch's fused step ([0-9.]+) ms; the row step with (.*)", out)
+    assert alone and [share for share, _ in re.findall(r"(\d+)% touched ([0-9.]+) ms", alone.group(2))] == \
+        ["5", "10", "20", "30", "40"], out
+    for side in ("rows", "torch"):
+        assert re.search(side + r": [0-9.]+ [0-9.]+ ms/step, best [0-9.]+ \([0-9.]+x torch's\)", out), out
+    touched = re.search(r"rows of the table touched after 8 steps: ([0-9.]+)%; the two sides' weights after "
+                        r"them: the same to the bit", out)
+    assert touched and 0 < float(touched.group(1)) < 1, out
+
+
+def test_the_row_adamw_benchmark_refuses_a_table_smaller_than_the_tokenizer(tiny_bert, tmp_path):
+    done = run_row_adamw("--data-dir", str(tmp_path), "--model", tiny_bert, "--vocabulary", "100", cwd=tmp_path)
+    assert done.returncode == 2 and "--vocabulary 100: give at least the tokenizer's 30522 rows" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_the_training_chunk_benchmark_refuses_a_malformed_chunking(tmp_path):
     done = run_train_chunks("--data-dir", str(tmp_path), "--variants", "2048/x", cwd=tmp_path)
     assert done.returncode == 2 and "'2048/x': give BUDGET (tokens, 1 or more) or BUDGET/COST" in done.stderr
@@ -511,7 +542,7 @@ def test_the_clip_norm_benchmark_times_both_norms_and_compares_them(tiny_bert, s
     assert difference and float(difference.group(1)) < 1e-5, done.stdout
 
 
-@pytest.mark.parametrize("script", ["clip_norm.py", "train_chunks.py"])
+@pytest.mark.parametrize("script", ["clip_norm.py", "train_chunks.py", "row_adamw.py"])
 def test_the_step_benchmarks_refuse_fewer_than_one_step_or_turn(script, tmp_path):
     done = subprocess.run([sys.executable, str(GPU.parent / script), "--data-dir", str(tmp_path), "--steps", "0"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
