@@ -450,7 +450,7 @@ def test_the_row_adamw_benchmark_times_both_sides_and_finds_the_same_weights(tin
                          "--layers", "1", "--steps", "3", "--turns", "2", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
-    assert "a word table of 40,000 x 32" in out and "RowAdamW takes the row step up to 20% of the rows" in out
+    assert "a word table of 40,000 x 32" in out and "RowAdamW takes the row step up to 5% of the rows" in out
     alone = re.search(r"the table alone: torch's fused step ([0-9.]+) ms; the row step with (.*)", out)
     assert alone and [share for share, _ in re.findall(r"(\d+)% touched ([0-9.]+) ms", alone.group(2))] == \
         ["5", "10", "20", "30", "40"], out
