@@ -178,3 +178,29 @@ def test_build_optimizer_trains_an_encoder_as_torchs_adamw_does(tiny_bert, monke
         return torch.optim.AdamW(plain.param_groups, lr=1e-2, fused=True)
 
     assert_same(ours, trained(torchs))
+
+
+def test_a_step_with_a_closure_is_torchs_and_the_rows_it_touches_are_not_lost(monkeypatch_share):
+    """A closure recomputes the gradients inside the step, so the step is torch's; the rows it touched are
+    read from the moments at the next step, which then matches torch's."""
+    steps = [[1], [2], [5]]
+    model, optimizer = train(RowAdamW, 30, 16, steps, 0.02, 0.01, set(), decaying=False)
+    reference = train(torch.optim.AdamW, 30, 16, steps, 0.02, 0.01, set(), decaying=False)
+
+    for ours, ids in ((True, [7]), (False, [7])):
+        target_model, target_optimizer = (model, optimizer) if ours else reference
+
+        def closure(target_model=target_model, target_optimizer=target_optimizer, ids=ids):
+            target_optimizer.zero_grad(set_to_none=True)
+            loss = target_model.loss(torch.tensor(ids))
+            loss.backward()
+            return loss
+
+        target_optimizer.step(closure)
+        target_optimizer.zero_grad(set_to_none=True)
+    for target_model, target_optimizer in ((model, optimizer), reference):
+        target_model.loss(torch.tensor([2])).backward()
+        target_optimizer.step()
+        target_optimizer.zero_grad(set_to_none=True)
+    assert 7 in optimizer._seen[model.table.weight].nonzero().squeeze(1).tolist()
+    assert_same((model, optimizer), reference)

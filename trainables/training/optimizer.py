@@ -4,7 +4,7 @@ A table's row that no lookup has touched yet has a zero gradient and zero moment
 one thing to it: the decoupled weight decay, `param * (1 - lr * weight_decay)`; its moments stay zero and
 `0 / (sqrt(0) + eps)` moves nothing. Yet the fused kernel reads and writes the row, its gradient and its two
 moments every step: 28 bytes a parameter, for a table that is most of a model with a large vocabulary
-(250,002 rows of paraphrase-multilingual-MiniLM-L12-v2's 118 M parameters, 96 M) while a data set's
+(250,037 rows of paraphrase-multilingual-MiniLM-L12-v2's 118 M parameters, 96 M) while a data set's
 sentences touch a few per cent of its rows. `RowAdamW` leaves such a table out of torch's step when the
 rows touched so far are at most `ROW_SHARE` of it, multiplies the whole table by the decay (8 bytes a
 parameter, nothing at all without decay) and runs torch's own fused kernel on the touched rows alone,
@@ -55,6 +55,9 @@ class RowAdamW(torch.optim.AdamW):
 
     @torch.no_grad()
     def step(self, closure=None):
+        if closure is not None:  # the closure recomputes the gradients: torch's step, whole, and the rows
+            self._seen.clear()  # it touches are read from the moments next time
+            return super().step(closure)
         deferred = []
         for group in self.param_groups:
             for param in group["params"]:
@@ -86,10 +89,10 @@ class RowAdamW(torch.optim.AdamW):
                 seen |= (state["exp_avg"] != 0).any(1) | (state["exp_avg_sq"] != 0).any(1)
             self._seen[param] = seen
         seen[written] = True
-        if (not state or not group.get("fused") or group["amsgrad"] or group["maximize"] or group["capturable"]
-                or group["differentiable"] or group["eps"] <= 0 or param.device.type != "cpu"
-                or param.dtype != torch.float32 or param.ndim != 2 or param.shape[1] % VECTOR
-                or grad.dtype != param.dtype):
+        if (not state or not group.get("fused") or group.get("amsgrad") or group.get("maximize")
+                or group.get("capturable") or group.get("differentiable") or group["eps"] <= 0
+                or param.device.type != "cpu" or param.dtype != torch.float32 or grad.dtype != param.dtype
+                or param.ndim != 2 or param.shape[1] % VECTOR):
             return None  # the first step (torch makes the state), or what the row step does not cover
         rows = seen.nonzero().squeeze(1)
         return rows if rows.numel() <= ROW_SHARE * param.shape[0] else None
