@@ -190,11 +190,16 @@ def turns_parser(doc: str, turns: int) -> argparse.ArgumentParser:
     return parser
 
 
+def check_turns(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A count of steps or turns below 1 is one line, exit 2."""
+    if args.steps < 1 or args.turns < 1:
+        parser.error(f"--steps {args.steps} --turns {args.turns}: give 1 or more of each")
+
+
 def turns_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SimpleNamespace:
     """The shared options checked (a count below 1 is one line, exit 2) and applied: the model's name,
     the CPU, `auto` precision and the encoder at full depth with fast dropout masks, in training mode."""
-    if args.steps < 1 or args.turns < 1:
-        parser.error(f"--steps {args.steps} --turns {args.turns}: give 1 or more of each")
+    check_turns(parser, args)
     torch.set_num_threads(args.threads)
     name = MODELS.get(args.model, args.model)
     device = torch.device("cpu")

@@ -25,7 +25,7 @@ import tempfile
 import time
 
 import torch
-from profile_step import MODELS, stsb_steps, turns_parser  # benchmarks/, the script's own folder
+from profile_step import MODELS, best_of, check_turns, stsb_steps, turns_parser  # benchmarks/, this folder
 
 import trainables.training.optimizer as row_optimizer
 from trainables.models.embedding_grad import RowGradEmbedding
@@ -99,23 +99,12 @@ def table_alone(rows: int, hidden: int, repeats: int = 5) -> tuple[float, dict[f
     return 1000 * best_torch, ours_by_share
 
 
-def best_of(run, repeats: int) -> float:
-    run()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return min(times)
-
-
 def main() -> None:
     parser = turns_parser(__doc__, 3)
     parser.add_argument("--vocabulary", type=int, help="a word table of this many rows (random weights)")
     parser.add_argument("--layers", type=int, help="this many blocks (random weights)")
     args = parser.parse_args()
-    if args.steps < 1 or args.turns < 1:
-        parser.error(f"--steps {args.steps} --turns {args.turns}: give 1 or more of each")
+    check_turns(parser, args)
     if args.layers is not None and args.layers < 1:
         parser.error(f"--layers {args.layers}: give 1 or more")
     torch.set_num_threads(args.threads)
