@@ -53,6 +53,7 @@ class RowGradEmbedding(nn.Embedding):
         super().__init__(*args, **kwargs)
         self._buffer: torch.Tensor | None = None
         self._touched: list[torch.Tensor] = []
+        self._written: torch.Tensor | None = None  # the unique rows of _touched, once asked for
         self._dense_since_zeroed = False  # autograd added a dense gradient (a use outside the lookup)
 
     @classmethod
@@ -60,14 +61,14 @@ class RowGradEmbedding(nn.Embedding):
         """The same parameter behind a RowGradEmbedding (the optimizer and state dict see no change)."""
         module = cls.__new__(cls)
         module.__dict__.update(embedding.__dict__)
-        module._buffer, module._touched, module._dense_since_zeroed = None, [], False
+        module._buffer, module._touched, module._written, module._dense_since_zeroed = None, [], None, False
         return module
 
     def dense(self) -> nn.Embedding:
         """A plain nn.Embedding on the same parameter (torch's dense gradient; for comparisons)."""
         module = nn.Embedding.__new__(nn.Embedding)
         module.__dict__.update({k: v for k, v in self.__dict__.items()
-                                if k not in ("_buffer", "_touched", "_dense_since_zeroed")})
+                                if k not in ("_buffer", "_touched", "_written", "_dense_since_zeroed")})
         return module
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -108,15 +109,18 @@ class RowGradEmbedding(nn.Embedding):
         if weight.grad is self._buffer:
             self._touched.append(rows)
         weight.grad.index_add_(0, rows, values.to(weight.grad.dtype))
+        self._written = None
 
     def written_rows(self) -> torch.Tensor | None:
         """The rows of the weight's `.grad` that the lookups wrote since it was last reset, when every
         other row of it is zero (it is this module's buffer and no dense gradient reached it); None
-        otherwise. What the clipping's norm reads instead of the whole table."""
+        otherwise. What the clipping's norm and RowAdamW read instead of the whole table (not to be written to)."""
         grad = self.weight.grad
         if grad is None or grad is not self._buffer or self._dense_since_zeroed or not self._touched:
             return None
-        return torch.unique(torch.cat(self._touched))
+        if self._written is None:  # asked twice a step (the clipping, then RowAdamW): found once
+            self._written = torch.unique(torch.cat(self._touched))
+        return self._written
 
 
 def nonzero_rows(grad: torch.Tensor) -> torch.Tensor | None:
