@@ -111,8 +111,9 @@ def main() -> None:
     device = torch.device("cpu")
     dtype = resolve_precision("auto", device)
     name = MODELS.get(args.model, args.model)
-    if args.vocabulary is not None and args.vocabulary < len(load_tokenizer(name)):
-        parser.error(f"--vocabulary {args.vocabulary}: give at least the tokenizer's {len(load_tokenizer(name))} "
+    vocabulary = len(load_tokenizer(name))
+    if args.vocabulary is not None and args.vocabulary < vocabulary:
+        parser.error(f"--vocabulary {args.vocabulary}: give at least the tokenizer's {vocabulary} "
                      "rows, so that every token id has a row")
     with tempfile.TemporaryDirectory() as folder:
         path = resized(name, args.vocabulary, args.layers, folder)
@@ -120,7 +121,6 @@ def main() -> None:
                                                dropout_masks="fast").train() for side in SIDES}
     run = stsb_steps(name, args.data_dir, models["rows"], args.steps)
     table = models["rows"].encoder.get_input_embeddings().weight
-    vocabulary = len(load_tokenizer(name))
     mapping = (torch.arange(vocabulary) if args.vocabulary is None
                else spread(vocabulary, table.shape[0], run.tokens.pad_id))
     optimizers = {"rows": build_optimizer(list(models["rows"].named_parameters()), LR, DECAY)}
