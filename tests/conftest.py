@@ -60,6 +60,22 @@ def tiny_bert(tmp_path_factory) -> str:
 _synthetic_pairs = synthetic_pairs
 
 
+@pytest.fixture(autouse=True)
+def installed_plugins(monkeypatch) -> list[str]:
+    """The registries see the built-ins plus exactly the plugins a test installs (the folders it appends
+    here), not whatever the environment the suite runs in has installed (the example plugin, another
+    package's). Subprocesses a test starts (Ray workers, `pip install`ed plugins) see the real environment."""
+    from trainables import kinds, registry
+
+    folders: list[str] = []
+    monkeypatch.setattr(registry, "PLUGIN_PATH", folders)
+    registry.refresh()
+    kinds._built.clear()
+    yield folders
+    registry.refresh()
+    kinds._built.clear()
+
+
 @pytest.fixture(scope="session")
 def synthetic_data_dir(tmp_path_factory) -> Path:
     """A data folder in the layout of shared/data with synthetic stsb and mrpc files."""

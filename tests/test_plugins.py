@@ -75,11 +75,13 @@ def install(site: Path, name: str, version: str, entry_points: dict[str, dict[st
 
 
 @pytest.fixture()
-def site(tmp_path, monkeypatch):
-    """A folder on the path, as site-packages: what is installed there is registered."""
+def site(tmp_path, monkeypatch, installed_plugins):
+    """A folder on the path, as site-packages: what is installed there is registered (and nothing the
+    environment running the suite has installed)."""
     folder = tmp_path / "site"
     folder.mkdir()
     monkeypatch.syspath_prepend(str(folder))
+    installed_plugins.append(str(folder))
     registry.refresh()
     yield folder
     registry.refresh()
@@ -241,3 +243,21 @@ def test_the_walkthrough_builds_exactly_examples_plugin():
                and "egg-info" not in str(p) and "__pycache__" not in str(p)}
     assert set(written) == shipped
     assert all(written[name] == (plugin / name).read_text() for name in shipped)
+
+
+def test_whatever_the_environment_has_installed_the_built_ins_stay_valid(monkeypatch, tiny_bert, synthetic_data_dir,
+                                                                         tmp_path):
+    """The registries as a user's process reads them (every installed distribution, the example plugin in CI's
+    second run): the built-in names are all there, each plugin's name is listed with its package, and a study
+    of built-in names validates."""
+    from trainables.kinds import KINDS
+    from trainables.objectives import OBJECTIVES
+    from trainables.poolings import POOLINGS
+
+    monkeypatch.setattr(registry, "PLUGIN_PATH", None)
+    registry.refresh()
+    for table in (KINDS, OBJECTIVES, POOLINGS):
+        assert set(table.builtins) <= set(table)
+        for entry in table.plugins():
+            assert f"{entry.name} ({entry.package})" in table.listing()
+    assert runner.invoke(app, ["validate", str(study(tmp_path, tiny_bert, synthetic_data_dir))]).exit_code == 0

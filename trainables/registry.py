@@ -45,16 +45,26 @@ class Entry:
         return f"{self.distribution} {self.version}".strip()
 
 
+# Where plugins are looked for: None is every installed distribution (sys.path, what a user has); a list of
+# folders reads only the distributions installed there (the test suite's fixtures: the built-ins plus exactly
+# the plugins a test installs, whatever else is installed in the environment it runs in).
+PLUGIN_PATH: list[str] | None = None
+
+
 @cache
 def _installed_entries() -> dict[str, tuple[Entry, ...]]:
     """Every installed distribution's entries under this project's groups, read once per process."""
     found: dict[str, list[Entry]] = {}
-    for point in (p for group in GROUPS for p in metadata.entry_points(group=f"{GROUP_PREFIX}.{group}")):
-        dist = getattr(point, "dist", None)
-        name = dist.metadata["Name"] if dist is not None else "unknown"
-        if _normalized(name) == _normalized(SELF):
-            continue
-        found.setdefault(point.group, []).append(Entry(point.name, point.value, name, dist.version if dist else ""))
+    seen: set[str] = set()
+    distributions = metadata.distributions() if PLUGIN_PATH is None else metadata.distributions(path=PLUGIN_PATH)
+    for dist in distributions:
+        name = dist.metadata["Name"] or "unknown"
+        if _normalized(name) in seen or _normalized(name) == _normalized(SELF):
+            continue  # the first of a name on the path is the one imported, as importlib's entry_points reads it
+        seen.add(_normalized(name))
+        for point in dist.entry_points:
+            if point.group in {f"{GROUP_PREFIX}.{group}" for group in GROUPS}:
+                found.setdefault(point.group, []).append(Entry(point.name, point.value, name, dist.version))
     return {group: tuple(entries) for group, entries in found.items()}
 
 
