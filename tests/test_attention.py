@@ -165,8 +165,10 @@ def test_minilm_scores_stsb_as_the_fused_kernel_and_sentence_transformers_do(dat
 def test_slices_of_one_fused_projection_are_converted_in_one_copy_to_the_same_numbers(batch, heads, length, size,
                                                                                      bf16, seed):
     """q, k and v as BERT's attention makes them from one fused (batch, tokens, 3 x width) projection: one copy
-    lays out all three, and the output is bit for bit that of three copies; q, k, v from separate tensors, or
-    slices in another order, take three copies."""
+    lays out all three (the copy bit for bit), and the output is that of three copies to fp32 rounding (not bit
+    for bit: which kernel a CPU picks for each layout is its own choice; an AMD EPYC with AVX512-BF16 and one
+    without AVX-512 differed in the last bits); q, k, v from separate tensors, or slices in another order, take
+    three copies."""
     dtype = torch.bfloat16 if bf16 else torch.float32
     generator = torch.Generator().manual_seed(seed)
     width = heads * size
@@ -179,7 +181,7 @@ def test_slices_of_one_fused_projection_are_converted_in_one_copy_to_the_same_nu
     assert all(torch.equal(t, x.float()) for t, x in zip(together.unbind(0), (q, k, v), strict=True))
     apart = [x.clone() for x in (q, k, v)]
     assert fused(*apart) is None and fused(k, q, v) is None and fused(q, k, q) is None
-    assert torch.equal(attend(q, k, v, mask), attend(*apart, mask))
+    torch.testing.assert_close(attend(q, k, v, mask), attend(*apart, mask), rtol=1e-5, atol=1e-6)
 
 
 @settings(max_examples=60, deadline=None)
