@@ -67,10 +67,31 @@ def load_study(path: str | Path, overrides: Sequence[str] = (), *, name: str | N
     keys, types, names, layers against the model, data and the tracking store (`check=False`: the
     file's structure only; `launch` checks the rest before it writes anything). `data_dir`: the data
     folder of this process and the trials it starts, as `--data-dir`."""
-    spec = read_study(path, overrides, name)
-    use_data_dir(data_dir, spec)
+    spec = read_checked(path, overrides, name, data_dir)
     if check:
         checked_plan(spec)
+    return spec
+
+
+def read_checked(study: StudySpec | str | Path, overrides: Sequence[str], name: str | None,
+                 data_dir: str | Path | None) -> StudySpec:
+    """The study read (`as_spec`) with `data_dir` in use. A file with structural problems is refused with
+    every mistake it has at once: the checks that need the model and the data run on the rest of the file
+    (the keys at fault taken out), and every problem is one line, in the file's order."""
+    from orchestrator.config import StructureErrors, in_file_order
+    from trainables.errors import Problems, UserInputErrors
+
+    try:
+        spec = as_spec(study, overrides, name)
+    except StructureErrors as exc:
+        found = Problems()
+        found.add(*exc.errors)
+        if exc.salvaged is not None:
+            rest = StudySpec(exc.salvaged, Path(study), "")
+            if found.check(use_data_dir, data_dir, rest) is None and not found.errors[len(exc.errors):]:
+                found.check(checked_plan, rest)
+        raise UserInputErrors(in_file_order(found.errors, exc.raw)) from None
+    use_data_dir(data_dir, spec)
     return spec
 
 
@@ -94,10 +115,15 @@ def use_data_dir(folder: str | Path | None, spec: StudySpec | None = None) -> No
 
 def checked_plan(spec: StudySpec) -> StudyPlan:
     """Every trial of the study resolved and checked, before anything runs (the deep checks)."""
+    from orchestrator.config import in_file_order
     from orchestrator.estimate import check_pilot
     from orchestrator.planning import build_plan
+    from trainables.errors import UserInputErrors
 
-    resolved = build_plan(spec.config, spec.base_dir)
+    try:
+        resolved = build_plan(spec.config, spec.base_dir)
+    except UserInputErrors as exc:  # said in the order of the keys in the file
+        raise UserInputErrors(in_file_order(exc.errors, spec.raw())) from None
     check_pilot(resolved)  # a budget needs a pilot that can time the kind
     return resolved
 
@@ -148,8 +174,7 @@ def plan(study: StudySpec | str | Path, overrides: Sequence[str] = (), *, name: 
     from trainables.data.declaration import DataDeclaration
     from trainables.data.tasks import task_name
 
-    spec = as_spec(study, overrides, name)
-    use_data_dir(data_dir, spec)
+    spec = read_checked(study, overrides, name, data_dir)
     resolved = checked_plan(spec)
     cells = pd.DataFrame([{"index": c.index, "cell": c.key, **c.values, "tuning_trials": resolved.trials_per_cell,
                            "replicates": len(resolved.seeds)} for c in resolved.cells])

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trainables.data.declaration import DataDeclaration, parse_declaration
-from trainables.errors import Problems, UserInputError
+from trainables.errors import Problems, UserInputError, UserInputErrors
 from trainables.kinds import KINDS
 
 DAPT_MOVED = ("DAPT is now `trainable: finetune` with `pretrain: mlm` (or rtd, simcse, micse) in train or ablate; "
@@ -243,16 +243,67 @@ def parse_study(raw: Any, source: str = "study", launched: bool = False) -> Stud
         declared = found.check(parse_declaration, raw["task"])
         raw = {**raw, "task": declared} if declared is not None else {k: v for k, v in raw.items() if k != "task"}
     study = None
+    locations: list[tuple] = []
+    stands = not found.errors  # the kind and a declared task are sound: the rest can be checked in depth
     try:
         study = StudyConfig.model_validate(raw)
     except ValidationError as exc:  # pydantic collects every one of them
         found.add(*(explain(error) for error in exc.errors()))
+        locations = [error["loc"] for error in exc.errors()]
     ablate = raw.get("ablate")
     if raw.get("model") is None and not (isinstance(ablate, dict) and "model" in ablate):
         found.add(UserInputError("model", None, "this key is required: a hub id or a model folder (or list the "
                                                 "models under ablate.model)"))
-    found.raise_any()
+        stands = False
+    if found.errors:
+        raise StructureErrors(found.errors, salvaged(raw, locations) if stands and study is None else None, raw)
     return study
+
+
+class StructureErrors(UserInputErrors):
+    """The study file's structural problems, with what is left of the file once the keys at fault are taken
+    out (`salvaged`, None where the rest cannot be checked on its own: no model, an unknown kind or task), so
+    that the checks that need the model and the data still run and every mistake of the file is said at once."""
+
+    def __init__(self, errors: list[UserInputError], salvaged: StudyConfig | None, raw: Any) -> None:
+        super().__init__(errors)
+        self.salvaged, self.raw = salvaged, raw
+
+
+def salvaged(raw: dict, locations: list[tuple]) -> StudyConfig | None:
+    """The study with the keys pydantic refused taken out (a list or mapping value at fault goes whole), or
+    None when what is taken out is what the deep checks stand on (the model, the kind, the task)."""
+    rest = copy.deepcopy(raw)
+    for loc in locations:
+        path = [p for p in loc if not (isinstance(p, str) and p.startswith(("function-", "literal[")))]
+        path = path[:next((i for i, p in enumerate(path) if not isinstance(p, str)), len(path))]
+        if not path or path[0] in ("model", "trainable", "task"):
+            return None
+        if path == ["name"]:
+            rest["name"] = "study"  # the name only names folders, which a check does not write
+            continue
+        parent = rest
+        for part in path[:-1]:
+            parent = parent.get(part) if isinstance(parent, dict) else None
+        if not isinstance(parent, dict) or path[-1] not in parent:
+            return None
+        del parent[path[-1]]
+    try:
+        return StudyConfig.model_validate(rest)
+    except ValidationError:
+        return None
+
+
+def in_file_order(errors: list[UserInputError], raw: Any) -> list[UserInputError]:
+    """The errors in the order their keys appear in the study file (a key the file lacks, last)."""
+    keys = list(flatten("", raw, {})) if isinstance(raw, dict) else []
+
+    def position(error: UserInputError) -> int:
+        key = str(error.key)
+        return next((i for i, k in enumerate(keys) if k == key or k.startswith(key + ".") or key.startswith(k + ".")),
+                    len(keys))
+
+    return sorted(errors, key=position)
 
 
 def models_of(study: StudyConfig) -> list[str]:
@@ -301,7 +352,11 @@ def read_study_file(path: Path) -> tuple[str, Any]:
     """A study file's text and its YAML as written (validated by `parse_study`)."""
     if not path.is_file():
         raise UserInputError("study file", str(path), "give the path of an existing YAML file")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserInputError("study file", str(path), f"it is not UTF-8 text (byte {exc.start}); a study file is "
+                                                      "YAML: write it anew or restore it from a copy") from None
     try:
         return text, yaml.load(text, Loader=BoundedLoader)  # noqa: S506 (a SafeLoader)
     except TooManyAliases as exc:
@@ -388,6 +443,13 @@ class StudySpec:
     @property
     def base_dir(self) -> Path:
         return self.path.resolve().parent
+
+    def raw(self) -> Any:
+        """The study's YAML as read (the order of its keys is the order its problems are said in)."""
+        try:
+            return yaml.safe_load(self.text) if self.text else self.config.model_dump()
+        except yaml.YAMLError:
+            return self.config.model_dump()
 
 
 def read_study(path: str | Path, overrides: Iterable[str] = (), name: str | None = None,

@@ -23,7 +23,7 @@ from reports.record import DataRecord, KindRecord, PluginRecord, StudyRecord
 from search_spaces.params import Choice, Fixed, Grid, IntRange, LogUniform, Param, Uniform, parse_ablated, parse_tuned
 from search_spaces.presets import expand_language, expand_layer, expand_pooling, expand_seeds, expand_tuned_preset
 from trainables.contract import TrialConfig
-from trainables.errors import Problems, UserInputError
+from trainables.errors import Problems, UserInputError, UserInputErrors
 from trainables.kinds import KINDS, TrainableKind, load_kind
 from trainables.kinds.base import TrainingKind
 
@@ -286,8 +286,9 @@ def _ablate_axis(study: StudyConfig, name: str, raw: Any, valid: list[str]) -> F
     return parse_ablated(key, raw)
 
 
-def _cells(study: StudyConfig, axes: dict[str, Fixed | Grid]) -> list[dict[str, Any]]:
-    """The full factorial grid; `layer: all|last` expands with each cell's model depth."""
+def _cells(study: StudyConfig, axes: dict[str, Fixed | Grid], found: Problems | None = None) -> list[dict[str, Any]]:
+    """The full factorial grid; `layer: all|last` expands with each cell's model depth. With `found`, layers
+    a model does not have go there and the grid goes on with the ones it has (its trials are still checked)."""
     grid_axes = {k: v for k, v in axes.items() if k != "layer"}
     combos = [dict(zip(grid_axes, values, strict=True)) for values in
               itertools.product(*[(p.value,) if isinstance(p, Fixed) else p.values for p in grid_axes.values()])]
@@ -299,7 +300,15 @@ def _cells(study: StudyConfig, axes: dict[str, Fixed | Grid]) -> list[dict[str, 
         model = combo.get("model", study.model)
         if model not in depths:
             depths[model] = _depth(model, "ablate.model" if "model" in combo else "model")
-        layers = expand_layer(study.ablate["layer"], depths[model])
+        try:
+            layers = expand_layer(study.ablate["layer"], depths[model])
+        except UserInputError as exc:
+            if found is None:
+                raise
+            found.add(exc)
+            raw = study.ablate["layer"]
+            layers = Grid(tuple(v for v in raw if type(v) is int and 0 <= v <= depths[model]) or (depths[model],)
+                          if isinstance(raw, list) else (depths[model],))
         for layer in (layers.value,) if isinstance(layers, Fixed) else layers.values:
             cells.append({k: layer if k == "layer" else combo[k] for k in axes})  # the YAML's axis order
     return cells
@@ -329,8 +338,8 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
     if task_ok and (axes_ok or "language" not in study.ablate):
         found.check(_check_language, study, axes)
     tuned = found.check(_tuned_params, study, kind, axes)
-    based = found.check(_base_config, study, kind.Config, axes, tuned or {}, study_dir, stage_root)
-    values = found.check(_cells, study, axes)
+    based = found.check(_base_config, study, kind.Config, axes, tuned or {}, study_dir, stage_root, found)
+    values = found.check(_cells, study, axes, found)
     if task_ok and tuned is not None and based is not None and values is not None:  # each trial names the task
         base, origins = based
         cells = tuple(Cell(i, v) for i, v in enumerate(values))
@@ -406,9 +415,10 @@ def _replicate_seeds(study: StudyConfig, kind: TrainableKind) -> tuple[int, ...]
 
 
 def _base_config(study: StudyConfig, schema: type[TrialConfig], axes: dict, tuned: dict, study_dir: Path | None,
-                 stage_root: Path | None) -> tuple[dict[str, Any], dict[str, str]]:
+                 stage_root: Path | None, found: Problems) -> tuple[dict[str, Any], dict[str, str]]:
     """What every trial's config starts from (before its cell, tuned values and seed), and the YAML
-    key each field came from."""
+    key each field came from. A `train` key it cannot take goes to `found` and is left out, so the
+    trials are still checked with the rest."""
     origins = {"model": "model", "task": "task", "language": "language", "data_dir": "data_dir"}
     base: dict[str, Any] = {"task": trial_task(study, study_dir),
                             **({"model": study.model} if study.model is not None else {})}
@@ -419,10 +429,11 @@ def _base_config(study: StudyConfig, schema: type[TrialConfig], axes: dict, tune
         base["data_dir"] = str(folder)
     for name, value in study.train.items():
         if name not in schema.model_fields or name in MANAGED:
-            raise _did_you_mean(f"train.{name}", name, [k for k in schema.model_fields if k not in MANAGED])
-        if name in axes or name in tuned:
-            raise UserInputError(f"train.{name}", value, f"{name} is also ablated or tuned; give it in one place")
-        base[name], origins[name] = value, f"train.{name}"
+            found.add(_did_you_mean(f"train.{name}", name, [k for k in schema.model_fields if k not in MANAGED]))
+        elif name in axes or name in tuned:
+            found.add(UserInputError(f"train.{name}", value, f"{name} is also ablated or tuned; give it in one place"))
+        else:
+            base[name], origins[name] = value, f"train.{name}"
     for name in ("max_train_samples", "max_eval_samples"):
         value = getattr(study.data, name)
         if value is not None and name in schema.model_fields:
@@ -484,10 +495,15 @@ def _check_trial(kind: TrainableKind, config: dict, origins: dict[str, str]) -> 
     def key_of(name: str) -> str:
         return origins.get(name, f"train.{name}")
 
+    def rekeyed(exc: UserInputError) -> UserInputError:
+        return UserInputError(origins.get(exc.key, exc.key), exc.value, exc.fix)
+
     try:
         parsed = kind.parse(config)
+    except UserInputErrors as exc:
+        raise UserInputErrors([rekeyed(e) for e in exc.errors]) from None
     except UserInputError as exc:
-        raise UserInputError(origins.get(exc.key, exc.key), exc.value, exc.fix) from None
+        raise rekeyed(exc) from None
     kind.check(parsed, key_of)
     return parsed
 

@@ -217,14 +217,62 @@ def test_validate_reports_every_deep_error_at_once(tmp_path, synthetic_data_dir,
         "tracking": {"mlflow_uri": "ftp://x"}}, sort_keys=False))
     result = CliRunner().invoke(app, ["validate", str(study)])
     assert result.exit_code == 2
-    lines = result.stderr.splitlines()
-    assert lines[0] == ("error: ablate.pooling: 'avg' is not valid; use all or names from: mean, cls, max, "
-                        "mean_sqrt_len")
-    assert lines[1].startswith("error: tune.params.warmup: 'warmup' is not valid; did you mean warmup_ratio? ")
-    assert lines[2:] == [
-        "error: ablate.layer: [1, 9] is not valid; the model has 6 layers: use all, last, or numbers in 0..6",
+    lines = result.stderr.splitlines()  # in the order of the keys in the file
+    assert lines[0] == ("error: ablate.layer: [1, 9] is not valid; the model has 6 layers: use all, last, or numbers "
+                        "in 0..6")
+    assert lines[1].startswith("error: ablate.pooling: 'avg' is not valid; use all or names from: mean, cls, max, "
+                               "mean_sqrt_len")
+    assert lines[2].startswith("error: tune.params.warmup: 'warmup' is not valid; did you mean warmup_ratio? ")
+    assert lines[3:] == [
         "error: tracking.mlflow_uri: 'ftp://x' is not valid; use sqlite:///path/to/mlflow.db (the default) or an "
         "http(s):// tracking server"]
+
+
+FIVE_MISTAKES = """\
+name: five
+model: {model}
+data_dir: {data}
+ablate: {{layer: [1, 9]}}
+tune: {{params: {{lr: {{loguniform: [1.0e-5, 1.0e-4]}}}}, trails: 3}}
+train: {{epochs: two, epochz: 3, batch_size: -16}}
+"""
+
+
+@pytest.mark.parametrize("through", ["validate", "plan", "launch", "api", "overrides"])
+def test_five_mistakes_of_five_kinds_are_five_lines_in_file_order(through, tmp_path, synthetic_data_dir, tiny_bert,
+                                                                     monkeypatch):
+    """A layer the model lacks (a model check), an unknown key of the file's structure, a type, an unknown
+    key of the kind's and a range: each its own line, in the file's order, exit 2, nothing written; the
+    same through the Python API and when the mistakes come as command-line overrides."""
+    import orchestrator as orc
+    from trainables.errors import UserInputErrors
+
+    monkeypatch.chdir(tmp_path)
+    study = tmp_path / "study.yaml"
+    study.write_text(FIVE_MISTAKES.format(model=tiny_bert, data=synthetic_data_dir))
+    args = [str(study)]
+    if through == "overrides":
+        study.write_text(f"name: five\nmodel: {tiny_bert}\ndata_dir: {synthetic_data_dir}\n"
+                         "ablate: {layer: 1}\ntune: {params: {lr: {loguniform: [1.0e-5, 1.0e-4]}}}\n")
+        args += ["ablate.layer=[1,9]", "tune.trails=3", "train.epochs=two", "train.epochz=3", "train.batch_size=-16"]
+    expected = [
+        "ablate.layer: [1, 9] is not valid; the model has 3 layers: use all, last, or numbers in 0..3",
+        "tune.trails: 3 is not valid; unknown key; did you mean trials? Valid keys here: ",
+        "train.epochs: 'two' is not valid; input should be a valid integer",
+        "train.epochz: 'epochz' is not valid; did you mean epochs? ",
+        "train.batch_size: -16 is not valid; input should be greater than or equal to 2"]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    if through == "api":
+        with pytest.raises(UserInputErrors) as raised:
+            orc.load_study(study)
+        lines = raised.value.lines()
+    else:
+        result = CliRunner().invoke(app, [through if through != "overrides" else "validate", *args])
+        assert result.exit_code == 2, result.output
+        lines = [line.removeprefix("error: ") for line in result.stderr.splitlines()]
+    assert len(lines) == 5, lines
+    assert all(line.startswith(start) for line, start in zip(lines, expected, strict=True)), lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
 
 
 def test_one_mistake_repeated_by_every_cell_is_said_once(tmp_path, synthetic_data_dir, minilm_path):

@@ -7,7 +7,7 @@ from typing import Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trainables.errors import UserInputError
+from trainables.errors import UserInputError, UserInputErrors
 
 
 class Report(Protocol):
@@ -55,16 +55,21 @@ ConfigT = TypeVar("ConfigT", bound=TrialConfig)
 
 
 def parse_config(schema: type[ConfigT], values: dict) -> ConfigT:
-    """`values` checked against `schema`; the first problem becomes one UserInputError line."""
+    """`values` checked against `schema`; each problem becomes one UserInputError line (UserInputErrors
+    when there are several, so a study file's mistakes are said together)."""
     try:
         return schema(**values)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        key = ".".join(str(part) for part in error["loc"]) or "config"
-        if error["type"] == "extra_forbidden":
-            valid = ", ".join(sorted(schema.model_fields))
-            raise UserInputError(key, error.get("input"), f"unknown key; valid keys are: {valid}") from None
-        raise UserInputError(key, error.get("input"), error["msg"].lower()) from None
+        errors = [_explained(schema, error) for error in exc.errors()]
+        raise (errors[0] if len(errors) == 1 else UserInputErrors(errors)) from None
+
+
+def _explained(schema: type[BaseModel], error: dict) -> UserInputError:
+    key = ".".join(str(part) for part in error["loc"]) or "config"
+    if error["type"] == "extra_forbidden":
+        valid = ", ".join(sorted(schema.model_fields))
+        return UserInputError(key, error.get("input"), f"unknown key; valid keys are: {valid}")
+    return UserInputError(key, error.get("input"), error["msg"].lower())
 
 
 def collect(into: list[dict]) -> Callable[..., None]:
