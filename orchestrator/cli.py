@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
@@ -64,8 +65,28 @@ def user_errors(command: Callable) -> Callable:
             for line in exc.lines() if isinstance(exc, UserInputErrors) else [str(exc)]:  # every problem found
                 typer.echo(f"error: {line}", err=True)
             raise typer.Exit(getattr(exc, "exit_code", 2)) from None
+        except OSError as exc:
+            if exc.filename is None or exc.errno not in FILE_FIXES:  # not a path the user can put right
+                raise
+            if kwargs.get("debug"):
+                traceback.print_exc()
+            typer.echo(f"error: {exc.filename}: {exc.strerror or exc}; {FILE_FIXES[exc.errno]}", err=True)
+            raise typer.Exit(2) from None
 
     return wrapper
+
+
+# A path that is not what a verb expects (a state file of a study folder replaced by a folder, a storage path that
+# is a file, a file it may not read): one line naming the path, whichever file of whichever verb it is
+FILE_FIXES = {
+    errno.EISDIR: "a folder stands where a file belongs: move it aside and run the command again (a study folder's "
+                  "state files that can be rebuilt are rebuilt from its journal by `orchestrator resume`)",
+    errno.ENOTDIR: "a file stands where a folder belongs: move it aside, or give --storage (storage_path) a folder",
+    errno.EEXIST: "a file stands where a folder belongs: move it aside, or give --storage (storage_path) a folder",
+    errno.EACCES: "make it readable (and writable for launch, resume and sync), or give another folder",
+    errno.EPERM: "make it readable (and writable for launch, resume and sync), or give another folder",
+    errno.ENOENT: "it is gone: check the path (a study folder moved or deleted while the command ran?)",
+}
 
 
 def quiet_libraries() -> None:
@@ -675,7 +696,8 @@ def print_layer_table(rows: list[dict], title: str, unit: str = " ×100") -> Non
 
     metrics = [k for k in rows[0] if k not in ("layer", "params", "threshold", "cosine_spread")]
     best = {m: max((r[m] for r in rows if not math.isnan(r[m])), default=None) for m in metrics}
-    collapsed = {r["layer"]: r["cosine_spread"] for r in rows if "cosine_spread" in r and not math.isnan(r[metrics[0]])}
+    collapsed = {r["layer"]: r["cosine_spread"] for r in rows if is_number(r.get("cosine_spread"))
+                 and not math.isnan(r[metrics[0]])}  # a table's rows carry the key as NaN where a layer has none
     table = Table(title=title)
     table.add_column("layer", justify="right")
     for metric in metrics:
@@ -691,6 +713,10 @@ def print_layer_table(rows: list[dict], title: str, unit: str = " ×100") -> Non
     if collapsed:  # under the table, not a caption squeezed to its width
         console.print("° collapsed (every cosine within 1e-4 of the others), cosine spread: " + ", ".join(
             f"layer {layer} {spread:.1e}".replace("e-0", "e-") for layer, spread in collapsed.items()), soft_wrap=True)
+
+
+def is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not math.isnan(value)
 
 
 def main() -> None:  # pragma: no cover - console entry point

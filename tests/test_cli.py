@@ -35,6 +35,25 @@ def test_probe_json_prints_one_object_per_layer(tiny_bert, synthetic_data_dir):
     assert all(isinstance(json.loads(line)["spearman"], float) for line in result.stdout.splitlines())
 
 
+def test_probe_table_marks_only_the_layers_that_collapsed(capsys):
+    """A probe's rows as api.probe's DataFrame gives them: every row carries `cosine_spread`, NaN where the
+    layer did not collapse. Only the collapsed layer gets its ° and its spread under the table."""
+    import pandas as pd
+
+    from orchestrator.cli import print_layer_table
+
+    rows = pd.DataFrame([{"layer": 4, "spearman": 73.5, "pearson": 72.0, "params": 1e6},
+                         {"layer": 5, "spearman": 60.0, "pearson": 61.0, "params": 2e6, "cosine_spread": 3e-5},
+                         {"layer": 6, "spearman": 70.0, "pearson": 69.0, "params": 3e6}]).to_dict("records")
+    assert all("cosine_spread" in r for r in rows)  # NaN, not absent
+    print_layer_table(rows, "t")
+    out = capsys.readouterr().out
+    marked = [line for line in out.splitlines() if "°" in line and "│" in line]
+    assert len(marked) == 1 and marked[0].strip("│ ").startswith("5 ")
+    assert out.splitlines()[-1] == "° collapsed (every cosine within 1e-4 of the others), cosine spread: layer 5 3.0e-5"
+    assert "nan" not in out
+
+
 def test_probe_table_marks_the_best_layer(tiny_bert, synthetic_data_dir):
     result = runner.invoke(app, ["probe", "--model", tiny_bert, "--data-dir", str(synthetic_data_dir),
                                  "--layers", "1,3"])
