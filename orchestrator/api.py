@@ -457,9 +457,23 @@ def probe(model: str, *, task: str = "stsb", language: str | None = None, split:
         model=model, task=task, language=language, layers=list(layers) if layers is not None else None,
         pooling=pooling, splits=[split], max_seq_length=max_seq_length, precision=precision, device=device,
         data_dir=data_dir, max_eval_samples=max_eval_samples))
+    check_probed_model(model, pooling, layers)
     if suite is not None:
         return pd.DataFrame(probe_suite(cfg, suite))
     return pd.DataFrame([{k.removeprefix(f"{split}_"): v for k, v in row.items()} for row in probe_layers(cfg)])
+
+
+def check_probed_model(model: str, pooling: str, layers: Sequence[int] | None) -> None:
+    """The probe's model checked as a study's is, before any data is read: its architecture in the layer
+    table, the pooling one it can take, its layers its entry's (cached once per model files)."""
+    from trainables.models.architectures import refuse_pooling, require_architecture
+    from trainables.models.files import model_config, model_depth
+    from trainables.models.layer_check import check_model_layers
+
+    require_architecture(model, "--model")
+    refuse_pooling(model_config(model), pooling, "--pooling")
+    depth = model_depth(model)  # a layer the model lacks is the probe's own one line, after this
+    check_model_layers(model, [k for k in layers if 0 <= k <= depth] if layers is not None else None)
 
 
 def doctor(*, address: str | None = None, study: str | Path | None = None, storage: Storage = None,

@@ -329,6 +329,7 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
     (UserInputErrors when there are several)."""
     kind = load_kind(KINDS[study.trainable])  # config.py checked the name against the registry
     found = Problems()
+    checked = None
     found.check(_check_task, study)
     task_ok = not found.errors
     seeds = found.check(_replicate_seeds, study, kind)
@@ -344,11 +345,14 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
         base, origins = based
         cells = tuple(Cell(i, v) for i, v in enumerate(values))
         parsed = found.check(_check_trials, kind, cells, base, tuned, origins)
+        if parsed:
+            checked = found.check(_check_models, study, cells, parsed, origins)
         data = found.check(read_study_data, _tasks_read(study, cells, base), base.get("data_dir"))
         if axes_ok:
             found.check(_check_baseline, study, cells)
     found.check(check_tracking_uri, study.tracking.mlflow_uri, study_dir or Path.cwd())
     found.raise_any()
+    _check_cuts(checked or {})  # the one check that loads weights: when everything else holds
     metric, mode = kind.metric(parsed[0]) if parsed else ("dev_spearman", "max")
     reports = tuple(kind.num_reports(p) for p in parsed)
     epochs = max(reports, default=1)  # reports per trial; ablating epochs or steps makes them differ by cell
@@ -506,6 +510,39 @@ def _check_trial(kind: TrainableKind, config: dict, origins: dict[str, str]) -> 
         raise rekeyed(exc) from None
     kind.check(parsed, key_of)
     return parsed
+
+
+def _check_models(study: StudyConfig, cells: tuple[Cell, ...], parsed: list,
+                  origins: dict[str, str]) -> dict[str, set[int | None]]:
+    """Every model the cells cut has an entry in the layer table (trainables.models.architectures) and takes
+    the poolings asked of it (no `cls` for a causal model), from its config.json alone; the layers each
+    model is cut at (None: the whole model), for `_check_cuts`."""
+    from trainables.models.architectures import refuse_pooling, require_architecture
+    from trainables.models.files import model_config
+
+    found = Problems()
+    layers: dict[str, set[int | None]] = {}
+    for cell, cfg in zip(cells, parsed, strict=True):
+        model = getattr(cfg, "model", None)
+        if not isinstance(model, str) or not hasattr(cfg, "layer"):
+            continue
+        if found.check(require_architecture, model, "ablate.model" if "model" in cell.values else "model") is None:
+            continue
+        pooling = getattr(cfg, "pooling", None)
+        if isinstance(pooling, str):
+            found.check(refuse_pooling, model_config(model), pooling, origins.get("pooling", "train.pooling"))
+        layers.setdefault(model, set()).add(cfg.layer)
+    found.raise_any()
+    return layers
+
+
+def _check_cuts(layers: dict[str, set[int | None]]) -> None:
+    """Each model's cut at each layer the study asks for is its entry's layer k, on a few sentences
+    (trainables.models.layer_check; once per model files, then answered from the cache)."""
+    from trainables.models.layer_check import check_model_layers
+
+    for model, asked in layers.items():
+        check_model_layers(model, None if None in asked else sorted(asked))
 
 
 def _check_baseline(study: StudyConfig, cells: tuple[Cell, ...]) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 from search_spaces.params import Fixed, Grid, LogUniform, Param
 from trainables.errors import UserInputError
-from trainables.poolings import BUILTIN as BUILTIN_POOLINGS
+from trainables.poolings import ALL as ALL_POOLINGS
 from trainables.poolings import POOLINGS
 
 # tune.params presets
@@ -29,10 +29,10 @@ def expand_layer(raw: Any, depth: int) -> Fixed | Grid:
 
 
 def expand_pooling(raw: Any) -> Fixed | Grid:
-    """`all` is the built-in poolings (a plugin's are named one by one, so `all` means the same
-    wherever the study runs); names come from the registry, plugins' included."""
+    """`all` is the built-in encoder poolings (a plugin's, and last_token, are named one by one, so `all`
+    means the same wherever the study runs); names come from the registry, plugins' included."""
     if raw == "all":
-        return Grid(tuple(BUILTIN_POOLINGS))
+        return Grid(ALL_POOLINGS)
     names = raw if isinstance(raw, list) else [raw]
     bad = [p for p in names if p not in POOLINGS]
     if bad:

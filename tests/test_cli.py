@@ -64,7 +64,7 @@ def test_probe_table_marks_the_best_layer(tiny_bert, synthetic_data_dir):
 @pytest.mark.parametrize(("args", "message"), [
     (["--task", "stsbb"], "error: task: 'stsbb' is not valid; use one of: korsts, mrpc"),
     (["--task", "stsb_multi_mt", "--language", "xx"], "error: language: 'xx' is not valid; task stsb_multi_mt has"),
-    (["--pooling", "sum"], "error: pooling: 'sum' is not valid; use one of: cls, max, mean, mean_sqrt_len"),
+    (["--pooling", "sum"], "error: pooling: 'sum' is not valid; use one of: cls, last_token, max, mean, mean_sqrt_len"),
     (["--layers", "0,9"], "error: layers: [0, 9] is not valid; this model has 3 layers: use values in 0..3"),
     (["--layers", "last"], "error: --layers: 'last' is not valid; use `all` or layer numbers such as 0,3,6"),
     (["--split", "train"], "error: --split: 'train' is not valid; use dev or test"),

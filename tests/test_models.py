@@ -99,7 +99,8 @@ def test_pooling_methods_ignore_padding():
     torch.testing.assert_close(pool(hidden, mask, "cls"), torch.tensor([[1.0, 2.0]]))
     torch.testing.assert_close(pool(hidden, mask, "max"), torch.tensor([[3.0, 6.0]]))
     torch.testing.assert_close(pool(hidden, mask, "mean_sqrt_len"), torch.tensor([[4.0, 8.0]]) / 2 ** 0.5)
-    with pytest.raises(UserInputError, match="pooling: 'sum' is not valid; use one of: cls, max, mean, mean_sqrt_len"):
+    with pytest.raises(UserInputError,
+                       match="pooling: 'sum' is not valid; use one of: cls, last_token, max, mean, mean_sqrt_len"):
         pool(hidden, mask, "sum")
 
 

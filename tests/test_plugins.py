@@ -138,7 +138,7 @@ def test_an_unknown_name_lists_the_installed_ones_with_their_package(fake_plugin
     path = study(tmp_path, tiny_bert, synthetic_data_dir, ablate={"pooling": ["mean", "first"]})
     assert error_line(runner.invoke(app, ["validate", str(path)])) == (
         "error: ablate.pooling: 'first' is not valid; use all or names from: mean, cls, max, mean_sqrt_len, "
-        "last (fake-plugin 1.2.3)")
+        "last_token, last (fake-plugin 1.2.3)")
     path = study(tmp_path, tiny_bert, synthetic_data_dir, trainable="plugin_toi")
     assert error_line(runner.invoke(app, ["validate", str(path)])) == (
         "error: trainable: 'plugin_toi' is not valid; use one of: contrastive, cross_encoder, distill, finetune, "

@@ -162,7 +162,7 @@ def test_schema_is_json_schema_of_the_study_file():
 @pytest.mark.parametrize(("trainable", "train", "message"), [
     ("distill", {"mode": "both"}, "error: train.mode: 'both' is not valid; use one of: mutual, self, teacher"),
     ("distill", {"cross_pooling": "sum"},
-     "error: train.cross_pooling: 'sum' is not valid; use one of: cls, max, mean, mean_sqrt_len"),
+     "error: train.cross_pooling: 'sum' is not valid; use one of: cls, last_token, max, mean, mean_sqrt_len"),
     ("contrastive", {"method": "mocse"}, "error: train.method: 'mocse' is not valid; use one of: micse, simcse"),
     ("contrastive", {"method": "micse", "attention_layers": [5]},
      "error: train.attention_layers: [5] is not valid; the encoder keeps 3 layers: use numbers in 1..3"),

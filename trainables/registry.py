@@ -22,7 +22,7 @@ from typing import Any
 from trainables.errors import UserInputError
 
 GROUP_PREFIX = "ablation_orchestrator"
-GROUPS = ("kinds", "objectives", "poolings")
+GROUPS = ("kinds", "objectives", "poolings", "architectures")
 SELF = "ablation-orchestrator"  # this distribution: its entries are the built-in tables, not entry points
 
 

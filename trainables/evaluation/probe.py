@@ -1,8 +1,9 @@
 """Probing building blocks (the `probe` kind and `orchestrator probe`): every layer of an encoder
 scored zero-shot, no training.
 
-One forward pass per chunk returns all hidden states at once; each layer's states are pooled
-and scored with the task's evaluator. The model is cut after the deepest layer asked for.
+One forward pass per chunk returns all hidden states at once; each layer's states (layer k as the model
+cut at k gives it, trainables.models.architectures) are pooled and scored with the task's evaluator.
+The model is cut after the deepest layer asked for.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from trainables.data.tasks import load_task
 from trainables.errors import UserInputError
 from trainables.evaluation.evaluators import Embedder, make_evaluator
 from trainables.evaluation.sts_suite import load_suite, score_suite, suite_sentences
+from trainables.models.architectures import layer_states, refuse_pooling, stack_depth
 from trainables.models.batching import TokenCache
 from trainables.models.encoder import (
-    encoder_depth,
     load_encoder,
     load_tokenizer,
     truncate_encoder,
@@ -33,17 +34,18 @@ if TYPE_CHECKING:  # the config is the probe kind's declaration
 
 
 class AllLayers(nn.Module):
-    """Pooled hidden states of the chosen layers: (batch, layers, dim)."""
+    """Pooled states of the chosen layers: (batch, layers, dim). Layer k is what the encoder cut at k
+    returns (trainables.models.architectures: a pre-norm stack's final norm on h_k), from one pass."""
 
     def __init__(self, encoder: nn.Module, layers: Sequence[int], pooling: str):
         super().__init__()
+        refuse_pooling(encoder.config, pooling)
         self.encoder, self.layers, self.pooling = encoder, list(layers), pooling
         self.pool_layer = build_pooling(pooling, encoder.config.hidden_size)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        states = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
-                              output_hidden_states=True).hidden_states
-        return torch.stack([self.pool_layer(states[k], attention_mask) for k in self.layers], dim=1)
+        states = layer_states(self.encoder, {"input_ids": input_ids, "attention_mask": attention_mask}, self.layers)
+        return torch.stack([self.pool_layer(state, attention_mask) for state in states], dim=1)
 
 
 def resolve_layers(layers: Sequence[int] | None, depth: int) -> list[int]:
@@ -67,7 +69,7 @@ class LayerTable:
         device = resolve_device(cfg.device)
         dtype = resolve_precision(cfg.precision, device)
         encoder = load_encoder(cfg.model)
-        self.layers = resolve_layers(cfg.layers, encoder_depth(encoder.config))
+        self.layers = resolve_layers(cfg.layers, stack_depth(encoder))
         self.params = {k: truncated_parameter_count(encoder, k) for k in self.layers}
         truncate_encoder(encoder, max(self.layers))
         model = AllLayers(encoder, self.layers, cfg.pooling).to(device)

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 from trainables.errors import UserInputError, one_of
+from trainables.models.architectures import architecture_of, cut_stack, refuse_pooling, stack, stack_depth, token_states
 from trainables.models.files import (  # noqa: F401 (re-exported)
     encoder_depth,
     refuse_custom_code,
@@ -73,27 +74,20 @@ def prepare_for_training(model: PreTrainedModel, dropout_masks: str) -> PreTrain
 
 
 def encoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The stack of transformer blocks (BERT, ELECTRA, RoBERTa, DeBERTa-v2, MPNet, DistilBERT)."""
-    for owner in ("encoder", "transformer"):
-        stack = getattr(getattr(model, owner, None), "layer", None)
-        if isinstance(stack, nn.ModuleList):
-            return stack
-    raise TypeError(f"cannot find the transformer layers of {type(model).__name__}")
+    """The stack of transformer blocks, where the model's architecture entry says it is
+    (trainables.models.architectures; an architecture without one is refused in one line)."""
+    return stack(model)
 
 
 def truncate_encoder(model: PreTrainedModel, num_layers: int, keep_pooler: bool = False) -> PreTrainedModel:
-    """Keep the embeddings and the first `num_layers` blocks; later blocks and the pooler (unless
-    `keep_pooler`: a cross-encoder's pretrained head reads it) are removed from the module, so compute
-    and parameters shrink. `num_layers=0` is the embedding output."""
-    depth = len(encoder_layers(model))
+    """Keep the embeddings and the first `num_layers` blocks (and a pre-norm stack's final norm); later
+    blocks and the pooler (unless `keep_pooler`: a cross-encoder's pretrained head reads it) are removed
+    from the module, so compute and parameters shrink. `num_layers=0` is the embedding output; what layer
+    k means per architecture: trainables.models.architectures."""
+    depth = stack_depth(model)
     if not 0 <= num_layers <= depth:
         raise UserInputError("layer", num_layers, f"this model has {depth} layers: use 0..{depth}")
-    owner = model.encoder if isinstance(getattr(model, "encoder", None), nn.Module) else model.transformer
-    owner.layer = nn.ModuleList(list(owner.layer)[:num_layers])
-    if hasattr(model.config, "num_hidden_layers"):
-        model.config.num_hidden_layers = num_layers
-    else:
-        model.config.n_layers = num_layers
+    cut_stack(model, num_layers)
     if getattr(model, "pooler", None) is not None and not keep_pooler:
         model.pooler = None
     return model
@@ -101,12 +95,10 @@ def truncate_encoder(model: PreTrainedModel, num_layers: int, keep_pooler: bool 
 
 def last_hidden_state(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """Token states of the (truncated) encoder. DeBERTa's layer loop cannot run empty, so with no
-    layers left its embedding output (what hidden_states[0] holds) is computed directly."""
+    """Token states of the (truncated) encoder: layer k of the full model when k blocks are left (a
+    family whose forward cannot run empty, DeBERTa, gives its embedding output directly)."""
     segments = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
-    if len(encoder_layers(model)) == 0 and model.config.model_type in ("deberta", "deberta-v2"):
-        return model.embeddings(input_ids=input_ids, mask=attention_mask, **segments)
-    return model(input_ids=input_ids, attention_mask=attention_mask, **segments).last_hidden_state
+    return token_states(model, input_ids, attention_mask, **segments)
 
 
 def pair_separator(tokenizer, config: PretrainedConfig) -> int | None:
@@ -141,8 +133,8 @@ def used_parameter_count(model: nn.Module) -> int:
 
 def truncated_parameter_count(model: PreTrainedModel, num_layers: int) -> int:
     """Parameters of `model` truncated at `num_layers`, without copying it."""
-    layers = encoder_layers(model)
-    removed = sum(count_parameters(block) for block in list(layers)[num_layers:])
+    shared = architecture_of(model).shared_blocks  # ALBERT: a cut runs its one block fewer times
+    removed = 0 if shared else sum(count_parameters(block) for block in list(encoder_layers(model))[num_layers:])
     pooler = getattr(model, "pooler", None)
     return count_parameters(model) - removed - (count_parameters(pooler) if pooler is not None else 0)
 
@@ -159,6 +151,7 @@ class SentenceEncoder(nn.Module):
 
     def __init__(self, encoder: PreTrainedModel, pooling: str = "mean", projection_dim: int | None = None):
         super().__init__()
+        refuse_pooling(encoder.config, pooling)
         hidden = encoder.config.hidden_size
         self.encoder, self.pooling = encoder, pooling
         self.pool_layer = build_pooling(pooling, hidden)  # no parameters in the built-ins: the weights stay the same

@@ -18,8 +18,12 @@ BUILTIN = {
     "cls": "trainables.poolings.builtin:CLS",
     "max": "trainables.poolings.builtin:MAX",
     "mean_sqrt_len": "trainables.poolings.builtin:MEAN_SQRT_LEN",
+    "last_token": "trainables.poolings.builtin:LAST_TOKEN",
 }
 POOLINGS = Registry("poolings", "pooling", BUILTIN)
+# `pooling: all`: the encoder poolings (what `all` meant in the studies run before last_token, which a decoder
+# study names itself)
+ALL = tuple(name for name in BUILTIN if name != "last_token")
 
 
 def pooling(name: str, key: str = "pooling") -> Pooling:

@@ -33,6 +33,8 @@ class Pooling:
     # writes a model sentence-transformers loads; None where it has none (then `save:` is refused)
     sentence_transformers: str | None = None
     description: str = ""
+    # whether it fits a causal model's token states (False: `cls`, whose first token sees nothing after it)
+    causal: bool = True
 
     def __post_init__(self) -> None:
         if ":" not in self.module:

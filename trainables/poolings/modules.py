@@ -43,3 +43,16 @@ class MaxPooling(nn.Module):
 
     def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return hidden.masked_fill(_weights(hidden, mask) == 0, torch.finfo(hidden.dtype).min).amax(dim=1)
+
+
+class LastTokenPooling(nn.Module):
+    """The state of each row's last real token (the last 1 of its mask), so right padding (pads after it)
+    and left padding (pads before it) give the same vector."""
+
+    def __init__(self, dim: int | None = None):
+        super().__init__()
+
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(1, mask.shape[1] + 1, device=mask.device)
+        last = (mask.to(positions.dtype) * positions).argmax(dim=1)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
