@@ -143,7 +143,8 @@ def probe(
     task: Annotated[str, typer.Option(help="Task name: stsb, stsb_multi_mt, korsts, sick, sick_full, mrpc.")] = "stsb",
     language: Annotated[str | None, typer.Option(help="Language of a multilingual task (stsb_multi_mt).")] = None,
     split: Annotated[str, typer.Option(help="dev or test.")] = "test",
-    pooling: Annotated[str, typer.Option(help="mean, cls, max or mean_sqrt_len.")] = "mean",
+    pooling: Annotated[str, typer.Option(help="mean, cls, max, mean_sqrt_len or last_token (a decoder's; cls is "
+                                               "refused for causal models).")] = "mean",
     layers: Annotated[str, typer.Option(help="`all` or a comma list such as 0,3,6.")] = "all",
     data_dir: Annotated[str | None, typer.Option(help="Data folder (default: $ORCHESTRATOR_DATA_DIR, else "
                                                       "../shared/data beside the checkout, else the hub).")] = None,
@@ -412,6 +413,7 @@ def ui(name: str = NAME, storage: str | None = STORAGE, port: int = typer.Option
         return
     from orchestrator.ui_proxy import sqlite_runs_path, start_proxy
 
+    refuse_missing_store(uri, name)  # MLflow would make an empty one there: a viewer writes nothing
     chosen = free_port(port)
     upstream = system_port()  # MLflow itself, behind the proxy that opens runs in the model-training view
     proxy = start_proxy(chosen, upstream)
@@ -424,6 +426,17 @@ def ui(name: str = NAME, storage: str | None = STORAGE, port: int = typer.Option
               ready=f"http://127.0.0.1:{upstream}/health", env=env)
     finally:
         proxy.shutdown()
+
+
+def refuse_missing_store(uri: str, name: str) -> None:
+    """One line when a study's SQLite store is not where its launch left it (moved, deleted)."""
+    from sqlalchemy.engine import make_url
+
+    database = make_url(uri).database
+    if database and database != ":memory:" and not Path(database).is_file():
+        raise UserInputError("NAME", name, f"its MLflow store {database} is not there (moved or deleted?); put it "
+                                           "back at that path to see its runs (`orchestrator status` reads the "
+                                           "study's own journal meanwhile)")
 
 
 def own_command(command: str) -> str | None:

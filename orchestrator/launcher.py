@@ -152,6 +152,10 @@ def launch(study_file: StudySpec | str | Path, storage: str | Path | None = None
     spec = study_file if isinstance(study_file, StudySpec) else read_study(study_file)
     study = spec.config
     folder = Study.named(study.name, storage or study.storage_path)
+    problem = unwritable(folder.folder)  # before Ray starts: a storage path that is a file, a read-only folder
+    if problem is not None:
+        raise UserInputError("--storage" if storage else "storage_path", str(folder.storage),
+                             f"study folders cannot be made there ({problem}); give a folder you can write")
     refuse_existing(folder, resume)
     if resume:  # a folder a newer orchestrator wrote is refused, not rewritten in this version's format
         folder.record(study)
