@@ -87,7 +87,7 @@ def read_checked(study: StudySpec | str | Path, overrides: Sequence[str], name: 
         found = Problems()
         found.add(*exc.errors)
         if exc.salvaged is not None:
-            rest = StudySpec(exc.salvaged, Path(study), "")
+            rest = StudySpec(exc.salvaged, Path(study) if not isinstance(study, StudySpec) else study.path, "")
             if found.check(use_data_dir, data_dir, rest) is None and not found.errors[len(exc.errors):]:
                 found.check(checked_plan, rest)
         raise UserInputErrors(in_file_order(found.errors, exc.raw)) from None
@@ -373,12 +373,15 @@ def report(names: str | Sequence[str], *, storage: Storage = None, tracking_uri:
         raise UserInputError("formats", bad[0], f"use some of {', '.join(FORMATS)}")
     if bundle and len(names) > 1:
         raise UserInputError("--bundle", " ".join(names), "a bundle holds one study: bundle each study's report")
+    folder = Path(out) if out else Path("reports") / "+".join(names)
+    if folder.exists() and not folder.is_dir():  # before any store is read
+        raise UserInputError("--out", str(folder), "it is a file: give a folder (the report writes its files into "
+                                                   "it, next to any of yours)")
     collected = []
     for name in names:
         study = Study.named(name, storage)
         collected.append(collect(tracking_uri or study.tracking_uri, name, study.study_uid))
     runs = collected[0] if len(collected) == 1 else combine(collected)
-    folder = Path(out) if out else Path("reports") / "+".join(names)
     written = make_report(runs, folder, tuple(formats) if formats else None)
     if not bundle:
         return written
@@ -518,3 +521,59 @@ def doctor(*, address: str | None = None, study: str | Path | None = None, stora
                                 f"{data} does not exist; give --data-dir or set ORCHESTRATOR_DATA_DIR to the "
                                 "data folder"))
     return checks
+
+
+# --- arguments -------------------------------------------------------------------------------------
+
+_PATHLIKE = (str, os.PathLike)
+# What each annotation of the public functions admits, checked before a function runs: a notebook's wrong
+# type is one UserInputError naming the argument, not a TypeError from deep inside
+_ADMITS: dict[str, tuple[str, Any]] = {
+    "str": ("a string", lambda v: isinstance(v, str)),
+    "str | None": ("a string or None", lambda v: v is None or isinstance(v, str)),
+    "int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "bool": ("True or False", lambda v: isinstance(v, bool)),
+    "str | Path": ("a path (str or Path)", lambda v: isinstance(v, _PATHLIKE)),
+    "str | Path | None": ("a path (str or Path) or None", lambda v: v is None or isinstance(v, _PATHLIKE)),
+    "Storage": ("a folder (str or Path) or None", lambda v: v is None or isinstance(v, _PATHLIKE)),
+    "StudySpec | str | Path": ("a study from load_study or a study file's path",
+                               lambda v: isinstance(v, StudySpec | str | os.PathLike)),
+    "Sequence[str]": ("a list of strings such as ['train.lr=3e-5']",
+                      lambda v: isinstance(v, list | tuple) and all(isinstance(x, str) for x in v)),
+    "str | Sequence[str]": ("a study name or a list of names", lambda v: isinstance(v, str) or (
+        isinstance(v, list | tuple) and all(isinstance(x, str) for x in v))),
+    "Sequence[str] | None": ("a list of strings or None", lambda v: v is None or (
+        isinstance(v, list | tuple) and all(isinstance(x, str) for x in v))),
+    "Sequence[int] | None": ("a list of integers or None", lambda v: v is None or (
+        isinstance(v, list | tuple) and all(isinstance(x, int) and not isinstance(x, bool) for x in v))),
+}
+
+
+def _checked_arguments(function: Any) -> Any:
+    """`function` with its arguments checked against the annotations above before it runs."""
+    import functools
+    import inspect
+
+    signature = inspect.signature(function)
+    checks = {name: _ADMITS[str(p.annotation)] for name, p in signature.parameters.items()
+              if str(p.annotation) in _ADMITS}
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise UserInputError(function.__name__, "arguments", f"{exc}: see help(orchestrator.{function.__name__})"
+                                 ) from None
+        for name, value in bound.arguments.items():
+            if name in checks and not checks[name][1](value):
+                raise UserInputError(name, value if isinstance(value, str | int | float | None) else
+                                     type(value).__name__, f"give {checks[name][0]}")
+        return function(*args, **kwargs)
+
+    return wrapper
+
+
+for _name in ("load_study", "plan", "launch", "resume", "sync", "status", "list_studies", "results", "report",
+              "reproduce", "verify", "probe", "doctor"):
+    globals()[_name] = _checked_arguments(globals()[_name])

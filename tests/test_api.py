@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -214,3 +215,37 @@ def test_ctrl_c_during_a_python_launch_raises_study_interrupted_and_resume_finis
                 if "mlflow.parentRunId" in r.data.tags]
     assert Counter(r.data.tags["orchestrator.trial_key"] for r in children).most_common(1)[0][1] == 1
     assert {r.info.status for r in children} == {"FINISHED"}
+
+
+@pytest.mark.parametrize(("call", "line"), [
+    (lambda orc: orc.status(42), "name: 42 is not valid; give a string"),
+    (lambda orc: orc.load_study(None), "path: None is not valid; give a path (str or Path)"),
+    (lambda orc: orc.results(["a"]), "name: 'list' is not valid; give a string"),
+    (lambda orc: orc.load_study("s.yaml", overrides="train.lr=1"),
+     "overrides: 'train.lr=1' is not valid; give a list of strings such as ['train.lr=3e-5']"),
+    (lambda orc: orc.report(3), "names: 3 is not valid; give a study name or a list of names"),
+    (lambda orc: orc.probe("m", layers=[1, "2"]), "layers: 'list' is not valid; give a list of integers or None"),
+    (lambda orc: orc.status("s", stor="x"),
+     "status: 'arguments' is not valid; got an unexpected keyword argument 'stor': see help(orchestrator.status)"),
+])
+def test_api_arguments_of_the_wrong_type_are_one_user_error(call, line, tmp_path, monkeypatch):
+    """A notebook's wrong type is one UserInputError naming the argument, before anything is read or written
+    (it was a TypeError or AttributeError from deep inside)."""
+    import orchestrator as orc
+    from trainables.errors import UserInputError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserInputError) as raised:
+        call(orc)
+    assert str(raised.value) == line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_report_folder_that_is_a_file_is_one_line(tmp_path):
+    import orchestrator as orc
+    from trainables.errors import UserInputError
+
+    (tmp_path / "out").write_text("mine")
+    with pytest.raises(UserInputError, match=re.escape(f"--out: '{tmp_path / 'out'}' is not valid; it is a file")):
+        orc.report("anything", storage=tmp_path, out=tmp_path / "out")
+    assert (tmp_path / "out").read_text() == "mine"

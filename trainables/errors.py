@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 SHOWN_CHARS = 200
 
 
@@ -44,7 +48,7 @@ class Problems:
             if str(error) not in {str(e) for e in self.errors}:
                 self.errors.append(error)
 
-    def check(self, step, *args, **kwargs):
+    def check(self, step: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
         """`step(*args, **kwargs)`, or None with its errors kept."""
         try:
             return step(*args, **kwargs)
