@@ -143,21 +143,30 @@ def test_local_folder_wins_and_unknown_model_is_a_clear_error(tiny_bert, tmp_pat
 
 def test_a_model_folder_that_asks_to_run_its_own_code_is_refused_before_loading(tiny_bert, tmp_path):
     """transformers would ask "run the custom code? [y/N]" and, answered y, run the folder's Python inside
-    `validate`; the folder is refused in one line before transformers reads it."""
+    `validate`; the folder is refused in one line before transformers reads it. A folder whose auto_map
+    names code for an architecture transformers has natively (real nomic-embed and gte folders) loads that
+    native class, and its code is never run."""
     import json
     import shutil
 
     from trainables.errors import UserInputError
-    from trainables.models.encoder import load_config, load_tokenizer
+    from trainables.models.encoder import load_config, load_encoder, load_tokenizer
 
-    hostile = tmp_path / "hostile"
-    shutil.copytree(tiny_bert, hostile)
-    (hostile / "evil.py").write_text("open('/tmp/pwned', 'w').write('ran')\n")
-    config = json.loads((hostile / "config.json").read_text())
-    (hostile / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoConfig": "evil.EvilConfig"}}))
+    ran = tmp_path / "pwned"
+    config = json.loads((Path(tiny_bert) / "config.json").read_text())
+    hostile, native = tmp_path / "hostile", tmp_path / "native"
+    for folder, model_type in ((hostile, "evil_bert"), (native, "bert")):
+        shutil.copytree(tiny_bert, folder)
+        (folder / "evil.py").write_text(f"open({str(ran)!r}, 'w').write('ran')\n")
+        (folder / "config.json").write_text(json.dumps({**config, "model_type": model_type,
+                                                        "auto_map": {"AutoConfig": "evil.EvilConfig",
+                                                                     "AutoModel": "evil.EvilModel"}}))
     for load in (load_config, load_tokenizer):
-        with pytest.raises(UserInputError, match=r"config.json has an auto_map: the folder asks to run its own"):
+        with pytest.raises(UserInputError, match=r"config.json has an auto_map and its model_type 'evil_bert' is "
+                                                 r"not one transformers has natively: the folder asks to run its own"):
             load(str(hostile))
+    assert type(load_encoder(str(native))).__name__ == "BertModel" and load_tokenizer(str(native)) is not None
+    assert not ran.exists()
     load_config(tiny_bert)  # an ordinary folder still loads
 
 

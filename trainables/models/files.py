@@ -32,17 +32,48 @@ def resolve_model_path(name: str) -> str:
 
 
 def refuse_custom_code(folder: Path, name: str) -> None:
-    """A model folder that names its own Python classes (`auto_map`) would run that code when loaded:
-    refused before transformers sees it (every load also passes trust_remote_code=False)."""
+    """A model folder that names its own Python classes (`auto_map`) would run that code when loaded with
+    trust_remote_code, which no load here passes. Such a folder loads when transformers has its architecture
+    natively (its `model_type`, and a tokenizer class transformers ships): the folder's code is then never
+    read (real nomic-embed and gte folders). Any other is refused before transformers sees it."""
+    import json
+
+    texts = {}
     for file in ("config.json", "tokenizer_config.json"):
         try:
-            text = (folder / file).read_text(encoding="utf-8")
+            texts[file] = (folder / file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             continue
-        if '"auto_map"' in text:
-            raise UserInputError("model", name, f"{file} has an auto_map: the folder asks to run its own Python code, "
-                                                "which orchestrator never does; use a model of a transformers "
-                                                "architecture")
+    for file, text in texts.items():
+        if '"auto_map"' not in text:
+            continue
+        try:
+            declared = json.loads(text)
+            config = json.loads(texts.get("config.json", "{}"))
+        except ValueError:
+            declared, config = {}, {}
+        native = _native_model_type(config.get("model_type"))
+        tokenizer = declared.get("tokenizer_class") if file == "tokenizer_config.json" else None
+        if native and (tokenizer is None or _native_tokenizer(tokenizer)):
+            continue
+        what = (f"its tokenizer class {tokenizer} is not one transformers ships" if native
+                else f"its model_type {config.get('model_type')!r} is not one transformers has natively")
+        raise UserInputError("model", name, f"{file} has an auto_map and {what}: the folder asks to run its own "
+                                            "Python code, which orchestrator never does; use a model of a "
+                                            "transformers architecture")
+
+
+def _native_model_type(model_type: object) -> bool:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return isinstance(model_type, str) and model_type in CONFIG_MAPPING_NAMES
+
+
+def _native_tokenizer(name: object) -> bool:
+    import transformers
+
+    return isinstance(name, str) and hasattr(transformers, name.removesuffix("Fast")) or (
+        isinstance(name, str) and hasattr(transformers, name))
 
 
 def refuse_unsafe_weights(folder: Path, name: str) -> None:
