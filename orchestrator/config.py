@@ -133,6 +133,10 @@ class ReportSection(Section):
     detect: float | None = Field(None, gt=0, description="a difference of the test metric (×100 points) the study "
                                                          "should be able to see: stats.csv and the footnote give the "
                                                          "seeds the paired t-test needs to detect it with 80 % power")
+    rope: float | None = Field(None, gt=0, description="points (×100) either side of 0 within which a cell counts as "
+                                                       "practically equivalent to the baseline: P(better), "
+                                                       "P(equivalent), P(worse) from a Bayesian test over seeds, the "
+                                                       "equivalence table and the ≈ mark")
     expected_max: Literal["with_replacement", "without_replacement"] = Field(
         "with_replacement", description="the expected best dev score over n tuning trials (Dodge et al. 2019): "
                                         "with_replacement (the paper's empirical-CDF estimator) or "

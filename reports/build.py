@@ -35,12 +35,14 @@ from reports.captions import (
     collapse_n,
     constants_phrase,
     shows_n,
+    test_metric_phrase,
     values_label,
     varying,
 )
 from reports.captions import labels as report_labels
 from reports.collect import StudyRuns
 from reports.compute import compute_grid
+from reports.equivalence import add_equivalence, equivalence_grid, equivalence_marks, equivalence_note
 from reports.evp import budget_grid, budget_plot
 from reports.labels import axis_label, in_sentence, metric_label, value_label
 from reports.latex import latex_document, to_latex
@@ -98,6 +100,7 @@ def ablation_grid(runs: StudyRuns, summary: pd.DataFrame, stats: pd.DataFrame, r
     selected = dev_selected(summary, rows, column, runs.mode)
     best = best_per_column(summary, rows, column)
     significant = marks(stats, float(runs.report.get("alpha", LEVEL))) if not stats.empty else {}
+    equivalent = equivalence_marks(stats)
     columns = sorted(summary[column].unique(), key=_sort_key)
     grid_rows = []
     for key, group in row_groups(summary, rows):
@@ -112,14 +115,15 @@ def ablation_grid(runs: StudyRuns, summary: pd.DataFrame, stats: pd.DataFrame, r
             row = match.iloc[0]
             rising = RISING if row.get("rising", math.nan) > 0.5 else ""
             cells.append(Cell(mean=row["mean"], std=row["std"], bold=row["cell"] in best,
-                              selected=selected.get(key) == value, mark=significant.get(row["cell"], "") + rising,
+                              selected=selected.get(key) == value,
+                              mark=significant.get(row["cell"], "") + equivalent.get(row["cell"], "") + rising,
                               note=cell_note(row),
                               n=int(row["n"]), planned=runs.planned_seeds))
         grid_rows.append((row_label(runs, group, rows), cells))
     grid_rows, seeds = collapse_n(grid_rows)
     across, down = in_sentence(label_of(runs, column)), in_sentence(axes_label(runs, rows))
-    title = caption(f"{metric_label(runs.test_metric, report_labels(runs))} ×100 by {across}, mean ± std {seeds}",
-                    constants_phrase(runs, column))
+    name, where = test_metric_phrase(runs)
+    title = caption(f"{name} ×100{where} by {across}, mean ± std {seeds}", constants_phrase(runs, column))
     one_row = len(grid_rows) == 1
     notes = [Note("bold: the best test mean" + (f" (the best {across})" if one_row else
                                                 f" of each {across} (the best {down} there)"),
@@ -129,6 +133,8 @@ def ablation_grid(runs: StudyRuns, summary: pd.DataFrame, stats: pd.DataFrame, r
     if shows_n(grid_rows):
         notes.append(Note(N_NOTE, "n: seeds completed"))
     notes += _significance_notes(runs, stats, significant, rows, column)
+    equivalence = equivalence_note(stats, baseline_phrase(runs, rows, column)) if equivalent else None
+    notes += [equivalence] if equivalence else []
     notes += [note for note in (rising_note(runs, summary), _short(seed_rule_note(runs), "n: adaptive seeds per cell"),
                                 _short(stage_seed_note(runs), "pretraining/teacher stage shared by the seeds"))
               if note]
@@ -192,14 +198,21 @@ def _significance_notes(runs: StudyRuns, stats: pd.DataFrame, significant: dict[
     test = runs.report.get("seed_test", "t")
     paired = int(stats.paired_p.notna().sum())
     resampled = int(stats.bootstrap_p.notna().sum())
-    corrected = (f"{CORRECTIONS[correction]}-corrected over the table's comparisons ({paired} paired, "
+    corrected = (f"{CORRECTIONS[correction]}-corrected over the table's m comparisons ({paired} paired, "
                  f"{resampled} bootstrap)" if correction != "none" else "uncorrected")
     shown = [mark for mark in "†‡" if any(mark in m for m in significant.values())]
     tests = {"†": f"seed {SHORT_TESTS[test]}", "‡": "test-pair bootstrap"}
     against = baseline_phrase(runs, rows, column)
-    short = (f"{'/'.join(shown)} p\u00a0<\u00a0{alpha:g} vs. {against} ({' / '.join(tests[m] for m in shown)}"
-             + (", " + CORRECTIONS[correction].split("–")[0] if correction != "none" else "") + ")" if shown else
-             f"no cell differs from {against} at p\u00a0<\u00a0{alpha:g}")
+    counts = {"†": paired, "‡": resampled}
+    family = sorted({counts[m] for m in shown})
+    # the family's size m, tersely: a paper's column holds 3 lines of short notes, and the two-model table's fill them
+    size = " / ".join(str(counts[m]) for m in shown) if len(family) > 1 else str(family[0]) if family else ""
+    method = CORRECTIONS[correction].split("–")[0]
+    short = (f"{'/'.join(shown)} p\u00a0<\u00a0{alpha:g} vs. {against.removeprefix('the ')} "
+             f"({' / '.join(tests[m] for m in shown)}, "
+             + (f"{method}, m\u00a0=\u00a0{size}" if correction != "none" else "uncorrected") + ")" if shown else
+             f"no cell differs from {against} at p\u00a0<\u00a0{alpha:g}"
+             + (f" ({method}, m\u00a0=\u00a0{paired})" if correction != "none" and paired else ""))
     notes: list[Note | str] = [Note(
         f"† p < {alpha:g} against the baseline ({what}) of the row, {SEED_TESTS[test]} over seeds; ‡ p < "
         f"{alpha:g}, paired bootstrap over test pairs ({BOOTSTRAP_SAMPLES} resamples); p-values {corrected}; "
@@ -250,8 +263,11 @@ def headline_grid(runs: StudyRuns, summary: pd.DataFrame, rows: list[str], decim
     if not out:
         return None
     out, seeds = collapse_n(out)
-    title = caption(f"The dev-selected layer k (its parameters in millions, test Spearman and Pearson ×100) against "
-                    f"the last layer (test Spearman; Δ: k minus last), mean ± std {seeds}",
+    _, where = test_metric_phrase(runs)
+    scores = ("test Spearman and Pearson ×100", "test Spearman") if not where else (
+        f"Spearman and Pearson ×100{where}", "Spearman on the same pairs")
+    title = caption(f"The dev-selected layer k (its parameters in millions, {scores[0]}) against "
+                    f"the last layer ({scores[1]}; Δ: k minus last), mean ± std {seeds}",
                     constants_phrase(runs, "layer"))
     notes = [Note(N_NOTE, "n: seeds completed")] if shows_n(out) else []
     return Grid(title, axes_label(runs, rows), ["k", "Params (M)", "Spearman", "Pearson", "Last", "Spearman (last)",
@@ -277,7 +293,10 @@ def suite_grid(runs: StudyRuns, decimals: int) -> Grid | None:
     notes += [Note(N_NOTE, "n: seeds completed")] if shows_n(rows) else []
     notes.append(Note("STS12-16: all subsets of a year pooled (SentEval's \"all\"); STS-B and SICK-R: test splits",
                       "STS12-16: a year's subsets pooled"))
-    return Grid(caption(f"STS suite: test Spearman ×100 of cosine, mean ± std {seeds}", constants_phrase(runs)),
+    cap = runs.record.base.get("max_eval_samples") if runs.record is not None else None
+    scored = (f"Spearman ×100 of cosine on at most {int(cap):,} pairs of each set (capped: data.max_eval_samples)"
+              if cap else "test Spearman ×100 of cosine")
+    return Grid(caption(f"STS suite: {scored}, mean ± std {seeds}", constants_phrase(runs)),
                 axes_label(runs, axes), sets, rows, notes, decimals)
 
 
@@ -421,6 +440,7 @@ TABLES: dict[str, Callable[[TableContext], Grid | None]] = {
     "suite": lambda c: suite_grid(c.runs, c.decimals) if c.declared("suite") else None,
     "cycles": lambda c: cycle_grid(c.runs, c.decimals) if c.declared("rounds") else None,
     "tuning": lambda c: tuning_grid(c.runs),
+    "equivalence": lambda c: equivalence_grid(c.runs, c.stats, c.decimals),
     "budget": lambda c: budget_grid(c.runs, c.stats),
     "compute": lambda c: compute_grid(c.runs),
 }
@@ -490,6 +510,7 @@ def write_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] | None = N
                                     seed_test=runs.report.get("seed_test", "t"))
         stats = add_power(stats, runs, runs.test_metric, float(runs.report.get("alpha", LEVEL)),
                           runs.report.get("detect"))
+        stats = add_equivalence(stats, runs, runs.test_metric, runs.report.get("rope"))
 
     context = TableContext(runs, summary, stats, rows, column, decimals)
     grids = [(name, grid) for name, table in TABLES.items() if (grid := table(context)) is not None]
@@ -526,7 +547,8 @@ def write_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] | None = N
             path = out / f"{name}.tex"
             path.write_text(to_latex(grid, f"{runs.name}-{name}", width, notes))
             written.append(path)
-        metric = f"{metric_label(runs.test_metric, labels)} ×100"
+        name, where = test_metric_phrase(runs)
+        metric = f"{name} ×100{where}"
         captions = {"score_by_layer": f"{metric} by {in_sentence(label_of(runs, column))}, mean ± std over seeds; "
                                       "circle: the dev-selected cell",
                     "score_by_params": f"{metric} against the truncated model's parameters",

@@ -8,7 +8,7 @@ import math
 from dataclasses import replace
 
 from reports.collect import StudyRuns
-from reports.labels import axis_label, in_sentence, value_label
+from reports.labels import axis_label, in_sentence, metric_label, value_label
 from reports.render import Cell
 
 
@@ -87,3 +87,30 @@ def caption(what: str, constants: str) -> str:
 def cell_label(runs: StudyRuns, axes: list[str], key: str) -> str:
     """A row's label from its cell key; the key itself where the runs do not say."""
     return cell_labels(runs, axes).get(key, key)
+
+
+def test_cap(runs: StudyRuns) -> tuple[int, int | None] | None:
+    """(pairs scored, pairs in the test split) where `data.max_eval_samples` capped the test split (the split's
+    size None where the record does not hold it, or where several test splits differ); None where test was
+    scored whole or the runs do not say (a combined report)."""
+    record = runs.record
+    cap = record.base.get("max_eval_samples") if record is not None else None
+    if not cap:
+        return None
+    sizes = {d.splits["test"].rows for d in record.data if "test" in d.splits}
+    if sizes and max(sizes) <= int(cap):
+        return None
+    return int(cap), (sizes.pop() if len(sizes) == 1 else None)
+
+
+def test_metric_phrase(runs: StudyRuns, metric: str | None = None) -> tuple[str, str]:
+    """(name, where) of the test metric in a caption: (`Test Spearman`, ``) for a test split scored whole;
+    (`Spearman`, ` on 300 of the 1,379 test pairs (capped: data.max_eval_samples)`) where it was capped, so
+    that no caption calls a capped score the test score."""
+    metric = metric or runs.test_metric
+    cap = test_cap(runs) if metric.startswith("test_") else None
+    if cap is None or metric in labels(runs):
+        return metric_label(metric, labels(runs)), ""
+    used, total = cap
+    pairs = f"{used:,} of the {total:,} test pairs" if total else f"at most {used:,} pairs of each test split"
+    return metric_label(metric, labels(runs), split=False), f" on {pairs} (capped: data.max_eval_samples)"

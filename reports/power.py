@@ -8,7 +8,13 @@ d = true mean difference and s = their standard deviation, t = mean/(s/√n) fol
 n − 1 degrees of freedom and noncentrality d√n/s; power = P(|t| > t_crit). This is a sensitivity
 analysis of the design (which differences the study could see), not post-hoc power of the observed
 difference. The `_corrected` figures use α/m (Bonferroni over the table's m comparisons against the
-baseline), the level a Holm-corrected mark needs of its smallest p: a bound for the marks the table prints."""
+baseline), the level a Holm-corrected mark needs of its smallest p: a bound for the marks the table prints.
+
+The spread s of n paired differences is itself an estimate, and at the n of seed studies a rough one: σ's 95 %
+confidence interval, s·sqrt((n−1)/χ²(0.975, n−1)) to s·sqrt((n−1)/χ²(0.025, n−1)), spans a factor of 6.6 at
+n = 4. Both figures grow with σ, so each comes with the interval it takes over σ's interval (`_low`, `_high`).
+The footnote gives the detectable difference only for comparisons the table tests (at least `MIN_SEEDS` paired
+seeds), and the seeds a named difference needs, a plan for the next study, from any two pairs on."""
 
 from __future__ import annotations
 
@@ -17,11 +23,12 @@ import math
 import numpy as np
 import pandas as pd
 from scipy.optimize import brentq
-from scipy.stats import nct
+from scipy.stats import chi2, nct
 from scipy.stats import t as t_dist
 
 POWER = 0.8
 MAX_SEEDS = 10_000
+CONFIDENCE = 0.95  # of sigma's interval
 
 
 def paired_power(n: int, difference: float, sd: float, alpha: float) -> float:
@@ -65,6 +72,15 @@ def seeds_needed(difference: float, sd: float, alpha: float, power: float = POWE
     return float(n)
 
 
+def sigma_interval(sd: float, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The `confidence` interval of σ from the sample sd of n normal draws (χ² with n − 1 degrees of
+    freedom); NaN below 2 draws or without a spread."""
+    if n < 2 or not sd > 0 or not math.isfinite(sd):
+        return math.nan, math.nan
+    tail = (1 - confidence) / 2
+    return (sd * math.sqrt((n - 1) / chi2.ppf(1 - tail, n - 1)), sd * math.sqrt((n - 1) / chi2.ppf(tail, n - 1)))
+
+
 def paired_differences(runs, cell: str, baseline: str, metric: str) -> np.ndarray:
     """The cell's minus its baseline's test score, seed by seed (the pairs the t-test compares)."""
     from reports.significance import _by_seed
@@ -77,9 +93,10 @@ def paired_differences(runs, cell: str, baseline: str, metric: str) -> np.ndarra
 
 
 def add_power(stats: pd.DataFrame, runs, metric: str, alpha: float, detect: float | None = None) -> pd.DataFrame:
-    """`stats` with, per comparison: the sd of its paired differences, the differences detectable with
-    80 % power at its n (`detectable_80`, and at α/m `detectable_80_corrected`), and with `detect` the
-    seeds needed to detect it (`seeds_for_detect`, `seeds_for_detect_corrected`)."""
+    """`stats` with, per comparison: the sd of its paired differences and σ's 95 % interval
+    (`difference_sd_low`, `_high`), the differences detectable with 80 % power at its n (`detectable_80`, and at
+    α/m `detectable_80_corrected`), and with `detect` the seeds needed to detect it (`seeds_for_detect`,
+    `seeds_for_detect_corrected`); each figure also at the ends of σ's interval (`_low`, `_high`)."""
     if stats.empty:
         return stats
     family = max(1, len(stats))  # the table's comparisons: a design figure, whatever the seeds that came in
@@ -87,35 +104,80 @@ def add_power(stats: pd.DataFrame, runs, metric: str, alpha: float, detect: floa
     rows = []
     for row in stats.itertuples():
         differences = paired_differences(runs, row.cell, row.baseline, metric)
-        sd = float(np.std(differences, ddof=1)) if len(differences) >= 2 else math.nan
-        rows.append({"difference_sd": sd,
-                     "detectable_80": detectable_difference(len(differences), sd, alpha),
-                     "detectable_80_corrected": detectable_difference(len(differences), sd, corrected),
-                     "seeds_for_detect": seeds_needed(detect, sd, alpha) if detect else math.nan,
-                     "seeds_for_detect_corrected": seeds_needed(detect, sd, corrected) if detect else math.nan})
+        n = len(differences)
+        sd = float(np.std(differences, ddof=1)) if n >= 2 else math.nan
+        low, high = sigma_interval(sd, n)
+        figures = {"difference_sd": sd, "difference_sd_low": low, "difference_sd_high": high}
+        for suffix, sigma in (("", sd), ("_low", low), ("_high", high)):
+            figures[f"detectable_80{suffix}"] = detectable_difference(n, sigma, alpha)
+            figures[f"detectable_80_corrected{suffix}"] = detectable_difference(n, sigma, corrected)
+            figures[f"seeds_for_detect{suffix}"] = seeds_needed(detect, sigma, alpha) if detect else math.nan
+            figures[f"seeds_for_detect_corrected{suffix}"] = (seeds_needed(detect, sigma, corrected) if detect
+                                                              else math.nan)
+        rows.append(figures)
     return pd.concat([stats.reset_index(drop=True), pd.DataFrame(rows)], axis=1).assign(
         power_alpha=alpha, power_alpha_corrected=corrected, detect=detect if detect else math.nan)
 
 
+def tested(stats: pd.DataFrame) -> pd.DataFrame:
+    """The comparisons the table runs its test over seeds for (at least `MIN_SEEDS` paired seeds) and
+    whose detectable difference is known: what a statement of the test's power may speak for."""
+    from reports.significance import MIN_SEEDS
+
+    if stats.empty or "detectable_80" not in stats:
+        return stats.iloc[:0]
+    return stats[(stats.n_seeds >= MIN_SEEDS) & stats.detectable_80.notna()]
+
+
 def power_note(stats: pd.DataFrame, detect: float | None) -> str | None:
-    """The footnote: what the table's n could detect, and the seeds a named difference needs."""
-    if stats.empty or "detectable_80" not in stats or stats.detectable_80.isna().all():
+    """The footnote: what the table's n could detect (comparisons it tests), and the seeds a named
+    difference needs; each at the observed spread and over σ's 95 % interval."""
+    if stats.empty or "detectable_80" not in stats:
         return None
-    known = stats.dropna(subset=["detectable_80"])
-    ns = sorted({int(n) for n in known.n_seeds})
-    text = (f"with n = {', '.join(map(str, ns))} seeds and each comparison's spread of paired differences, the "
-            f"paired t-test detects differences of {_range(known.detectable_80)} points with 80 % power "
-            f"({_range(known.detectable_80_corrected)} after the correction)")
-    if detect:
-        needed = known.seeds_for_detect_corrected
-        text += (f"; detecting {detect:g} points would take {_range(needed, integer=True)} seeds per cell "
-                 "(after the correction; stats.csv per comparison)")
-    return text
+    parts = []
+    known = tested(stats)
+    if len(known):
+        ns = sorted({int(n) for n in known.n_seeds})
+        parts.append(f"with n = {', '.join(map(str, ns))} seeds the paired t-test detects with 80 % power differences "
+                     f"of {_range(known.detectable_80)} points at each comparison's observed spread of paired "
+                     f"differences, {_span(known.detectable_80_low, known.detectable_80_high)} with σ anywhere in its "
+                     f"{CONFIDENCE * 100:g} % confidence interval (χ², n − 1 degrees of freedom); after the correction "
+                     f"{_range(known.detectable_80_corrected)}, "
+                     f"{_span(known.detectable_80_corrected_low, known.detectable_80_corrected_high)}")
+    planned = stats.dropna(subset=["seeds_for_detect_corrected"]) if detect else stats.iloc[:0]
+    if len(planned):
+        parts.append(f"detecting {detect:g} points would take {_range(planned.seeds_for_detect_corrected, True)} seeds "
+                     f"per cell at the observed spreads, "
+                     f"{_span(planned.seeds_for_detect_corrected_low, planned.seeds_for_detect_corrected_high, True)} "
+                     f"within σ's {CONFIDENCE * 100:g} % intervals (after the correction; stats.csv per comparison)")
+    return "; ".join(parts) or None
+
+
+def short_power_note(stats: pd.DataFrame, detect: float | None) -> str | None:
+    """The line under the table when the study names a difference to detect: the seeds it needs."""
+    planned = stats.dropna(subset=["seeds_for_detect_corrected"]) if detect and "seeds_for_detect_corrected" in stats \
+        else stats.iloc[:0]
+    if not len(planned):
+        return None
+    return (f"detecting {detect:g} points would take {_range(planned.seeds_for_detect_corrected, True)} seeds "
+            f"({_span(planned.seeds_for_detect_corrected_low, planned.seeds_for_detect_corrected_high, True)} over "
+            f"σ's {CONFIDENCE * 100:g} % interval)")
+
+
+def _format(value: float, integer: bool) -> str:
+    if math.isinf(value):
+        return "∞"
+    return f"{value:,.0f}" if integer else f"{value:.2f}"
 
 
 def _range(values: pd.Series, integer: bool = False) -> str:
-    shown = [("∞" if math.isinf(v) else f"{v:.0f}") if integer else f"{v:.2f}" for v in (values.min(), values.max())]
+    shown = [_format(v, integer) for v in (values.min(), values.max())]
     return shown[0] if shown[0] == shown[1] else f"{shown[0]}–{shown[1]}"
+
+
+def _span(lows: pd.Series, highs: pd.Series, integer: bool = False) -> str:
+    """From the smallest low end to the largest high end."""
+    return f"{_format(lows.min(), integer)}–{_format(highs.max(), integer)}"
 
 
 def attach_power_note(grids: list, stats: pd.DataFrame, detect: float | None) -> None:
@@ -126,4 +188,4 @@ def attach_power_note(grids: list, stats: pd.DataFrame, detect: float | None) ->
     text = power_note(stats, detect)
     for name, grid in grids:
         if name == "ablation" and text:
-            grid.footnotes.append(Note(text, text if detect else None))
+            grid.footnotes.append(Note(text, short_power_note(stats, detect)))

@@ -21,7 +21,7 @@ from reports.evp import NAMES as ESTIMATORS
 from reports.evp import tuning_budget
 
 NOT_RECORDED = "not recorded"
-UNICODE_LATEX = {"…": r"\ldots{}", "α": r"$\alpha$", "≤": r"$\leq$", "∞": r"$\infty$"}
+UNICODE_LATEX = {"…": r"\ldots{}", "α": r"$\alpha$", "≤": r"$\leq$", "≥": r"$\geq$", "∞": r"$\infty$", "σ": r"$\sigma$"}
 SOFTWARE = ("python", *KEY_PACKAGES)
 DISTRIBUTIONS = {"LogUniform": "log-uniform on [{low}, {high}]", "Uniform": "uniform on [{low}, {high}]",
                  "IntRange": "integers in [{low}, {high}]", "Choice": "one of {values}",
@@ -235,7 +235,7 @@ def seeds_item(runs, summary: pd.DataFrame) -> Item:
 
 
 def tests_item(runs, stats: pd.DataFrame) -> Item:
-    from reports.power import _range
+    from reports.power import CONFIDENCE, _range, _span, tested
     from reports.significance import BOOTSTRAP_SAMPLES, CORRECTIONS, LEVEL, MIN_SEEDS, SEED_TESTS
 
     question = "Which statistical tests, at which level, corrected how?"
@@ -247,9 +247,11 @@ def tests_item(runs, stats: pd.DataFrame) -> Item:
     alpha = float(runs.report.get("alpha", LEVEL))
     correction = runs.report.get("correction", "holm")
     paired = int(stats.paired_p.notna().sum())
-    detectable = stats.detectable_80.dropna() if "detectable_80" in stats else pd.Series(dtype=float)
+    known = tested(stats)
     power = (f" With the observed spread, the paired t-test at this n detects differences of "
-             f"{_range(detectable)} points with 80 % power (stats.csv)." if len(detectable) else "")
+             f"{_range(known.detectable_80)} points with 80 % power, "
+             f"{_span(known.detectable_80_low, known.detectable_80_high)} over σ's {CONFIDENCE * 100:g} % confidence "
+             "interval (stats.csv)." if len(known) else "")
     family = (f"over the table's {paired} paired comparisons" if paired else
               f"(no comparison had the {MIN_SEEDS} paired seeds a test over seeds needs, so none is marked)")
     answer = (f"Each cell against the baseline of its row ({', '.join(f'{k}={v}' for k, v in baseline.items())}): "

@@ -122,8 +122,16 @@ def paired_bootstrap(cell: list[pd.DataFrame], base: list[pd.DataFrame], samples
     differences = ours - theirs
     observed = float(np.mean([_spearman_rows(p["prediction"].to_numpy()[None], gold[None])[0] for p in cell])
                      - np.mean([_spearman_rows(p["prediction"].to_numpy()[None], gold[None])[0] for p in base]))
-    p = 2 * min(float((differences <= 0).mean()), float((differences >= 0).mean()))
-    return observed, min(1.0, p)
+    return observed, resampled_p(differences)
+
+
+def resampled_p(differences: np.ndarray) -> float:
+    """Two-sided p of resampled differences against 0: twice the smaller tail, each tail counted with the
+    observed sample among the resamples, (1 + count) / (1 + B), so that B resamples never give p = 0 (at
+    most 2 / (1 + B) is claimed)."""
+    samples = len(differences)
+    tails = [(1 + int(np.sum(differences <= 0))) / (1 + samples), (1 + int(np.sum(differences >= 0))) / (1 + samples)]
+    return min(1.0, 2 * min(tails))
 
 
 def compare_to_baseline(runs: StudyRuns, summary: pd.DataFrame, row_axes: list[str], column_axis: str,
