@@ -159,7 +159,9 @@ def probe(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per layer per line.")] = False,
     debug: bool = DEBUG,
 ) -> None:
-    """Zero-shot layer profile of an encoder: every layer pooled and scored, one forward pass."""
+    """Zero-shot layer profile of an encoder: every layer pooled and scored, one forward pass. The same
+    vectors give label-free diagnostics per layer (RankMe, anisotropy, alignment, uniformity), the layer
+    each would pick and its Spearman with the labelled ranking (a second table; keys in --json)."""
     from orchestrator import api
     from trainables.evaluation.sts_suite import LABELS, suite_tasks
 
@@ -703,11 +705,18 @@ def summarize(result) -> None:
 
 def print_layer_table(rows: list[dict], title: str, unit: str = " ×100") -> None:
     """One row per layer, the best value of each metric in bold; a collapsed layer's scores (every
-    cosine within 1e-4 of the others) carry a ° and its cosine spread is said under the table."""
+    cosine within 1e-4 of the others) carry a ° and its cosine spread is said under the table. Rows
+    with label-free diagnostics get a second table of them (each one's pick in bold) and one line per
+    diagnostic: the layer it picks and its Spearman with the labelled ranking of layers."""
     from rich.console import Console
     from rich.table import Table
 
-    metrics = [k for k in rows[0] if k not in ("layer", "params", "threshold", "cosine_spread")]
+    from trainables.evaluation.diagnostics import DIRECTIONS
+
+    diagnostics = [d for d in DIRECTIONS if d in rows[0]]
+    summaries = {f"{d}_{end}" for d in diagnostics for end in ("pick", "rho")}
+    metrics = [k for k in rows[0] if k not in ("layer", "params", "threshold", "cosine_spread", *diagnostics,
+                                               *summaries)]
     best = {m: max((r[m] for r in rows if not math.isnan(r[m])), default=None) for m in metrics}
     collapsed = {r["layer"]: r["cosine_spread"] for r in rows if is_number(r.get("cosine_spread"))
                  and not math.isnan(r[metrics[0]])}  # a table's rows carry the key as NaN where a layer has none
@@ -726,6 +735,34 @@ def print_layer_table(rows: list[dict], title: str, unit: str = " ×100") -> Non
     if collapsed:  # under the table, not a caption squeezed to its width
         console.print("° collapsed (every cosine within 1e-4 of the others), cosine spread: " + ", ".join(
             f"layer {layer} {spread:.1e}".replace("e-0", "e-") for layer, spread in collapsed.items()), soft_wrap=True)
+    if diagnostics:
+        print_diagnostics(console, rows, diagnostics)
+
+
+DIAGNOSTIC_FORMATS = {"rankme": ".1f", "anisotropy": ".3f", "alignment": ".3f", "uniformity": ".3f"}
+
+
+def print_diagnostics(console, rows: list[dict], diagnostics: list[str]) -> None:
+    """The label-free diagnostics as their own small table (raw values, not x100) and one line each."""
+    from rich.table import Table
+
+    from trainables.evaluation.diagnostics import DIRECTIONS
+
+    table = Table(title="label-free diagnostics (the split's sentences and pairs, no scores)")
+    table.add_column("layer", justify="right")
+    for name in diagnostics:
+        table.add_column(f"{name} ({'max' if DIRECTIONS[name] > 0 else 'min'})", justify="right")
+    for row in rows:
+        cells = ["—" if not is_number(row[d]) else f"[bold]{row[d]:{DIAGNOSTIC_FORMATS[d]}}[/bold]"
+                 if row["layer"] == row[f"{d}_pick"] else f"{row[d]:{DIAGNOSTIC_FORMATS[d]}}" for d in diagnostics]
+        table.add_row(str(row["layer"]), *cells)
+    console.print(table)
+    for name in diagnostics:
+        pick, rho = rows[0][f"{name}_pick"], rows[0][f"{name}_rho"]
+        picked = f"layer {int(pick)}" if is_number(pick) else "no layer"
+        agreement = f"{rho:+.2f}" if is_number(rho) else "— (under 3 scored layers, or constant)"
+        console.print(f"{name} picks {picked}; Spearman with the labelled layer ranking {agreement}",
+                      soft_wrap=True)
 
 
 def is_number(value: object) -> bool:

@@ -3,6 +3,7 @@ scored zero-shot, no training.
 
 One forward pass per chunk returns all hidden states at once; each layer's states (layer k as the model
 cut at k gives it, trainables.models.architectures) are pooled and scored with the task's evaluator.
+The same pooled vectors give each layer's label-free diagnostics (trainables.evaluation.diagnostics).
 The model is cut after the deepest layer asked for.
 """
 
@@ -16,6 +17,7 @@ from torch import nn
 
 from trainables.data.tasks import load_task
 from trainables.errors import UserInputError
+from trainables.evaluation.diagnostics import DIRECTIONS, layer_diagnostics, pick_and_agreement
 from trainables.evaluation.evaluators import Embedder, make_evaluator
 from trainables.evaluation.sts_suite import load_suite, score_suite, suite_sentences
 from trainables.models.architectures import layer_states, refuse_pooling, stack_depth
@@ -86,7 +88,8 @@ class LayerTable:
 
 
 def probe_layers(cfg: ProbeConfig) -> list[dict]:
-    """One row per layer: `layer`, `params` (of the model cut there) and the metrics of each split."""
+    """One row per layer: `layer`, `params` (of the model cut there), the metrics of each split and its
+    label-free diagnostics, with the layer each diagnostic picks and its agreement with the labels."""
     data = load_task(cfg.task, cfg.language, cfg.data_dir, max_eval_samples=cfg.max_eval_samples)
     if data.kind == "unlabeled":
         raise UserInputError("task", data.name, "probe scores labeled pair tasks (stsb, sick, mrpc, ...)")
@@ -102,8 +105,30 @@ def probe_layers(cfg: ProbeConfig) -> list[dict]:
         metrics = {"layer": layer, "params": table.params[layer]}
         for split in cfg.splits:
             metrics.update(evaluator.evaluate(table.embedder(j), split))
+            metrics.update(split_diagnostics(table.embedder(j), data.split(split), split))
         results.append(metrics)
+    for split in cfg.splits:
+        add_layer_picks(results, split, evaluator.primary(split))
     return results
+
+
+def split_diagnostics(embed, frame, split: str) -> dict[str, float]:
+    """`{split}_rankme`, `_anisotropy`, `_alignment`, `_uniformity` of one layer from its pooled vectors:
+    the split's distinct sentences, and its pairs as given (the scores are not read)."""
+    first, second = list(frame["sentence1"]), list(frame["sentence2"])
+    vectors = embed(list(dict.fromkeys(first + second)))
+    return {f"{split}_{k}": v for k, v in layer_diagnostics(vectors, embed(first), embed(second)).items()}
+
+
+def add_layer_picks(rows: list[dict], split: str, labelled: str) -> None:
+    """On every row, `{split}_{diagnostic}_pick` (the layer it picks) and `_rho` (its Spearman with the
+    `labelled` metric over layers, oriented so +1 is full agreement)."""
+    layers = [r["layer"] for r in rows]
+    for name, direction in DIRECTIONS.items():
+        pick, rho = pick_and_agreement(layers, [r[f"{split}_{name}"] for r in rows],
+                                       [r[labelled] for r in rows], direction)
+        for row in rows:
+            row[f"{split}_{name}_pick"], row[f"{split}_{name}_rho"] = pick, rho
 
 
 def probe_suite(cfg: ProbeConfig, suite: str = "sts") -> list[dict]:
