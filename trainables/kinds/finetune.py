@@ -38,6 +38,9 @@ class FinetuneConfig(TrainingConfig, PretrainFields):
     max_seq_length: int = Field(128, ge=2)
     warmup_ratio: float = Field(0.1, ge=0, le=1)
     weight_decay: float = Field(0.01, ge=0)
+    layer_lr_decay: float = Field(1.0, gt=0, le=1, description="ELECTRA's layer-wise lr decay: a block at depth d "
+                                                             "of n trains at lr * decay ** (n + 2 - d), the "
+                                                             "embeddings at depth 0, the head at lr; 1.0 is off")
     max_grad_norm: float | None = Field(1.0, gt=0)
     group_by_length: bool = True
 

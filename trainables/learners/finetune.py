@@ -16,7 +16,14 @@ from trainables.models.batching import TokenCache
 from trainables.models.encoder import build_sentence_encoder, load_tokenizer, used_parameter_count
 from trainables.objectives import build_loss
 from trainables.stages.pretrain import pretrained_start
-from trainables.training.bi_encoder import build_optimizer, check_finite, epoch_batches, pair_lengths, train_step
+from trainables.training.bi_encoder import (
+    build_optimizer,
+    check_finite,
+    epoch_batches,
+    layer_lr_scales,
+    pair_lengths,
+    train_step,
+)
 from trainables.training.runtime import linear_schedule, scoring_dtype
 
 
@@ -40,8 +47,10 @@ class FinetuneLearner(Learner):
         self.embed = Embedder(self.model, self.tokens, device, scoring_dtype(cfg.eval_precision, dtype))
         self.lengths = pair_lengths(self.tokens, self.first, self.second)
         total = math.ceil(len(self.lengths) / cfg.batch_size) * cfg.epochs
-        self.optimizer = build_optimizer(list(self.model.named_parameters()) + list(self.loss_fn.named_parameters()),
-                                         cfg.lr, cfg.weight_decay)
+        scales = layer_lr_scales(self.model, cfg.layer_lr_decay) if cfg.layer_lr_decay != 1.0 else None
+        head = [(f"loss.{name}", p) for name, p in self.loss_fn.named_parameters()]  # the head: at lr
+        self.optimizer = build_optimizer(list(self.model.named_parameters()) + head, cfg.lr, cfg.weight_decay,
+                                         scales)
         self.scheduler = linear_schedule(self.optimizer, round(cfg.warmup_ratio * total), total)
         self.test_frame = data.test
         self.info = {"params": used_parameter_count(self.model), **stage}

@@ -32,14 +32,46 @@ def epoch_batches(lengths: list[int], batch_size: int, seed: int, group_by_lengt
     return batches
 
 
-def build_optimizer(params: list[tuple[str, torch.nn.Parameter]], lr: float, weight_decay: float) -> torch.optim.AdamW:
+def layer_lr_scales(model: torch.nn.Module, decay: float) -> dict[str, float]:
+    """ELECTRA's layer-wise learning-rate decay (google-research/electra, model/optimization.py
+    `_get_layer_lrs`) for a SentenceEncoder as cut: each parameter's factor on the lr,
+    `decay ** (n + 2 - depth)`, n the blocks the model keeps, by name. Depth 0 is the embeddings and
+    whatever else of the encoder feeds the blocks, block i (from 0) is depth i + 1, and what comes
+    after the blocks (a pre-LN model's final norm, the unread pooler, the projection) is the head, depth
+    n + 2: its factor is 1, as is that of any parameter not named here (the loss module's)."""
+    from trainables.errors import UserInputError
+    from trainables.models.architectures import architecture_of, final_norm, stack, stack_depth
+
+    encoder = model.encoder
+    if architecture_of(encoder).shared_blocks:
+        raise UserInputError("layer_lr_decay", decay, f"{encoder.config.model_type} runs one shared block at every "
+                                                      "depth, so a layer has no learning rate of its own: use 1.0")
+    n = stack_depth(encoder)
+    depth = {id(p): 0 for p in encoder.parameters()}
+    for i, block in enumerate(stack(encoder)):
+        depth.update({id(p): i + 1 for p in block.parameters()})
+    after = [final_norm(encoder), *getattr(model, "unread_modules", list)()]
+    depth.update({id(p): n + 2 for module in after if module is not None for p in module.parameters()})
+    return {name: decay ** (n + 2 - depth.get(id(p), n + 2)) for name, p in model.named_parameters()}
+
+
+def build_optimizer(params: list[tuple[str, torch.nn.Parameter]], lr: float, weight_decay: float,
+                    lr_scales: dict[str, float] | None = None) -> torch.optim.AdamW:
     """AdamW without decay on biases and normalization weights; the fused kernel (one pass over
     all parameters) halves the step time of a small truncated model on CPU. RowAdamW: torch's numbers,
-    with a word table's untouched rows left to the decay alone (trainables.training.optimizer)."""
-    no_decay = [p for _, p in params if p.ndim < 2]
-    decay = [p for _, p in params if p.ndim >= 2]
-    return RowAdamW([{"params": decay, "weight_decay": weight_decay},
-                     {"params": no_decay, "weight_decay": 0.0}], lr=lr, fused=True)
+    with a word table's untouched rows left to the decay alone (trainables.training.optimizer).
+    `lr_scales` (layer_lr_scales) splits both groups by factor, lowest first, each at lr * factor; a
+    parameter it does not name takes lr. The schedule then scales every group's lr by the same ratio."""
+    if not lr_scales:
+        no_decay = [p for _, p in params if p.ndim < 2]
+        decay = [p for _, p in params if p.ndim >= 2]
+        return RowAdamW([{"params": decay, "weight_decay": weight_decay},
+                         {"params": no_decay, "weight_decay": 0.0}], lr=lr, fused=True)
+    groups: dict[tuple[float, bool], list[torch.nn.Parameter]] = {}
+    for name, p in params:
+        groups.setdefault((lr_scales.get(name, 1.0), p.ndim < 2), []).append(p)
+    return RowAdamW([{"params": ps, "weight_decay": 0.0 if flat else weight_decay, "lr": lr * scale}
+                     for (scale, flat), ps in sorted(groups.items())], lr=lr, fused=True)
 
 
 def train_step(model, loss_fn, optimizer, scheduler, token_lists: list[list[int]], targets: torch.Tensor,
