@@ -539,10 +539,36 @@ def _check_models(study: StudyConfig, cells: tuple[Cell, ...], parsed: list,
 def _check_cuts(layers: dict[str, set[int | None]]) -> None:
     """Each model's cut at each layer the study asks for is its entry's layer k, on a few sentences
     (trainables.models.layer_check; once per model files, then answered from the cache)."""
-    from trainables.models.layer_check import check_model_layers
+    import sys
 
-    for model, asked in layers.items():
-        check_model_layers(model, None if None in asked else sorted(asked))
+    if "torch" in sys.modules:  # a process that has it (launch, probe, a notebook): in process, remembered there
+        from trainables.models.layer_check import check_model_layers
+
+        for model, asked in layers.items():
+            check_model_layers(model, None if None in asked else sorted(asked))
+        return
+    for model, asked in layers.items():  # validate and plan import no torch: a child process checks
+        _check_cut_apart(model, [] if None in asked else sorted(k for k in asked if k is not None))
+
+
+def _check_cut_apart(model: str, layers: list[int]) -> None:
+    """`trainables.models.layer_check` in a process of its own (answered from its cache file once done)."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "trainables.models.layer_check", model, *map(str, layers)],
+                          capture_output=True, text=True, timeout=1800)
+    if done.returncode == 0:
+        return
+    try:
+        said = json.loads(done.stdout.strip().splitlines()[-1])
+        refusal = UserInputError(str(said["key"]), said["value"], str(said["fix"]))
+    except (ValueError, IndexError, KeyError, TypeError):  # not the child's one line: it could not run
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        refusal = UserInputError("model", model, f"its layer check could not run ({last}); run `orchestrator "
+                                                 "probe --model` on it to see why")
+    raise refusal
 
 
 def _check_baseline(study: StudyConfig, cells: tuple[Cell, ...]) -> None:

@@ -291,3 +291,23 @@ def test_albert_with_several_layer_groups_is_refused():
     model = AutoModel.from_config(T.AlbertConfig(**SMALL, embedding_size=16, num_hidden_groups=2))
     with pytest.raises(UserInputError, match="ALBERT with num_hidden_groups=2 and inner_group_num=1 cannot be cut"):
         truncate_encoder(model, 2)
+
+
+def test_validate_runs_the_layer_check_in_a_child_process_and_says_its_refusal_in_one_line(tiny_bert, monkeypatch):
+    """validate and plan import no torch: the check runs in `python -m trainables.models.layer_check`; a pass
+    is exit 0, a refusal its one line, anything else a line saying the check could not run."""
+    import subprocess
+    from types import SimpleNamespace
+
+    from orchestrator.planning import _check_cut_apart
+
+    _check_cut_apart(tiny_bert, [1, 3])  # the real child: the tiny BERT passes
+    line = json.dumps({"key": "model", "value": "m", "fix": "layer 2 differs by 3.1 (tolerance 1e-4)"})
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: SimpleNamespace(returncode=2, stdout=line + "\n",
+                                                                            stderr=""))
+    with pytest.raises(UserInputError, match=re.escape("model: 'm' is not valid; layer 2 differs by 3.1")):
+        _check_cut_apart("m", [2])
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: SimpleNamespace(returncode=1, stdout="",
+                                                                            stderr="Traceback\nMemoryError"))
+    with pytest.raises(UserInputError, match=re.escape("its layer check could not run (MemoryError)")):
+        _check_cut_apart("m", [2])

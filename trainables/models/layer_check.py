@@ -200,3 +200,23 @@ def _remember(key: str, layers: Sequence[int], model_type: str, cache_dir: str |
 
 
 __all__ = ["LayerMismatchError", "SENTENCES", "check_layers", "check_model_layers", "weights_fingerprint"]
+
+
+def main(argv: Sequence[str]) -> int:
+    """`python -m trainables.models.layer_check MODEL [K ...]`: the check in a process of its own (what
+    `validate` and `plan` run, so that they import no torch); a refusal is one JSON object on stdout
+    (key, value, fix) and exit code 2."""
+    name, layers = argv[0], [int(k) for k in argv[1:]] or None
+    try:
+        check_model_layers(name, layers)
+    except UserInputError as exc:
+        print(json.dumps({"key": exc.key, "value": exc.value if isinstance(exc.value, str | int | float | None)
+                          else str(exc.value), "fix": exc.fix}))
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))
