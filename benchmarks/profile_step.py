@@ -121,7 +121,8 @@ class MatmulTimer(TorchDispatchMode):
     contracted size) and count. Other operators pass through untimed."""
 
     OPS = {"aten.mm.default": 0, "aten.addmm.default": 1, "aten.bmm.default": 0, "aten.baddbmm.default": 1,
-           "aten.matmul.default": 0, "mkldnn._linear_pointwise.default": 0}  # the left operand's position
+           "aten.matmul.default": 0, "mkldnn._linear_pointwise.default": 0,  # the left operand's position
+           "aten.linear.default": 0}  # a packed bf16 linear on a CPU without AVX512-BF16 reaches us as this
 
     def __init__(self, again: int = 2):
         super().__init__()
