@@ -547,8 +547,13 @@ def _check_cuts(layers: dict[str, set[int | None]]) -> None:
         for model, asked in layers.items():
             check_model_layers(model, None if None in asked else sorted(asked))
         return
-    for model, asked in layers.items():  # validate and plan import no torch: a child process checks
-        _check_cut_apart(model, [] if None in asked else sorted(k for k in asked if k is not None))
+    from trainables.models.files import model_depth
+    from trainables.models.layer_cache import already_checked
+
+    for model, asked in layers.items():  # validate and plan import no torch: a child process checks, once
+        wanted = list(range(model_depth(model) + 1)) if None in asked else sorted(k for k in asked if k is not None)
+        if not already_checked(model, wanted):
+            _check_cut_apart(model, wanted)
 
 
 def _check_cut_apart(model: str, layers: list[int]) -> None:

@@ -26,6 +26,7 @@ from trainables.models.architectures import (
     stack_depth,
     token_states,
 )
+from trainables.models.layer_cache import CACHE_FILE, _cache_file, _cached, _files_key, _records  # noqa: F401
 
 if TYPE_CHECKING:
     from torch import nn
@@ -38,7 +39,6 @@ SENTENCES = (
 )
 TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-6}  # of the largest state; half precision: 2e-2
 HALF_TOLERANCE = 2e-2
-CACHE_FILE = "layer_checks.json"
 SAMPLE = 64  # values read from each end of each tensor for the fingerprint
 
 _passed: dict[str, set[int]] = {}
@@ -148,36 +148,6 @@ def check_model_layers(name: str, layers: Sequence[int] | None = None, sentences
     found = check_layers(model, load_tokenizer(name), asked, sentences, name=name, cache_dir=cache_dir)
     _remember(files, asked, model.config.model_type, cache_dir)
     return found
-
-
-def _files_key(name: str) -> str:
-    import transformers
-
-    from trainables.models.files import config_file
-
-    folder = config_file(name).parent
-    stats = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file())
-    arch = require_architecture(name)
-    return "files:" + hashlib.sha256(f"{transformers.__version__}|{arch!r}|{stats}".encode()).hexdigest()
-
-
-def _cache_file(cache_dir: str | Path | None) -> Path:
-    from trainables.models.packaged import cache_root
-
-    return (Path(cache_dir) if cache_dir is not None else cache_root()) / CACHE_FILE
-
-
-def _records(path: Path) -> dict:
-    try:
-        records = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return records if isinstance(records, dict) else {}
-
-
-def _cached(key: str, cache_dir: str | Path | None) -> set[int]:
-    record = _records(_cache_file(cache_dir)).get(key)
-    return set(record.get("layers", ())) if isinstance(record, dict) else set()
 
 
 def _remember(key: str, layers: Sequence[int], model_type: str, cache_dir: str | Path | None) -> None:
