@@ -30,11 +30,11 @@ import copy
 import csv
 import gc
 import json
-import threading
 import time
 from pathlib import Path
 
 import torch
+from utilization import Utilization
 
 from trainables.models.batching import TokenCache
 from trainables.models.encoder import build_sentence_encoder, encoder_depth, load_config, load_tokenizer
@@ -91,38 +91,6 @@ def export_pairs(path: str, pairs: tuple[list[str], list[str], list[float]]) -> 
         writer = csv.writer(f, delimiter="\t")
         writer.writerow(["sentence1", "sentence2", "score"])
         writer.writerows(zip(*pairs, strict=True))
-
-
-class Utilization:
-    """Mean GPU utilization (%) sampled every 0.1 s while the block runs; None without NVML or a GPU."""
-
-    def __init__(self, device: torch.device):
-        self.samples: list[float] = []
-        self.enabled = device.type == "cuda"
-        try:
-            self.enabled = self.enabled and torch.cuda.utilization() >= 0
-        except Exception:  # noqa: BLE001 (no pynvml / NVML: shown as n/a)
-            self.enabled = False
-        self.stop = threading.Event()
-
-    def _sample(self) -> None:
-        while not self.stop.wait(0.1):
-            self.samples.append(float(torch.cuda.utilization()))
-
-    def __enter__(self):
-        if self.enabled:
-            self.thread = threading.Thread(target=self._sample, daemon=True)
-            self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        if self.enabled:
-            self.thread.join()
-
-    @property
-    def mean(self) -> float | None:
-        return sum(self.samples) / len(self.samples) if self.samples else None
 
 
 def synchronize(device: torch.device) -> None:
@@ -185,7 +153,7 @@ def run(side, steps: int, warmup: int, batch: int, device: torch.device) -> dict
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     real = padded = 0
-    with Utilization(device) as use:
+    with Utilization(device, every=0.1) as use:
         started, cpu = time.perf_counter(), time.process_time()
         for _ in range(steps):
             r, p = side.step()

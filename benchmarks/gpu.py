@@ -39,7 +39,6 @@ import json
 import multiprocessing
 import os
 import tempfile
-import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -53,6 +52,7 @@ from epoch import (  # the sides, as epoch.py times them
     sentence_transformers_epoch,
     synchronize,
 )
+from utilization import Utilization
 
 from orchestrator.cli import quiet_libraries
 from trainables.data.tasks import load_task
@@ -61,39 +61,6 @@ from trainables.training.runtime import bf16_is_fast
 
 MODELS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "mpnet": "sentence-transformers/all-mpnet-base-v2"}
 MAX_LENGTH = 128
-
-
-class Utilization:
-    """Mean GPU utilization (%) sampled every 0.5 s while the block runs; None without NVML."""
-
-    def __init__(self, device: str):
-        self.samples: list[float] = []
-        self.enabled = device.startswith("cuda")
-        if self.enabled:
-            try:
-                torch.cuda.utilization()
-            except Exception:  # noqa: BLE001 (no pynvml / NVML: said as n/a)
-                self.enabled = False
-        self.stop = threading.Event()
-
-    def _sample(self) -> None:
-        while not self.stop.wait(0.5):
-            self.samples.append(float(torch.cuda.utilization()))
-
-    def __enter__(self):
-        if self.enabled:
-            self.thread = threading.Thread(target=self._sample, daemon=True)
-            self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        if self.enabled:
-            self.thread.join()
-
-    @property
-    def mean(self) -> float | None:
-        return sum(self.samples) / len(self.samples) if self.samples else None
 
 
 def packed(model_name: str, data_dir: str, pairs: int, batch: int, device: str, k: int, folder: Path) -> tuple:
