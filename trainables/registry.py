@@ -122,6 +122,21 @@ class Registry(MutableMapping[str, str]):
     def load(self, name: str, key: str) -> Any:
         return load_target(self.entry(name, key).target)
 
+    def declared(self, name: str, key: str, expected: type, what: str) -> Any:
+        """The declaration registered as `name`, checked to be an `expected` (`what` names it, "an
+        Objective (trainables.objectives.base)"); a plugin that cannot be imported, or registers something
+        else, is one line naming it and why."""
+        entry = self.entry(name, key)
+        try:
+            declared = load_target(entry.target)
+        except Exception as exc:  # a plugin that cannot be imported
+            raise UserInputError(key, name, f"{entry.target} ({entry.package}) cannot be imported: "
+                                            f"{type(exc).__name__}: {exc}") from None
+        if not isinstance(declared, expected):
+            raise UserInputError(key, name, f"{entry.target} ({entry.package}) is not {what}: fix or uninstall "
+                                            "the plugin")
+        return declared
+
     def unknown(self, key: str, value: object) -> UserInputError:
         return UserInputError(key, value, "use one of: " + self.listing())
 

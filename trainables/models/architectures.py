@@ -136,16 +136,7 @@ def architecture(model_type: str | None, name: object = None, key: str = "model"
         shown = name if name is not None else model_type
         raise UnknownArchitectureError(key, shown, f"its model_type {model_type!r} is not one of: "
                                                    f"{ARCHITECTURES.listing()}; {HOW_TO_ADD}")
-    entry = ARCHITECTURES.entry(model_type, key)
-    try:
-        declared = load_target(entry.target)
-    except Exception as exc:  # a plugin that cannot be imported: one line naming it and why
-        raise UserInputError(key, model_type, f"{entry.target} ({entry.package}) cannot be imported: "
-                                              f"{type(exc).__name__}: {exc}") from None
-    if not isinstance(declared, Architecture):
-        raise UserInputError(key, model_type, f"{entry.target} ({entry.package}) is not an Architecture "
-                                              "(trainables.models.architectures): fix or uninstall the plugin")
-    return declared
+    return ARCHITECTURES.declared(model_type, key, Architecture, "an Architecture (trainables.models.architectures)")
 
 
 def _config_value(model: Any, field: str, default: Any = None) -> Any:

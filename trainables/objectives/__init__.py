@@ -28,16 +28,7 @@ OBJECTIVES = Registry("objectives", "objective", BUILTIN)
 
 def objective(name: str, key: str = "train.loss") -> Objective:
     """The declaration registered as `name` (a plugin's: its declaration module is imported, nothing more)."""
-    entry = OBJECTIVES.entry(name, key)
-    try:
-        declared = OBJECTIVES.load(name, key)
-    except Exception as exc:  # a plugin that cannot be imported: one line naming it and why
-        raise UserInputError(key, name, f"{entry.target} ({entry.package}) cannot be imported: "
-                                        f"{type(exc).__name__}: {exc}") from None
-    if not isinstance(declared, Objective):
-        raise UserInputError(key, name, f"{entry.target} ({entry.package}) is not an Objective "
-                                        "(trainables.objectives.base): fix or uninstall the plugin")
-    return declared
+    return OBJECTIVES.declared(name, key, Objective, "an Objective (trainables.objectives.base)")
 
 
 def loss_tasks() -> dict[str, str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trainables.errors import UserInputError
 from trainables.poolings.base import Pooling
 from trainables.registry import Registry
 
@@ -28,16 +27,7 @@ ALL = tuple(name for name in BUILTIN if name != "last_token")
 
 def pooling(name: str, key: str = "pooling") -> Pooling:
     """The declaration registered as `name` (a plugin's: its declaration module is imported, nothing more)."""
-    entry = POOLINGS.entry(name, key)
-    try:
-        declared = POOLINGS.load(name, key)
-    except Exception as exc:  # a plugin that cannot be imported: one line naming it and why
-        raise UserInputError(key, name, f"{entry.target} ({entry.package}) cannot be imported: "
-                                        f"{type(exc).__name__}: {exc}") from None
-    if not isinstance(declared, Pooling):
-        raise UserInputError(key, name, f"{entry.target} ({entry.package}) is not a Pooling "
-                                        "(trainables.poolings.base): fix or uninstall the plugin")
-    return declared
+    return POOLINGS.declared(name, key, Pooling, "a Pooling (trainables.poolings.base)")
 
 
 def build_pooling(name: str, dim: int, key: str = "pooling") -> nn.Module:
