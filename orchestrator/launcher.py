@@ -85,6 +85,13 @@ def tracking_uri(study: StudyConfig, base: Path) -> str:
     return uri
 
 
+# What each Ray worker of a study needs set. A trial's worker is handed to the next trial (reuse_actors) once the
+# last one's training thread ends, and Tune waits only TUNE_FUNCTION_THREAD_TIMEOUT_S (2 s) for that: on a loaded
+# machine a pruned trial's thread took longer to wind down (its last journal line, MLflow's last call), the next
+# trial failed ("Trainable runner reuse requires reset_config()") and the study then waited on it for good.
+WORKER_ENV = {"TUNE_FUNCTION_THREAD_TIMEOUT_S": "300"}
+
+
 def connect_ray(address: str | None):
     """A fresh local Ray unless an address is given (argument or RAY_ADDRESS); never a stray one."""
     import ray
@@ -96,7 +103,8 @@ def connect_ray(address: str | None):
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     try:
         with hangup_ignored_by_children(target == "local"):
-            ray.init(address=target, include_dashboard=False, log_to_driver=False, configure_logging=False)
+            ray.init(address=target, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                     runtime_env={"env_vars": WORKER_ENV})
     except (ConnectionError, ValueError, RuntimeError) as exc:
         auth = "" if os.environ.get("RAY_AUTH_MODE") == "token" else (
             "; if the cluster uses token authentication, set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN or "

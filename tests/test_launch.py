@@ -502,3 +502,16 @@ def test_a_second_launch_of_a_running_study_is_refused_in_one_line(tiny_bert, da
     issued = Counter(json.loads(line)["key"] for line in journal.read_text().splitlines()
                      if json.loads(line)["event"] == "issued")
     assert issued and max(issued.values()) == 1  # no trial issued twice
+
+
+def test_a_trials_worker_waits_for_the_last_trials_thread_before_it_is_handed_on():
+    """Tune hands a finished trial's worker to the next trial only if the last trial's training thread ends
+    within TUNE_FUNCTION_THREAD_TIMEOUT_S (its default 2 s): on a loaded CI machine a pruned trial took longer
+    to wind down, the next trial failed ("Trainable runner reuse requires reset_config()") and the study hung.
+    The workers a launch starts read the longer wait."""
+    script = ("import os, ray\nfrom orchestrator.launcher import connect_ray\nconnect_ray(None)\n"
+              "print(ray.get(ray.remote(lambda: os.environ.get('TUNE_FUNCTION_THREAD_TIMEOUT_S')).remote()))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "TUNE_FUNCTION_THREAD_TIMEOUT_S")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "300"
