@@ -28,6 +28,18 @@ def shared_data_dir() -> Path | None:
     return path if (path / "stsb").is_dir() else None
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (`make test` runs the suite in processes side by side) the packaged weights are
+    unpacked once, here in the controller, before its workers start: on a clean machine each worker would
+    otherwise unpack the same folder at once, one replacing what another already reads."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return
+    from trainables.models.packaged import GGUF_MODELS, PACKAGED_MODELS, SPLIT_MODELS
+
+    for name in (*PACKAGED_MODELS, *SPLIT_MODELS, *GGUF_MODELS):
+        packaged_model_path(name)  # None where its extra is not installed: the tests that need it skip
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     path = shared_data_dir()

@@ -36,7 +36,12 @@ def _with(study: dict, path: str, value) -> dict:
     return study
 
 
-DELETE = object()
+class _Delete:
+    def __repr__(self) -> str:
+        return "DELETE"
+
+
+DELETE = _Delete()  # the key taken out of the file (a stable repr: the test ids are the same in every process)
 CASES = [
     ("nmae", "x", "nmae: 'x' is not valid; unknown key; did you mean name? Valid keys here: name, trainable"),
     ("name", DELETE, "name: None is not valid; this key is required"),
