@@ -59,8 +59,9 @@ paper-lr: setup
 	$(ENV) $(BIN)/orchestrator launch examples/paper_minilm_tuned.yaml --resume
 	$(ENV) $(BIN)/orchestrator report paper_minilm_capped paper_minilm_tuned --out reports/paper_minilm_lr
 
-# Three processes side by side, each test file whole in one of them (pytest-xdist): most slow tests wait on Ray,
-# servers and subprocesses, so on 2 cores the suite takes about half the time it takes in one (make test WORKERS=1)
+# Three processes side by side, each test file whole in one of them (pytest-xdist; make test WORKERS=1 for one):
+# many slow tests wait on Ray, servers and subprocesses. On a 2-core EPYC the serial suite ran past CI's 90 minutes;
+# in three processes it took 68+ minutes with the load average at 6-10 (trials of three studies on 2 cores)
 WORKERS ?= 3
 test: setup
 	$(ENV) $(BIN)/python -m pytest -m "slow or not slow" -q -n $(WORKERS) --dist loadfile
