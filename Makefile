@@ -62,9 +62,12 @@ paper-lr: setup
 # Three processes side by side, each test file whole in one of them (pytest-xdist; make test WORKERS=1 for one):
 # many slow tests wait on Ray, servers and subprocesses. On a 2-core EPYC the serial suite ran past CI's 90 minutes;
 # in three processes it took 68+ minutes with the load average at 6-10 (trials of three studies on 2 cores)
+# Tests marked `alone` race a clock (a SLURM time limit against training's pace): they run after the others, by
+# themselves, so that the others' load cannot move their timing. --durations: the slowest tests, in CI's log too.
 WORKERS ?= 3
 test: setup
-	$(ENV) $(BIN)/python -m pytest -m "slow or not slow" -q -n $(WORKERS) --dist loadfile
+	$(ENV) $(BIN)/python -m pytest -m "not alone" -q -n $(WORKERS) --dist loadfile --durations=40
+	$(ENV) $(BIN)/python -m pytest -m "alone" -q --durations=5
 
 test-fast: setup
 	$(ENV) $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile

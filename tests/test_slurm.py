@@ -295,6 +295,7 @@ def events(journal: Journal, kind: str) -> list[dict]:
     return [e for e in journal.events() if e["event"] == kind]
 
 
+@pytest.mark.alone  # its study must outlast a 3-minute job's warning: other tests' load moves that
 def test_a_study_sigkilled_then_cut_by_its_time_limit_finishes_like_an_uninterrupted_run(
         slurm, tiny_bert, synthetic_data_dir, tmp_path):
     started = time.monotonic()

@@ -141,11 +141,20 @@ def check_model_layers(name: str, layers: Sequence[int] | None = None, sentences
         return {}
     from trainables.models.encoder import load_encoder, load_tokenizer
 
-    model = load_encoder(name)
+    try:
+        model = load_encoder(name)
+        tokenizer = load_tokenizer(name)
+    except UserInputError:
+        raise
+    except Exception as exc:  # damaged or half-copied weights, a tokenizer that will not load: one line
+        said = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UserInputError("model", name, f"its files could not be loaded ({type(exc).__name__}: {said}); copy "
+                                            "the model folder again, or check it with `orchestrator probe --model`"
+                             ) from exc
     asked = list(range(stack_depth(model) + 1)) if layers is None else list(layers)
     if set(asked) <= _passed.get(files, set()) | _cached(files, cache_dir):
         return {}
-    found = check_layers(model, load_tokenizer(name), asked, sentences, name=name, cache_dir=cache_dir)
+    found = check_layers(model, tokenizer, asked, sentences, name=name, cache_dir=cache_dir)
     _remember(files, asked, model.config.model_type, cache_dir)
     return found
 
