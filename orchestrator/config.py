@@ -369,6 +369,11 @@ def read_study_file(path: Path) -> tuple[str, Any]:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         problem = re.sub(r"\s+", " ", str(getattr(exc, "problem", exc)))
+        if isinstance(exc, yaml.constructor.ConstructorError) and "for the tag" in problem:
+            tag = problem.rsplit("for the tag", 1)[1].strip()
+            raise UserInputError("study file", str(path), f"YAML tag {tag} at {where}: a study file is plain YAML "
+                                                          "(mappings, lists, strings, numbers); remove the tag "
+                                                          "and write the value itself") from None
         raise UserInputError("study file", str(path), f"YAML syntax error at {where}: {problem}") from None
 
 

@@ -146,3 +146,28 @@ def test_resume_of_a_folder_with_a_folder_where_a_state_file_belongs_is_one_line
     lines = result.stderr.strip().splitlines()
     assert result.exit_code == 2 and len(lines) == 1 and str(target) in lines[0], result.output
     assert os.path.isdir(target)
+
+
+@pytest.mark.parametrize("written", ["!!python/object/apply:os.system ['touch {marker}']\n",
+                                     "name: !!python/name:os.getcwd s\n", "name: !custom s\n"])
+def test_a_yaml_tag_in_the_stored_study_file_runs_nothing_and_is_one_line(finished, tmp_path, written):
+    """A stored study file is read with a safe loader: a tag (a hand's edit, or someone's attempt to run
+    code through a shared study folder) is one line naming the tag and the file; nothing is constructed."""
+    shutil.rmtree(finished / "studies", ignore_errors=True)
+    shutil.copytree(finished / "pristine", finished / "studies")
+    shutil.copyfile(finished / "mlflow.pristine", finished / "mlflow.db")
+    marker = tmp_path / "constructed"
+    stored = finished / "studies" / "s" / "study.yaml"
+    stored.write_text(written.format(marker=marker))
+    for verb in (["status", "s"], ["resume", "s"], ["sync", "s"]):
+        before = snapshot(finished / "studies")
+        result = runner.invoke(app, [*verb, "--storage", str(finished / "studies")])
+        lines = result.stderr.strip().splitlines()
+        assert result.exit_code == 2 and len(lines) == 1, (verb, result.output)
+        assert lines[0].startswith(f"error: study file: '{stored}' is not valid; YAML tag ") and "remove the tag" in \
+            lines[0], lines[0]
+        if verb[0] != "sync":  # sync takes the study's lock (its .lock file's time) before it reads
+            assert snapshot(finished / "studies") == before, verb
+    listed = runner.invoke(app, ["list", "--storage", str(finished / "studies")])
+    assert listed.exit_code == 0 and "s: damaged · study file: " in listed.stdout and "YAML tag" in listed.stdout
+    assert not marker.exists()
