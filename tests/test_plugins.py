@@ -261,3 +261,54 @@ def test_whatever_the_environment_has_installed_the_built_ins_stay_valid(monkeyp
         for entry in table.plugins():
             assert f"{entry.name} ({entry.package})" in table.listing()
     assert runner.invoke(app, ["validate", str(study(tmp_path, tiny_bert, synthetic_data_dir))]).exit_code == 0
+
+
+WRONG = '''
+import torch
+from torch import nn
+
+from trainables.objectives.base import Objective
+
+
+class PerPairLoss(nn.Module):  # forgets to reduce: one loss per pair
+    def __init__(self, dim=None):
+        super().__init__()
+
+    def forward(self, u, v, target):
+        return (nn.functional.cosine_similarity(u, v) - target.to(u.dtype)).square()
+
+
+def not_a_module(dim):
+    return lambda u, v, target: torch.zeros(())
+
+
+PER_PAIR = Objective("sts", "wrong_plugin:PerPairLoss")
+FUNCTION = Objective("sts", "wrong_plugin:not_a_module")
+'''
+
+
+@pytest.mark.parametrize(("loss", "said"), [
+    ("per_pair", "its module wrong_plugin:PerPairLoss returned a torch.float32 tensor of shape (16,) for a batch of "
+                 "16 pairs; a PairLoss returns the batch's loss as one number (a 0-dim floating tensor, e.g. its "
+                 ".mean())"),
+    ("function", "its module wrong_plugin:not_a_module(32) is a function, not a torch module; a PairLoss is an "
+                 "nn.Module (trainables.objectives.base)"),
+])
+def test_a_plugin_loss_of_the_wrong_shape_fails_its_trial_in_one_line(site, tiny_bert, synthetic_data_dir, tmp_path,
+                                                                      loss, said):
+    """A plugin's loss that returns one number per pair (or is no module at all) would train on something
+    else or fail deep inside autograd: the trial stops at its first batch with one line naming the loss."""
+    from trainables.errors import UserInputError
+    from trainables.kinds import get_kind
+
+    install(site, "wrong-plugin", "0.1", {"objectives": {"per_pair": "wrong_plugin:PER_PAIR",
+                                                         "function": "wrong_plugin:FUNCTION"}},
+            {"wrong_plugin/__init__.py": WRONG})
+    registry.refresh()
+    config = {"task": "stsb", "model": tiny_bert, "data_dir": str(synthetic_data_dir), "epochs": 1, "batch_size": 16,
+              "max_seq_length": 32, "num_threads": 1, "cache_dir": str(tmp_path), "device": "cpu", "layer": 2,
+              "seed": 0, "score_test": False, "export_model": False, "loss": loss, "max_train_samples": 32,
+              "max_eval_samples": 16}
+    with pytest.raises(UserInputError) as failed:
+        get_kind("finetune").run(config, lambda metrics, checkpoint_dir=None: None)
+    assert str(failed.value) == f"train.loss: '{loss}' is not valid; {said}"

@@ -58,7 +58,40 @@ def build_loss(name: str, task_kind: str, dim: int, key: str = "train.loss") -> 
         fitting = ", ".join(n for n, k in loss_tasks().items() if k == task_kind)
         raise UserInputError(key, name, f"it trains {declared.task_kind} tasks; for a {task_kind} task use one of: "
                                         f"{fitting}")
-    return declared.build(dim)
+    from torch import nn
+
+    try:
+        module = declared.build(dim)
+    except UserInputError:
+        raise
+    except Exception as exc:  # a plugin's class that cannot be made from the embedding size
+        raise UserInputError(key, name, f"its module {declared.loss}({dim}) could not be built "
+                                        f"({type(exc).__name__}: {_first_line(exc)}); a PairLoss is Class(dim), a "
+                                        "torch module (trainables.objectives.base)") from exc
+    if not isinstance(module, nn.Module):
+        raise UserInputError(key, name, f"its module {declared.loss}({dim}) is a {type(module).__name__}, not a torch "
+                                        "module; a PairLoss is an nn.Module (trainables.objectives.base)")
+    module.register_forward_hook(_one_number(key, name, declared.loss))
+    return module
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0]
+
+
+def _one_number(key: str, name: str, target: str):
+    """A forward hook: what the loss returned must be one finite-typed number (a 0-dim floating tensor),
+    or training would back-propagate something else (or fail deep inside autograd)."""
+    import torch
+
+    def check(module, inputs, output) -> None:
+        if not (isinstance(output, torch.Tensor) and output.dim() == 0 and output.is_floating_point()):
+            shown = (f"a {output.dtype} tensor of shape {tuple(output.shape)}" if isinstance(output, torch.Tensor)
+                     else f"a {type(output).__name__}")
+            raise UserInputError(key, name, f"its module {target} returned {shown} for a batch of {len(inputs[0])} "
+                                            "pairs; a PairLoss returns the batch's loss as one number (a 0-dim "
+                                            "floating tensor, e.g. its .mean())")
+    return check
 
 
 __all__ = ["BUILTIN", "OBJECTIVES", "Objective", "build_loss", "check_loss", "loss_tasks", "objective"]
