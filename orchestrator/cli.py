@@ -404,9 +404,16 @@ def ui(name: str = NAME, storage: str | None = STORAGE, port: int = typer.Option
         dashboard = own_command("optuna-dashboard")
         if dashboard is None:
             raise UserInputError("--optuna", True, f"install it: {sys.executable} -m pip install optuna-dashboard")
+        from orchestrator.ui_proxy import start_proxy
+
         chosen = free_port(port)
-        serve([dashboard, "--host", "127.0.0.1", "--port", str(chosen), str(log)], chosen, "",
-              f"optuna-dashboard for {name} (one Optuna study per cell)")
+        upstream = system_port()  # behind the proxy: optuna-dashboard checks neither Host nor Origin itself
+        proxy = start_proxy(chosen, upstream, rewrite_pages=False)
+        try:
+            serve([dashboard, "--host", "127.0.0.1", "--port", str(upstream), str(log)], chosen, "",
+                  f"optuna-dashboard for {name} (one Optuna study per cell)", ready=f"http://127.0.0.1:{upstream}/")
+        finally:
+            proxy.shutdown()
         return
 
     uri = study.tracking_uri

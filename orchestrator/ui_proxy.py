@@ -16,6 +16,10 @@ request (POST, PUT, PATCH, DELETE) whose `Origin` (or, without one, `Referer`) i
 origin (a foreign page's form or fetch). Each refusal is a 403 and one log line. It listens on
 127.0.0.1 only. A client that hangs up before its answer is written (a browser tab closed, a poll
 that timed out) ends that request quietly.
+
+optuna-dashboard (`orchestrator ui --optuna`) is served through the same proxy, its pages unchanged: it makes
+no such checks itself (a foreign page's DELETE of /api/studies/0 removed a cell's Optuna study, and a
+rebound name read them all), and it can delete studies and trials.
 """
 
 from __future__ import annotations
@@ -99,12 +103,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             upstream.request(self.command, self.path, body=body, headers=headers)
             response = upstream.getresponse()
             data = response.read()
-        except OSError as exc:  # MLflow not up yet, or gone
-            self.send_error(502, f"MLflow is not answering ({exc})")
+        except OSError as exc:  # the server not up yet, or gone
+            self.send_error(502, f"the UI's server is not answering ({exc})")
             return
         finally:
             upstream.close()
-        if "text/html" in (response.getheader("Content-Type") or ""):
+        if self.server.rewrite_pages and "text/html" in (response.getheader("Content-Type") or ""):
             data = inject(data)
         self.send_response(response.status, response.reason)
         for key, value in response.getheaders():
@@ -128,10 +132,12 @@ def to_stderr(line: str) -> None:
 class ModeProxy(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, port: int, upstream_port: int, log: Callable[[str], None] = to_stderr):
+    def __init__(self, port: int, upstream_port: int, log: Callable[[str], None] = to_stderr,
+                 rewrite_pages: bool = True):
         super().__init__(("127.0.0.1", port), _Handler)
         self.upstream_port = upstream_port
         self.log = log
+        self.rewrite_pages = rewrite_pages
 
     def handle_error(self, request, client_address) -> None:
         """One line instead of socketserver's traceback; a client that hung up is no error at all."""
@@ -140,9 +146,11 @@ class ModeProxy(http.server.ThreadingHTTPServer):
             self.log(f"ui: a request failed: {type(error).__name__}: {str(error)[:200]}")
 
 
-def start_proxy(port: int, upstream_port: int, log: Callable[[str], None] = to_stderr) -> ModeProxy:
-    """Serve 127.0.0.1:`port` from 127.0.0.1:`upstream_port` in a daemon thread; refusals go to `log`."""
-    proxy = ModeProxy(port, upstream_port, log)
+def start_proxy(port: int, upstream_port: int, log: Callable[[str], None] = to_stderr,
+                rewrite_pages: bool = True) -> ModeProxy:
+    """Serve 127.0.0.1:`port` from 127.0.0.1:`upstream_port` in a daemon thread; refusals go to `log`;
+    `rewrite_pages`: MLflow's pages get the mode script (False: pages pass unchanged)."""
+    proxy = ModeProxy(port, upstream_port, log, rewrite_pages)
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
     return proxy
 

@@ -123,50 +123,6 @@ def test_a_busy_port_is_replaced_by_a_free_one(capsys):
         assert chosen != taken and capsys.readouterr().err == f"port {taken} is busy: using {chosen}\n"
 
 
-@pytest.mark.slow
-def test_optuna_dashboard_serves_at_the_url_it_prints_while_another_ui_holds_the_port(tmp_path):
-    """With the MLflow UI already on the asked port, `ui NAME --optuna` used to print a URL that opened
-    MLflow, fail to start, and exit 0; and it looked for optuna-dashboard only on PATH."""
-    import os
-    import signal
-    import socket
-    import subprocess
-    import sys
-    import urllib.request
-
-    import optuna
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
-
-    folder = tmp_path / "studies" / "s"
-    folder.mkdir(parents=True)
-    storage = JournalStorage(JournalFileBackend(str(folder / "optuna.log")))
-    study = optuna.create_study(storage=storage, study_name="s layer=1")
-    study.optimize(lambda trial: trial.suggest_float("lr", 1e-5, 1e-3, log=True), n_trials=2)
-    env = {**os.environ, "PATH": "/usr/bin:/bin"}  # the venv is not activated, as in the README
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        taken = busy.getsockname()[1]
-        ui = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "ui", "s", "--optuna", "--storage",
-                               str(tmp_path / "studies"), "--port", str(taken)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env,
-                              # as a background job of a script starts it: SIGINT ignored (it was not stopped)
-                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-        try:
-            line = ui.stdout.readline()
-            assert line.startswith("optuna-dashboard for s (one Optuna study per cell): http://127.0.0.1:"), (
-                line, ui.stderr.read() if ui.poll() is not None else "")
-            url = line.split()[-4]
-            assert f":{taken}/" not in url
-            with urllib.request.urlopen(url, timeout=10) as page:
-                assert page.status == 200 and "optuna" in page.read().decode().lower()
-        finally:
-            ui.send_signal(signal.SIGINT)
-            ui.wait(timeout=90)  # it stops its server (10 s at most, then a kill); a loaded CI machine is slow
-        assert f"port {taken} is busy" in ui.stderr.read()
-
-
 def test_the_ui_proxy_passes_everything_through_and_sets_the_model_training_mode_in_pages():
     """`orchestrator ui` serves MLflow through a proxy: pages get one script that sets MLflow's mode
     to model training unless the browser chose one; requests, bodies and statuses pass unchanged."""

@@ -198,3 +198,58 @@ def test_a_running_ui_refuses_foreign_hosts_and_cross_origin_writes_and_serves_i
 
     run = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(child)
     assert run.info.lifecycle_stage == "active" and run.data.tags["note"] == "kept"
+
+
+@pytest.mark.slow
+def test_optuna_dashboard_serves_at_the_url_it_prints_behind_the_uis_checks_while_another_ui_holds_the_port(tmp_path):
+    """With the MLflow UI already on the asked port, `ui NAME --optuna` used to print a URL that opened
+    MLflow, fail to start, and exit 0; and it looked for optuna-dashboard only on PATH."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    folder = tmp_path / "studies" / "s"
+    folder.mkdir(parents=True)
+    storage = JournalStorage(JournalFileBackend(str(folder / "optuna.log")))
+    study = optuna.create_study(storage=storage, study_name="s layer=1")
+    study.optimize(lambda trial: trial.suggest_float("lr", 1e-5, 1e-3, log=True), n_trials=2)
+    env = {**os.environ, "PATH": "/usr/bin:/bin"}  # the venv is not activated, as in the README
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        ui = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "ui", "s", "--optuna", "--storage",
+                               str(tmp_path / "studies"), "--port", str(taken)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env,
+                              # as a background job of a script starts it: SIGINT ignored (it was not stopped)
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        try:
+            line = ui.stdout.readline()
+            assert line.startswith("optuna-dashboard for s (one Optuna study per cell): http://127.0.0.1:"), (
+                line, ui.stderr.read() if ui.poll() is not None else "")
+            url = line.split()[-4]
+            assert f":{taken}/" not in url
+            with urllib.request.urlopen(url, timeout=10) as page:
+                assert page.status == 200 and "optuna" in page.read().decode().lower()
+            # optuna-dashboard checks neither Host nor Origin: a foreign page deleted a cell's study, a rebound
+            # name read them all; behind the UI's proxy both are refused, and the page's own requests pass
+            port = int(url.split("http://127.0.0.1:")[1].split("/")[0])
+            assert call(port, "DELETE", "/api/studies/0", Origin="http://evil.example")[0] == 403
+            assert call(port, "GET", "/api/studies", Host=f"rebound.example:{port}")[0] == 403
+            status, listed = call(port, "GET", "/api/studies")
+            assert status == 200 and [s["study_name"] for s in json.loads(listed)["study_summaries"]] == ["s layer=1"]
+        finally:
+            ui.send_signal(signal.SIGINT)
+            ui.wait(timeout=90)  # it stops its server (10 s at most, then a kill); a loaded CI machine is slow
+        said = ui.stderr.read()
+        assert f"port {taken} is busy" in said
+        refused = [line for line in said.splitlines() if line.startswith("ui: refused ")]
+        assert len(refused) == 2 and all(line.endswith("(403)") for line in refused), said
+    assert [s.study_name for s in optuna.get_all_study_summaries(storage)] == ["s layer=1"]  # nothing deleted
