@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         probe,
         report,
         reproduce,
+        rerun,
         results,
         resume,
         schema,
@@ -37,17 +38,18 @@ if TYPE_CHECKING:
     )
     from orchestrator.config import StudySpec
     from orchestrator.launcher import LaunchResult
-    from orchestrator.reproduce import Reproduction
+    from orchestrator.reproduce import Reproduction, Rerun
     from orchestrator.study import Study
     from reports.build import Report
     from trainables.errors import UserInputError
 
-__all__ = ["LaunchResult", "Plan", "Report", "Reproduction", "Status", "Study", "StudyInterrupted", "StudySpec",
-           "UserInputError", "Verification", "doctor", "launch", "list_studies", "load_study", "plan", "probe",
-           "report", "reproduce", "results", "resume", "schema", "status", "sync", "verify"]
+__all__ = ["LaunchResult", "Plan", "Report", "Reproduction", "Rerun", "Status", "Study", "StudyInterrupted",
+           "StudySpec", "UserInputError", "Verification", "doctor", "launch", "list_studies", "load_study", "plan",
+           "probe", "report", "reproduce", "rerun", "results", "resume", "schema", "status", "sync", "verify"]
 
 
 HOMES = {"LaunchResult": "orchestrator.launcher", "Report": "reports.build", "Reproduction": "orchestrator.reproduce",
+         "Rerun": "orchestrator.reproduce",
          "Study": "orchestrator.study", "StudySpec": "orchestrator.config", "UserInputError": "trainables.errors"}
 
 

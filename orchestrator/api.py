@@ -35,13 +35,13 @@ if TYPE_CHECKING:
     from orchestrator.estimate import Estimate, Pilot
     from orchestrator.launcher import LaunchResult
     from orchestrator.planning import StudyPlan
-    from orchestrator.reproduce import Reproduction
+    from orchestrator.reproduce import Reproduction, Rerun
     from orchestrator.study_state import StudyState
     from reports.build import Report
     from reports.record import DataRecord, PluginRecord
 
 __all__ = ["Plan", "Status", "StudyInterrupted", "Verification", "doctor", "launch", "list_studies", "load_study",
-           "plan", "probe", "report", "reproduce", "results", "resume", "schema", "status", "sync", "verify"]
+           "plan", "probe", "report", "reproduce", "rerun", "results", "resume", "schema", "status", "sync", "verify"]
 
 Storage = str | Path | None
 
@@ -417,6 +417,17 @@ class Verification:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+
+def rerun(folder: str | Path, count: int, *, draw_seed: int = 0, data_dir: str | Path | None = None,
+          tolerance: float = 1e-6) -> list[Rerun]:
+    """Rerun `count` replicates of a report drawn at random (`draw_seed`), each as `reproduce` reruns
+    one, as `orchestrator verify --rerun`: each one's difference from what it reported, set against its
+    cell's seed-to-seed sd (`.share(name)`); on a CPU the differences are 0, on a GPU they measure the
+    nondeterminism a reader should know about."""
+    from orchestrator.reproduce import rerun_sample
+
+    return rerun_sample(folder, count, draw_seed, str(data_dir) if data_dir is not None else None, tolerance)
 
 
 def verify(folder: str | Path, *, tracking_uri: str | None = None) -> Verification:

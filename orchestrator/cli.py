@@ -607,8 +607,16 @@ def reproduce(folder: Annotated[str, typer.Argument(help="A folder written by `o
 @user_errors
 def verify(folder: Annotated[str, typer.Argument(help="A folder written by `orchestrator report`.")],
            tracking_uri: str | None = typer.Option(None, help="MLflow store (default: the report's)."),
+           rerun: Annotated[int, typer.Option(min=0, help="Also rerun this many replicates drawn at random (as "
+                                                           "`reproduce` does) and set each one's difference "
+                                                           "against its cell's seed-to-seed sd: 0 on a CPU, a "
+                                                           "GPU's nondeterminism elsewhere.")] = 0,
+           rerun_seed: Annotated[int, typer.Option(help="The seed that draws the replicates to rerun.")] = 0,
+           data_dir: Annotated[str | None, typer.Option(help="The folder holding the study's data, for --rerun "
+                                                             "(default: the one the study used).")] = None,
            debug: bool = DEBUG) -> None:
-    """Recompute every number of a written report from MLflow; exit 1 naming each cell that differs."""
+    """Recompute every number of a written report from MLflow; exit 1 naming each cell that differs.
+    With --rerun N, N replicates are also run again here, same seed, and their same-seed variation shown."""
     from orchestrator import api
 
     quiet_libraries()
@@ -618,6 +626,13 @@ def verify(folder: Annotated[str, typer.Argument(help="A folder written by `orch
     if not checked.ok:
         raise typer.Exit(1)
     typer.echo(f"ok: every number of {checked.folder} ({checked.cells} cells) matches MLflow")
+    if rerun:
+        from orchestrator.reproduce import read_report, render_reruns
+
+        total = len(read_report(Path(folder))[0])
+        for line in render_reruns(api.rerun(folder, rerun, draw_seed=rerun_seed, data_dir=data_dir), total,
+                                  rerun_seed):
+            typer.echo(line)
 
 
 INTERRUPTED = 130  # the shell's code for a process ended by SIGINT; 143 for SIGTERM

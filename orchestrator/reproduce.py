@@ -236,3 +236,82 @@ def render(result: Reproduction) -> list[str]:
         lines.append("the environment is the launch's (every package version, the CPU): the difference comes from "
                      "elsewhere (a GPU kernel that is not deterministic, another precision, other threads)")
     return lines
+
+
+@dataclass
+class Rerun:
+    """One replicate rerun by `verify --rerun`: its reproduction, and the seed-to-seed standard deviation
+    of each reported score in its cell (NaN with fewer than two seeds)."""
+
+    result: Reproduction
+    seed_sd: dict[str, float]
+
+    def share(self, name: str) -> float:
+        """The rerun's difference as a share of the cell's seed-to-seed sd."""
+        sd = self.seed_sd.get(name, math.nan)
+        difference = self.result.difference(name)
+        return 0.0 if difference == 0 else difference / sd if sd > 0 else math.nan
+
+
+def seed_spread(entries: list[dict]) -> dict[str, dict[str, float]]:
+    """Per cell, the sample sd (n - 1) over its seeds of each reported score."""
+    import statistics
+
+    out: dict[str, dict[str, float]] = {}
+    for cell in dict.fromkeys(e["cell"] for e in entries):
+        rows = [e["reported"] for e in entries if e["cell"] == cell]
+        names = dict.fromkeys(name for row in rows for name in row)
+        out[cell] = {name: statistics.stdev(values) if len(values := [row[name] for row in rows if name in row]) > 1
+                     else math.nan for name in names}
+    return out
+
+
+def rerun_sample(folder: str | Path, count: int, draw_seed: int = 0, data_dir: str | None = None,
+                 tolerance: float = TOLERANCE) -> list[Rerun]:
+    """`count` replicates of the report drawn at random (numpy's default_rng(`draw_seed`), without
+    replacement; all of them when it has fewer), each rerun as `reproduce` reruns one: the same-seed
+    variation of this machine, set against the study's seed-to-seed spread."""
+    import numpy as np
+
+    if count < 1:
+        raise UserInputError("--rerun", count, "give how many replicates to rerun, at least 1")
+    entries, _ = read_report(Path(folder))
+    if not entries:
+        raise UserInputError("REPORT", str(folder), "it has no completed replicate to rerun")
+    chosen = sorted(np.random.default_rng(draw_seed).choice(len(entries), size=min(count, len(entries)),
+                                                            replace=False).tolist())
+    spread = seed_spread(entries)
+    out = []
+    for index in chosen:
+        entry = entries[index]
+        cell = " ".join(f"{axis}={value}" for axis, value in entry["values"].items())
+        result = reproduce(folder, cell, entry["seed"], data_dir, tolerance)
+        out.append(Rerun(result, spread[entry["cell"]]))
+    return out
+
+
+def render_reruns(reruns: list[Rerun], total: int, draw_seed: int) -> list[str]:
+    """What `verify --rerun` prints: each rerun's differences against its cell's seed sd, and one verdict."""
+    lines = [f"rerun {len(reruns)} of {total} replicates (drawn with seed {draw_seed}) here, each with its own seed "
+             f"({cpu_model()}):"]
+    worst = 0.0
+    for rerun in reruns:
+        entry = rerun.result.entry
+        parts = []
+        for name in rerun.result.reported:
+            share = rerun.share(name)
+            worst = max(worst, share) if not math.isnan(share) else worst
+            sd = rerun.seed_sd.get(name, math.nan)
+            parts.append(f"{name} {rerun.result.difference(name):.3g}"
+                         + (f" ({share:.1%} of its seed sd {sd:.3g})" if not math.isnan(share) else ""))
+        lines.append(f"  {entry['cell']} · seed {entry['seed']}: " + ", ".join(parts))
+    if all(r.result.matches for r in reruns):
+        tolerance = reruns[0].result.tolerance if reruns else TOLERANCE
+        lines.append(f"same-seed variation: none (every score within {tolerance:g}): a rerun gives the reported "
+                     "numbers")
+    else:
+        lines.append(f"same-seed variation: up to {worst:.1%} of the seed-to-seed sd; this machine does not give the "
+                     "reported numbers back exactly (a GPU kernel that is not deterministic, other threads, another "
+                     "environment: `orchestrator reproduce` on one of them names what differs); say so beside the "
+                     "paper's figures")
+    return lines

@@ -158,6 +158,46 @@ def test_a_folder_that_is_no_report_is_one_line(tmp_path):
                              "written by `orchestrator report` (or an unpacked --bundle)\n")
 
 
+def test_reruns_drawn_at_random_are_set_against_their_cells_seed_spread(toy_report):
+    """`verify --rerun N`'s reruns: N replicates drawn by the seed, each rerun with its own seed; a score
+    that comes back different is shown as a share of its cell's seed-to-seed sd (computed here from the
+    report's own replicates), and the verdict says the machine does not give the numbers back."""
+    import math
+    import statistics
+
+    import orchestrator as orc
+    from orchestrator.reproduce import render_reruns
+
+    entries = json.loads((toy_report / "replicates.json").read_text())
+    same = orc.rerun(toy_report, 2, draw_seed=3)
+    assert len(same) == 2 and all(r.result.matches for r in same)
+    assert all(r.share(name) == 0.0 for r in same for name in r.result.reported)
+    assert render_reruns(same, 4, 3)[-1] == ("same-seed variation: none (every score within 1e-06): a rerun gives "
+                                             "the reported numbers")
+    again = [(r.result.entry["cell"], r.result.entry["seed"]) for r in orc.rerun(toy_report, 2, draw_seed=3)]
+    assert again == [(r.result.entry["cell"], r.result.entry["seed"]) for r in same]  # the seed draws them
+    assert len(orc.rerun(toy_report, 9)) == 4  # more than the report holds: every replicate once
+
+    entries[0]["reported"]["test_spearman"] += 0.02  # as a GPU's nondeterministic kernel would leave it
+    (toy_report / "replicates.json").write_text(json.dumps(entries))
+    (off,) = [r for r in orc.rerun(toy_report, 4) if r.result.entry["run_id"] == entries[0]["run_id"]]
+    sd = statistics.stdev(e["reported"]["test_spearman"] for e in entries if e["cell"] == entries[0]["cell"])
+    assert off.seed_sd["test_spearman"] == pytest.approx(sd, rel=1e-12)
+    assert off.share("test_spearman") == pytest.approx(0.02 / sd, rel=1e-6)
+    lines = render_reruns([off], 4, 0)
+    assert f"test_spearman 0.02 ({0.02 / sd:.1%} of its seed sd {sd:.3g})" in lines[1]
+    assert lines[-1].startswith(f"same-seed variation: up to {0.02 / sd:.1%} of the seed-to-seed sd; this machine "
+                                "does not give the reported numbers back exactly")
+    assert not math.isnan(off.share("best_dev_spearman"))
+
+
+def test_a_rerun_count_below_one_is_one_line(toy_report):
+    import orchestrator as orc
+
+    with pytest.raises(orc.UserInputError, match=r"^--rerun: 0 is not valid; give how many replicates to rerun"):
+        orc.rerun(toy_report, 0)
+
+
 # --- a real study, its report and bundle (slow) ---------------------------------------------------
 
 
@@ -219,6 +259,19 @@ def test_reproduce_reruns_a_cell_of_a_real_study_to_1e6(reported, data_dir):
     assert set(rows) == {"best_dev_spearman", "test_spearman", "test_pearson"}
     assert all(float(difference) <= 1e-6 for _, _, difference in rows.values())
     assert result.stdout.rstrip().endswith("match: every score within 1e-06")
+
+
+@pytest.mark.slow
+def test_verify_reruns_replicates_of_a_real_study_and_finds_no_same_seed_variation_on_a_cpu(reported, data_dir,
+                                                                                          monkeypatch):
+    monkeypatch.chdir(reported)  # the study's MLflow store is sqlite:///mlflow.db, beside its study file
+    result = CliRunner().invoke(app, ["verify", str(reported / "reports" / "quick"), "--rerun", "1"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("ok: every number of ") and lines[1].startswith("rerun 1 of 4 replicates (drawn with "
+                                                                               "seed 0) here")
+    assert lines[2].startswith("  layer=") and "best_dev_spearman 0 (0.0% of its seed sd " in lines[2]
+    assert lines[-1].startswith("same-seed variation: none (every score within 1e-06)")
 
 
 def fresh_venv(folder: Path) -> Path:
