@@ -35,15 +35,23 @@ class TuneSection(Section):
                                                               "({loguniform: [1e-5, 1e-4]}, {choice: [...]}, ...) "
                                                               "or a preset name (lr: default)")
     trials: int = Field(8, ge=1, description="Optuna trials per ablation cell")
-    sampler: Literal["tpe", "random"] = Field("tpe", description="tpe: Optuna's TPE after startup_trials random "
-                                                                 "trials; random: every trial drawn at random")
-    scheduler: Literal["asha", "none"] = Field("asha", description="asha: stop weak trials early, compared only "
-                                                                   "with trials of the same cell; none: train every "
-                                                                   "trial to the end")
-    grace_epochs: int = Field(1, ge=1, description="epochs before ASHA may stop a trial")
-    reduction_factor: int = Field(3, ge=2)
-    startup_trials: int = Field(3, ge=1, description="random trials per cell before TPE models the space")
-    sampler_seed: int = Field(1_000, description="seeds each cell's TPE sampler (plus the cell's index): another "
+    sampler: Literal["tpe", "random", "gp", "cmaes", "qmc", "bruteforce"] = Field(
+        "tpe", description="Optuna's sampler in each cell: tpe (TPE), random, gp (Gaussian-process Bayesian "
+                           "optimisation), cmaes (CMA-ES over the numeric ranges; lists of values drawn at random), "
+                           "qmc (a scrambled quasi-random sequence, qmc_type), bruteforce (each configuration of a "
+                           "space of lists and int ranges once, in a seeded order); tpe, gp and cmaes draw "
+                           "startup_trials at random first")
+    scheduler: Literal["asha", "hyperband", "none"] = Field(
+        "asha", description="the pruner in each cell, compared only with trials of the same cell: asha (Optuna's "
+                            "successive halving, asynchronous), hyperband (Optuna's Hyperband: successive halving "
+                            "in several brackets, each trial in one), none (train every trial to the end)")
+    grace_epochs: int = Field(1, ge=1, description="rounds before the pruner may stop a trial (min_resource; "
+                                                   "hyperband: in its most aggressive bracket)")
+    reduction_factor: int = Field(3, ge=2, description="the pruner's η: 1 in η trials goes on at each rung")
+    startup_trials: int = Field(3, ge=1, description="random trials per cell before tpe, gp or cmaes models the "
+                                                     "space")
+    qmc_type: Literal["sobol", "halton"] = Field("sobol", description="the sequence of sampler: qmc")
+    sampler_seed: int = Field(1_000, description="seeds each cell's sampler (plus the cell's index): another "
                                                 "value draws other configurations, for a searcher's spread")
     seed: int = Field(10_000, description="the seed every tuning trial trains with; never one of replicate.seeds, "
                                           "so no replicate reruns the trial that won the tuning")

@@ -6,9 +6,9 @@ steps, a few batches' worth of pairs, or the whole first round), times its one r
 evaluation on the resources the study asks for, and scales them: a round is `units × unit time +
 evaluation`, a trial is `build + rounds`, replicates add one
 test evaluation. Cells between are interpolated linearly in their layer (truncation makes a step's
-cost linear in the layers kept). Tuning trials count the rounds ASHA is expected to leave them:
-successive halving lets 1/η of a rung's trials on to the next rung. Wall time divides trial-hours
-by the slots the study can use and adds the launch's fixed cost.
+cost linear in the layers kept). Tuning trials count the rounds the pruner is expected to leave them:
+successive halving lets 1/η of a rung's trials on to the next rung (Hyperband: in each bracket). Wall
+time divides trial-hours by the slots the study can use and adds the launch's fixed cost.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 
 from orchestrator.planning import Cell, StudyPlan, covering_values
+from search_spaces.optuna_samplers import hyperband_brackets
 from trainables.errors import UserInputError
 from trainables.kinds.base import TrainingKind
 from trainables.stages import stage_step_seconds
@@ -98,19 +99,30 @@ def pilots_per_cell(plan: StudyPlan) -> dict[int, Pilot]:
 
 def expected_tuning_rounds(plan: StudyPlan, cell: Cell) -> float:
     """Rounds a tuning trial is expected to run under the cell's pruner: every trial reaches the
-    grace rung, 1/η of those the next rung, and so on up to the full trial."""
+    grace rung, 1/η of those the next rung, and so on up to the full trial; under Hyperband, that
+    averaged over its brackets (bracket b's first rung is η^b times later) in Optuna's proportions."""
     full = plan.reports_of(cell.index)
     tune = plan.study.tune
-    if tune.scheduler != "asha":
-        return float(full)
-    rounds, reach, rung = 0.0, 1.0, 0
+    if tune.scheduler == "asha":
+        return halving_rounds(full, tune.grace_epochs, tune.reduction_factor)
+    if tune.scheduler == "hyperband":
+        weights = hyperband_brackets(full, tune.grace_epochs, tune.reduction_factor)
+        if weights:
+            return sum(w * halving_rounds(full, tune.grace_epochs, tune.reduction_factor, b)
+                       for b, w in enumerate(weights)) / sum(weights)
+    return float(full)
+
+
+def halving_rounds(full: int, grace: int, eta: int, first_rung: int = 0) -> float:
+    """Expected rounds of a trial under successive halving whose first rung is `grace * eta**first_rung`."""
+    rounds, reach, rung = 0.0, 1.0, first_rung
     previous = 0
     while True:
-        boundary = min(full, tune.grace_epochs * tune.reduction_factor ** rung)
+        boundary = min(full, grace * eta ** rung)
         rounds += reach * (boundary - previous)
         if boundary >= full:
             return rounds
-        previous, reach, rung = boundary, reach / tune.reduction_factor, rung + 1
+        previous, reach, rung = boundary, reach / eta, rung + 1
 
 
 def stage_cost(plan: StudyPlan) -> tuple[float, int]:

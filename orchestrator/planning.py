@@ -20,6 +20,7 @@ from orchestrator.config import StudyConfig
 from orchestrator.plugins import plugins_used
 from orchestrator.study_data import check_task, read_study_data, trial_task
 from reports.record import DataRecord, KindRecord, PluginRecord, StudyRecord
+from search_spaces.optuna_samplers import space_problems
 from search_spaces.params import Choice, Fixed, Grid, IntRange, LogUniform, Param, Uniform, parse_ablated, parse_tuned
 from search_spaces.presets import expand_language, expand_layer, expand_pooling, expand_seeds, expand_tuned_preset
 from trainables.contract import TrialConfig
@@ -113,7 +114,7 @@ def search_settings(study: StudyConfig) -> dict[str, Any]:
         return {}
     return {"sampler": tune.sampler, "sampler_seed": tune.sampler_seed, "startup_trials": tune.startup_trials,
             "scheduler": tune.scheduler, "grace_epochs": tune.grace_epochs, "reduction_factor": tune.reduction_factor,
-            "trials": tune.trials, "seed": tune.seed}
+            "trials": tune.trials, "seed": tune.seed, **({"qmc_type": tune.qmc_type} if tune.sampler == "qmc" else {})}
 
 
 def defaults_of(plan: StudyPlan) -> dict[str, Any]:
@@ -339,6 +340,8 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
     if task_ok and (axes_ok or "language" not in study.ablate):
         found.check(_check_language, study, axes)
     tuned = found.check(_tuned_params, study, kind, axes)
+    if tuned and study.tune is not None:  # a sampler that cannot search this space as its name promises
+        found.add(*space_problems(study.tune.sampler, study.tune.trials, tuned))
     based = found.check(_base_config, study, kind.Config, axes, tuned or {}, study_dir, stage_root, found)
     values = found.check(_cells, study, axes, found)
     if task_ok and tuned is not None and based is not None and values is not None:  # each trial names the task

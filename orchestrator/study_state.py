@@ -1,8 +1,8 @@
 """What runs next, and what each outcome means: the ablate x tune x replicate semantics.
 
-One in-memory Optuna study per ablation cell (seeded TPE through ask/tell, a successive-halving
-pruner that only ever sees that cell's trials). Order of work: trials interrupted by a previous
-launch first, then replicates of cells whose tuning is done (the best fully-trained config x
+One in-memory Optuna study per ablation cell (its seeded sampler, TPE by default, through ask/tell; its
+pruner, successive halving by default, only ever sees that cell's trials). Order of work: trials interrupted
+by a previous launch first, then replicates of cells whose tuning is done (the best fully-trained config x
 seeds), then tuning trials round-robin over cells. Rebuilt from the journal on resume.
 Pure Python: no Ray import, so it is tested directly.
 """
@@ -21,6 +21,7 @@ from orchestrator.journal import Journal, Outcome, TrialRecord
 from orchestrator.planning import Cell, StudyPlan
 from orchestrator.seed_rules import ci95_half, stein_half, wants_another
 from search_spaces.optuna_domains import optuna_space
+from search_spaces.optuna_samplers import make_pruner, make_sampler
 from trainables.errors import storage_full
 
 FINISHED = "FINISHED"
@@ -64,12 +65,8 @@ class StudyState:
     def _new_study(self, cell: Cell) -> optuna.Study:
         tune = self.plan.study.tune
         direction = "maximize" if self.plan.mode == "max" else "minimize"
-        seed = tune.sampler_seed + cell.index
-        sampler = (optuna.samplers.TPESampler(seed=seed, n_startup_trials=tune.startup_trials)
-                   if tune.sampler == "tpe" else optuna.samplers.RandomSampler(seed=seed))
-        pruner = (optuna.pruners.SuccessiveHalvingPruner(min_resource=tune.grace_epochs,
-                                                         reduction_factor=tune.reduction_factor)
-                  if tune.scheduler == "asha" else optuna.pruners.NopPruner())
+        sampler = make_sampler(tune.sampler, tune.sampler_seed + cell.index, tune.startup_trials, tune.qmc_type)
+        pruner = make_pruner(tune.scheduler, tune.grace_epochs, tune.reduction_factor, self.plan.reports_of(cell.index))
         return optuna.create_study(direction=direction, sampler=sampler, pruner=pruner, storage=self.storage,
                                    study_name=f"{self.plan.study.name} {cell.key}")
 

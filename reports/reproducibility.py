@@ -19,6 +19,7 @@ from reports.compute import hardware, hours, spent, study_resources, study_trial
 from reports.environment import KEY_PACKAGES
 from reports.evp import NAMES as ESTIMATORS
 from reports.evp import tuning_budget
+from search_spaces.optuna_samplers import SAMPLER_CLASSES, STARTUP_SAMPLERS, hyperband_brackets
 
 NOT_RECORDED = "not recorded"
 UNICODE_LATEX = {"…": r"\ldots{}", "α": r"$\alpha$", "≤": r"$\leq$", "≥": r"$\geq$", "∞": r"$\infty$", "σ": r"$\sigma$"}
@@ -168,12 +169,8 @@ def search_item(runs) -> Item:
         return Item("search", checklists, question, _missing("the search settings"),
                     {"tuned": dict(record.tuned), "fixed": fixed})
     space = "; ".join(f"{name} {describe_space(text)}" for name, text in record.tuned.items())
-    sampler = (f"Optuna's TPE sampler (seed {search['sampler_seed']} plus the cell's index, the first "
-               f"{search['startup_trials']} trials random)" if search["sampler"] == "tpe" else
-               f"random search (seed {search['sampler_seed']} plus the cell's index)")
-    pruner = (f"successive halving inside each cell (first rung after {search['grace_epochs']} "
-              f"{runs.round_name}{'s' if search['grace_epochs'] != 1 else ''}, reduction factor "
-              f"{search['reduction_factor']})" if search["scheduler"] == "asha" else "no pruning")
+    sampler = sampler_text(search, any(text.startswith(("Choice", "Fixed")) for text in record.tuned.values()))
+    pruner = pruner_text(search, runs.round_name, record.cell_reports or [record.epochs])
     chosen = chosen_values(runs)
     picked = "; ".join(f"{cell}: " + ", ".join(f"{k} {_short(v)}" for k, v in values.items())
                        for cell, values in chosen.items())
@@ -186,6 +183,41 @@ def search_item(runs) -> Item:
     return Item("search", checklists, question, answer,
                 {"tuned": dict(record.tuned), "search": dict(search), "chosen": chosen, "fixed": fixed,
                  "defaults": defaults}, [table])
+
+
+SAMPLER_NAMES = {"tpe": "TPE", "random": "random search", "gp": "Gaussian-process Bayesian "
+                 "optimisation", "cmaes": "CMA-ES", "qmc": "quasi-Monte Carlo search", "bruteforce": "brute force"}
+
+
+def sampler_text(search: dict, has_choices: bool = False) -> str:
+    """The sampler by its name, Optuna's class and every setting it was built with."""
+    name = search["sampler"]
+    settings = [f"seed {search['sampler_seed']} plus the cell's index"]
+    if name in STARTUP_SAMPLERS:
+        settings.append(f"the first {search['startup_trials']} trials random")
+    if name == "cmaes" and has_choices:
+        settings.append("lists of values drawn at random")
+    if name == "qmc":
+        settings.append(f"a scrambled {search.get('qmc_type', 'sobol').capitalize()} sequence")
+    if name == "bruteforce":
+        settings.append("each configuration at most once, in an order the seed shuffles")
+    return f"{SAMPLER_NAMES.get(name, name)} (Optuna's `{SAMPLER_CLASSES.get(name, name)}`, {', '.join(settings)})"
+
+
+def pruner_text(search: dict, round_name: str, cell_reports: list[int]) -> str:
+    """The pruner by its name, Optuna's class and its settings (Hyperband: its brackets per cell length)."""
+    name, grace, eta = search["scheduler"], search["grace_epochs"], search["reduction_factor"]
+    rounds = f"{grace} {round_name}{'s' if grace != 1 else ''}"
+    if name == "asha":
+        return (f"asynchronous successive halving inside each cell (Optuna's `SuccessiveHalvingPruner`, first rung "
+                f"after {rounds}, reduction factor {eta})")
+    if name == "hyperband":
+        brackets = ", ".join(f"{len(hyperband_brackets(full, grace, eta))} for {full} {round_name}s"
+                             for full in sorted(set(cell_reports)))
+        return (f"Hyperband inside each cell (Optuna's `HyperbandPruner`, min_resource {rounds}, max_resource the "
+                f"cell's {round_name}s, reduction factor {eta}; brackets: {brackets}; a trial's bracket follows from "
+                f"its cell's Optuna study name and its number)")
+    return "no pruning"
 
 
 def _short(value) -> str:

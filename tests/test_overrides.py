@@ -82,11 +82,11 @@ BAD = [
     (["trian.lr=3"], f"trian: {{'lr': 3}} is not valid; unknown key; did you mean train? Valid keys here: "
                      f"{VALID_TOP}"),
     (["tune.trails=4"], "tune.trails: 4 is not valid; unknown key; did you mean trials? Valid keys here: params, "
-                        "trials, sampler, scheduler, grace_epochs, reduction_factor, startup_trials, sampler_seed, "
-                        "seed"),
+                        "trials, sampler, scheduler, grace_epochs, reduction_factor, startup_trials, qmc_type, "
+                        "sampler_seed, seed"),
     (["tune.trials=zero"], "tune.trials: 'zero' is not valid; input should be a valid integer, unable to parse "
                            "string as an integer"),
-    (["tune.scheduler=hyperband"], "tune.scheduler: 'hyperband' is not valid; use 'asha' or 'none'"),
+    (["tune.scheduler=pbt"], "tune.scheduler: 'pbt' is not valid; use 'asha', 'hyperband' or 'none'"),
     (["name=my study"], "name: 'my study' is not valid; use letters, digits, '_', '.' or '-' (it names folders)"),
     (["ablate.layer.x=1"], "ablate.layer: [1, 2] is not valid; it is not a mapping, so ablate.layer.x cannot be "
                            "set; override ablate.layer itself"),

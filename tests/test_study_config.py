@@ -72,7 +72,7 @@ CASES = [
                                              "ablated"),
     ("tune.params.lrr", {"uniform": [1, 2]}, "tune.params.lrr: 'lrr' is not valid; did you mean lr?"),
     ("tune.trials", 0, "tune.trials: 0 is not valid; input should be greater than or equal to 1"),
-    ("tune.scheduler", "hyperband", "tune.scheduler: 'hyperband' is not valid; use 'asha' or 'none'"),
+    ("tune.scheduler", "pbt", "tune.scheduler: 'pbt' is not valid; use 'asha', 'hyperband' or 'none'"),
     ("replicate.seeds", [0, 0], "replicate.seeds: [0, 0] is not valid; seeds repeat"),
     ("replicate.seeds", "five", "replicate.seeds: 'five' is not valid;"),
     ("train.epochs", 0, "train.epochs: 0 is not valid; input should be greater than or equal to 1"),
