@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import queue
+import re
 import subprocess
 import threading
 import time
@@ -60,7 +61,8 @@ NAMED_BY_VALUE = ("pooling", "language", "task", "loss", "pretrain", "objective"
 
 def short_cell(cell_key: str, constant: Collection[str] = ()) -> str:
     """A cell in a few characters: `layer=2 pooling=mean` is `L2 mean`, a model its folder's name;
-    other axes keep their name (`lr=3e-05`); the one cell of a study without axes is ``."""
+    other axes keep their name (`lr=3e-05`), a value's newlines and runs of spaces one space (a prompt's); the
+    one cell of a study without axes is ``."""
     parts = []
     for axis, value in _cell_values(cell_key).items():
         if axis in constant:
@@ -73,7 +75,7 @@ def short_cell(cell_key: str, constant: Collection[str] = ()) -> str:
             parts.append(value)
         else:
             parts.append(f"{axis}={value}")
-    return " ".join(parts)
+    return " ".join(" ".join(parts).split())
 
 
 def constant_axes(cells: Iterable[Mapping[str, object]]) -> frozenset[str]:
@@ -180,6 +182,8 @@ class StudyTracker:
             self.client.log_artifact(self.parent_id, str(study_file))
             self.log_datasets(self.parent_id, record.data)
         self.client.log_text(self.parent_id, record.to_json(), RECORD_FILE)  # every launch: the latest plan
+        if record.search:  # the sampler, the pruner and their settings, by their study-file keys (tune.sampler: gp)
+            self.client.log_batch(self.parent_id, tags=[RunTag(f"tune.{k}", str(v)) for k, v in record.search.items()])
         self.data = list(record.data)
         self.constant = constant_axes(record.cells)
         for run in self._runs(f"tags.`mlflow.parentRunId` = '{self.parent_id}'"):
@@ -601,5 +605,10 @@ class ResilientTracker:
         return True
 
 
+AXIS_START = re.compile(r" (?=[A-Za-z_]\w*=)")  # the space before a cell key's next `axis=`
+
+
 def _cell_values(cell_key: str) -> dict[str, str]:
-    return dict(part.split("=", 1) for part in cell_key.split() if "=" in part)
+    """`layer=2 prompt=query: ` -> {layer: '2', prompt: 'query: '}: a value runs up to the next ` axis=`, so
+    the spaces and newlines of a prompt stay in its `ablate.prompt` tag (the report's cells are read from it)."""
+    return dict(part.split("=", 1) for part in AXIS_START.split(cell_key) if "=" in part)

@@ -25,12 +25,18 @@ def axis_label(name: str, labels: dict | None = None) -> str:
 
 
 def value_label(value, labels: dict | None = None) -> str:
-    """`cls` -> `CLS`; a hub model id or a model folder -> its last part; numbers as they are."""
+    """`cls` -> `CLS`; a hub model id or a model folder -> its last part; numbers as they are; an empty
+    string (no prompt) -> `none`; text over several lines (an instruction) on one line; text with spaces
+    (a prompt) is not cut at a `/` as a path is."""
     text = str(value)
     if labels and text in labels:
         return str(labels[text])
-    if isinstance(value, str) and "/" in text:
+    if isinstance(value, str) and not text.strip():
+        return "none" if not text else repr(text)
+    if isinstance(value, str) and "/" in text and not any(c.isspace() for c in text):
         return text.rstrip("/").rsplit("/", 1)[-1]
+    if isinstance(value, str) and "\n" in text:
+        return " ".join(text.split())
     return VALUES.get(text, text)
 
 

@@ -51,6 +51,19 @@ class TrainingConfig(TrialConfig):
     max_eval_samples: int | None = Field(None, ge=1)
 
 
+class PromptFields(BaseModel):
+    """A prompt before every sentence a bi-encoder embeds (E5's 'query: ', an instruction), as
+    sentence-transformers' `encode(prompt=...)` and `Pooling(include_prompt=...)`: kinds with a sentence
+    encoder take it; a cross-encoder, which reads both sentences in one input, does not."""
+
+    prompt: str = Field("", description="text put before every sentence's text before tokenization, as "
+                                        "sentence-transformers' encode(prompt=...) (E5: 'query: '); its tokens count "
+                                        "toward the max sequence length; '' is none. Quote it in YAML")
+    include_prompt: bool = Field(True, description="false: the prompt's tokens (and the first special token) are "
+                                                   "left out of the pooling but still attended to, as "
+                                                   "sentence-transformers' Pooling(include_prompt=False) (INSTRUCTOR)")
+
+
 ConfigT = TypeVar("ConfigT", bound=TrialConfig)
 
 
@@ -69,6 +82,9 @@ def _explained(schema: type[BaseModel], error: dict) -> UserInputError:
     if error["type"] == "extra_forbidden":
         valid = ", ".join(sorted(schema.model_fields))
         return UserInputError(key, error.get("input"), f"unknown key; valid keys are: {valid}")
+    if error["type"] == "string_type" and isinstance(error.get("input"), dict):  # `prompt: query: ` unquoted
+        return UserInputError(key, error.get("input"), "input should be a valid string: quote it in YAML "
+                                                       "(\"query: \"), where an unquoted ': ' makes a mapping")
     return UserInputError(key, error.get("input"), error["msg"].lower())
 
 

@@ -27,6 +27,7 @@ from trainables.models.encoder import (
     load_tokenizer,
     truncate_encoder,
     truncated_parameter_count,
+    without_prompt,
 )
 from trainables.poolings import POOLINGS, build_pooling
 from trainables.training.runtime import resolve_device, resolve_precision
@@ -39,15 +40,16 @@ class AllLayers(nn.Module):
     """Pooled states of the chosen layers: (batch, layers, dim). Layer k is what the encoder cut at k
     returns (trainables.models.architectures: a pre-norm stack's final norm on h_k), from one pass."""
 
-    def __init__(self, encoder: nn.Module, layers: Sequence[int], pooling: str):
+    def __init__(self, encoder: nn.Module, layers: Sequence[int], pooling: str, prompt_tokens: int = 0):
         super().__init__()
         refuse_pooling(encoder.config, pooling)
-        self.encoder, self.layers, self.pooling = encoder, list(layers), pooling
+        self.encoder, self.layers, self.pooling, self.prompt_tokens = encoder, list(layers), pooling, prompt_tokens
         self.pool_layer = build_pooling(pooling, encoder.config.hidden_size)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         states = layer_states(self.encoder, {"input_ids": input_ids, "attention_mask": attention_mask}, self.layers)
-        return torch.stack([self.pool_layer(state, attention_mask) for state in states], dim=1)
+        pooled = without_prompt(attention_mask, self.prompt_tokens)  # include_prompt: false
+        return torch.stack([self.pool_layer(state, pooled) for state in states], dim=1)
 
 
 def resolve_layers(layers: Sequence[int] | None, depth: int) -> list[int]:
@@ -74,8 +76,9 @@ class LayerTable:
         self.layers = resolve_layers(cfg.layers, stack_depth(encoder))
         self.params = {k: truncated_parameter_count(encoder, k) for k in self.layers}
         truncate_encoder(encoder, max(self.layers))
-        model = AllLayers(encoder, self.layers, cfg.pooling).to(device)
-        embed_all = Embedder(model, TokenCache(load_tokenizer(cfg.model), cfg.max_seq_length), device, dtype)
+        tokens = TokenCache(load_tokenizer(cfg.model), cfg.max_seq_length, cfg.prompt)
+        model = AllLayers(encoder, self.layers, cfg.pooling, 0 if cfg.include_prompt else tokens.prompt_length)
+        embed_all = Embedder(model.to(device), tokens, device, dtype)
         sentences = list(dict.fromkeys(sentences))
         self.table = embed_all(sentences)  # (sentences, layers, dim), one pass
         self.row = {s: i for i, s in enumerate(sentences)}

@@ -11,7 +11,7 @@ import math
 
 from pydantic import Field
 
-from trainables.contract import TrainingConfig
+from trainables.contract import PromptFields, TrainingConfig
 from trainables.data.declaration import TaskRef
 from trainables.errors import UserInputError, one_of
 from trainables.kinds.base import PILOT_STEPS, PilotSpec, TrainingKind
@@ -22,7 +22,7 @@ from trainables.poolings import POOLINGS
 MODEL_MAX_LENGTH = 512
 
 
-class ContrastiveConfig(TrainingConfig):
+class ContrastiveConfig(TrainingConfig, PromptFields):
     model: str
     method: str = Field("simcse", description="simcse, or micse (plus attention alignment of the two views)")
     task: TaskRef = Field("stsb", description="the STS task whose dev split selects steps, trials and layers")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from trainables.contract import TrainingConfig
+from trainables.contract import PromptFields, TrainingConfig
 from trainables.data.declaration import TaskRef
 from trainables.kinds.base import PilotSpec, TrainingKind, check_head_pooling
 from trainables.names import CROSS_HEADS, CROSS_LOSSES
@@ -27,7 +27,7 @@ from trainables.stages.fields import PretrainFields, stage_seed_of
 MODES = ("self", "mutual", "teacher")
 
 
-class DistillConfig(TrainingConfig, PretrainFields):
+class DistillConfig(TrainingConfig, PretrainFields, PromptFields):
     model: str = Field(description="the bi-encoder to start from (Trans-Encoder: an unsupervised SimCSE model)")
     mode: str = Field("self", description="self, mutual (two encoder pairs, averaged labels) or teacher")
     cross_model: str | None = Field(None, description="the cross-encoder's backbone; null is the bi-encoder's start "

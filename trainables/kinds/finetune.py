@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from trainables.contract import TrainingConfig
+from trainables.contract import PromptFields, TrainingConfig
 from trainables.data.declaration import TASK_HELP, TaskRef
 from trainables.errors import UserInputError, one_of
 from trainables.kinds.base import TrainingKind
@@ -21,7 +21,7 @@ from trainables.stages.fields import OBJECTIVES as PRETRAIN_OBJECTIVES
 from trainables.stages.fields import PretrainFields, stage_seed_of
 
 
-class FinetuneConfig(TrainingConfig, PretrainFields):
+class FinetuneConfig(TrainingConfig, PretrainFields, PromptFields):
     model: str
     task: TaskRef = Field("stsb", description=TASK_HELP)
     language: str | None = None

@@ -7,13 +7,13 @@ import math
 
 from pydantic import Field
 
-from trainables.contract import Report, TrialConfig
+from trainables.contract import PromptFields, Report, TrialConfig
 from trainables.data.declaration import TASK_HELP, TaskRef
 from trainables.kinds.base import TrainableKind
 from trainables.poolings import POOLINGS
 
 
-class ProbeConfig(TrialConfig):
+class ProbeConfig(TrialConfig, PromptFields):
     model: str
     task: TaskRef = Field("stsb", description=TASK_HELP)
     language: str | None = None

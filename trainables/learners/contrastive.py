@@ -58,17 +58,18 @@ class ContrastiveLearner(Learner):
         if len(sentences) < 2:
             raise UserInputError("corpus", cfg.corpus, "the corpus has fewer than 2 sentences")
         self.sentences = sentences
+        tokenizer = load_tokenizer(cfg.model)
+        self.tokens = TokenCache(tokenizer, cfg.max_seq_length, cfg.prompt)
+        self.tokens.add(sentences)
+        self.eval_tokens = TokenCache(tokenizer, evaluation_length(cfg, tokenizer), cfg.prompt)
         encoder = build_sentence_encoder(cfg.model, cfg.layer, cfg.pooling, seed=cfg.seed,
-                                         dropout_masks=cfg.dropout_masks)
+                                         dropout_masks=cfg.dropout_masks,
+                                         prompt_tokens=0 if cfg.include_prompt else self.tokens.prompt_length)
         self.attention_layers = resolve_attention_layers(cfg.method, cfg.attention_layers,
                                                          encoder_depth(encoder.encoder.config))
         if uses_eager_attention(bool(self.attention_layers), encoder.encoder.config._attn_implementation, device):
             encoder.encoder.set_attn_implementation("eager")
         self.model = ContrastiveModel(encoder, cfg.mlp_head).to(device)
-        tokenizer = load_tokenizer(cfg.model)
-        self.tokens = TokenCache(tokenizer, cfg.max_seq_length)
-        self.tokens.add(sentences)
-        self.eval_tokens = TokenCache(tokenizer, evaluation_length(cfg, tokenizer))
         self.evaluator = make_evaluator("sts", {"dev": self.data.dev, "test": self.data.test})
         self.embed = Embedder(self.model.sentence_encoder, self.eval_tokens, device,  # the head: training only
                               scoring_dtype(cfg.eval_precision, dtype))

@@ -34,11 +34,12 @@ class FinetuneLearner(Learner):
         if data.kind == "unlabeled":
             raise UserInputError("task", data.name, "finetune needs a labeled pair task (stsb, sick, mrpc, ...)")
         start, stage = pretrained_start(cfg, cfg.pooling)
+        self.tokens = TokenCache(load_tokenizer(start), cfg.max_seq_length, cfg.prompt)
         self.model = build_sentence_encoder(start, cfg.layer, cfg.pooling, cfg.projection_dim, cfg.random_init,
-                                            cfg.seed, cfg.dropout_masks).to(device)
+                                            cfg.seed, cfg.dropout_masks,
+                                            0 if cfg.include_prompt else self.tokens.prompt_length).to(device)
         dim = self.model.projection[0].out_features if self.model.projection else self.model.encoder.config.hidden_size
         self.loss_fn = build_loss(cfg.loss, data.kind, dim).to(device)
-        self.tokens = TokenCache(load_tokenizer(start), cfg.max_seq_length)
         self.first, self.second = list(data.train["sentence1"]), list(data.train["sentence2"])
         self.tokens.add(self.first + self.second)
         self.targets = torch.as_tensor(data.train["score" if data.kind == "sts" else "label"].to_numpy().copy())

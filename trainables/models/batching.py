@@ -12,6 +12,8 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
+from trainables.errors import UserInputError
+
 # A training batch on a CPU goes through in chunks of at most TRAIN_TOKENS_PER_CHUNK padded tokens,
 # cut where padding plus TRAIN_CHUNK_COST per chunk is least (padding_chunks). Each chunk has a
 # fixed cost that does not shrink with its tokens (its weights laid out again for oneDNN's matmuls,
@@ -53,12 +55,23 @@ def chunk_cost(device: torch.device | str, evaluation: bool = True) -> int | Non
     return ACCELERATOR_CHUNK_COST if evaluation else None
 
 
-def tokenize(tokenizer, sentences: Sequence[str], max_length: int) -> list[list[int]]:
-    """Token ids with special tokens, truncated to `max_length`, unpadded."""
+def tokenize(tokenizer, sentences: Sequence[str], max_length: int, prompt: str = "") -> list[list[int]]:
+    """Token ids with special tokens, truncated to `max_length`, unpadded. A `prompt` is put before each
+    sentence's text, as sentence-transformers' `encode(prompt=...)` does: its tokens count toward `max_length`."""
     if not sentences:
         return []
-    return tokenizer(list(sentences), truncation=True, max_length=max_length,
+    return tokenizer([prompt + s for s in sentences], truncation=True, max_length=max_length,
                      add_special_tokens=True)["input_ids"]
+
+
+def prompt_length(tokenizer, prompt: str, max_length: int) -> int:
+    """The leading tokens of a prompted sentence that are the prompt's, as sentence-transformers counts them
+    for Pooling(include_prompt=False): the prompt tokenized alone (its special tokens included, so BERT's
+    [CLS] or a decoder's BOS counts), less a trailing special token ([SEP], EOS); 0 without a prompt."""
+    if not prompt:
+        return 0
+    ids = tokenize(tokenizer, [prompt], max_length)[0]
+    return len(ids) - (1 if ids and ids[-1] in tokenizer.all_special_ids else 0)
 
 
 def pad(token_lists: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -154,19 +167,24 @@ def forget_shared_tokens() -> None:
 
 class TokenCache:
     """Token ids of every sentence seen so far, so each distinct sentence is tokenized once per
-    worker process: the ids are kept per (tokenizer, max length) for the process's life, so a
+    worker process: the ids are kept per (tokenizer, max length, prompt) for the process's life, so a
     reused Ray worker's next trial looks up what an earlier trial tokenized (full STS-B, 17k
-    sentences, takes 0.6 s to tokenize on one core here)."""
+    sentences, takes 0.6 s to tokenize on one core here). With a `prompt`, a sentence's ids are those
+    of the prompt and the sentence (`tokenize`), looked up by the sentence."""
 
-    def __init__(self, tokenizer, max_length: int):
-        self.tokenizer, self.max_length = tokenizer, max_length
+    def __init__(self, tokenizer, max_length: int, prompt: str = ""):
+        self.tokenizer, self.max_length, self.prompt = tokenizer, max_length, prompt
+        self.prompt_length = prompt_length(tokenizer, prompt, max_length)
+        if prompt and len(tokenizer(prompt, add_special_tokens=True)["input_ids"]) >= max_length:
+            raise UserInputError("prompt", prompt, f"its tokens alone fill max_seq_length {max_length}, so no "
+                                                   "sentence would be left: shorten it or raise the length")
         name = str(getattr(tokenizer, "name_or_path", "") or "")
         self._ids: dict[str, list[int]] = _SHARED.setdefault(
-            (type(tokenizer).__name__, name, len(tokenizer), max_length), {}) if name else {}
+            (type(tokenizer).__name__, name, len(tokenizer), max_length, prompt), {}) if name else {}
 
     def add(self, sentences: Iterable[str]) -> None:
         new = list(dict.fromkeys(s for s in sentences if s not in self._ids))
-        self._ids.update(zip(new, tokenize(self.tokenizer, new, self.max_length), strict=True))
+        self._ids.update(zip(new, tokenize(self.tokenizer, new, self.max_length, self.prompt), strict=True))
 
     def __getitem__(self, sentence: str) -> list[int]:
         return self._ids[sentence]

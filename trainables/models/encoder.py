@@ -145,15 +145,27 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, method: str) -> torch.Tensor:
     return build_pooling(method, hidden.shape[-1])(hidden, mask)
 
 
+def without_prompt(mask: torch.Tensor, prompt_tokens: int) -> torch.Tensor:
+    """The attention mask that pooling reads when a prompt's `prompt_tokens` leading tokens are left out of
+    it (sentence-transformers' Pooling(include_prompt=False), right padding): the encoder still attends to them."""
+    if not prompt_tokens:
+        return mask
+    mask = mask.clone()
+    mask[:, :prompt_tokens] = 0
+    return mask
+
+
 class SentenceEncoder(nn.Module):
     """A (truncated) encoder, a pooling method and an optional dense projection (Linear + tanh, as
-    sentence-transformers' Dense module)."""
+    sentence-transformers' Dense module). `prompt_tokens`: the leading tokens of every input that are a
+    prompt's and that pooling leaves out (`include_prompt: false`); 0 pools them all."""
 
-    def __init__(self, encoder: PreTrainedModel, pooling: str = "mean", projection_dim: int | None = None):
+    def __init__(self, encoder: PreTrainedModel, pooling: str = "mean", projection_dim: int | None = None,
+                 prompt_tokens: int = 0):
         super().__init__()
         refuse_pooling(encoder.config, pooling)
         hidden = encoder.config.hidden_size
-        self.encoder, self.pooling = encoder, pooling
+        self.encoder, self.pooling, self.prompt_tokens = encoder, pooling, prompt_tokens
         self.pool_layer = build_pooling(pooling, hidden)  # no parameters in the built-ins: the weights stay the same
         self.projection = (nn.Sequential(nn.Linear(hidden, projection_dim), nn.Tanh())
                            if projection_dim else None)
@@ -163,25 +175,32 @@ class SentenceEncoder(nn.Module):
         pooler = getattr(self.encoder, "pooler", None)
         return [pooler] if isinstance(pooler, nn.Module) else []
 
+    def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Sentence vectors from the token states, before the projection."""
+        return self.pool_layer(hidden, without_prompt(attention_mask, self.prompt_tokens))
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = last_hidden_state(self.encoder, input_ids, attention_mask)
-        vectors = self.pool_layer(hidden, attention_mask)
+        vectors = self.pool(hidden, attention_mask)
         return self.projection(vectors) if self.projection is not None else vectors
 
 
 def build_sentence_encoder(name: str, layer: int | None = None, pooling: str = "mean",
                            projection_dim: int | None = None, random_init: bool = False,
-                           seed: int = 0, dropout_masks: str = "torch") -> SentenceEncoder:
+                           seed: int = 0, dropout_masks: str = "torch", prompt_tokens: int = 0) -> SentenceEncoder:
     """Load `name`, truncate it to `layer` blocks (None keeps all) and put a pooling head on it."""
     encoder = load_encoder(name, random_init=random_init, seed=seed, dropout_masks=dropout_masks)
     if layer is not None:
         truncate_encoder(encoder, layer)
-    return SentenceEncoder(encoder, pooling, projection_dim)
+    return SentenceEncoder(encoder, pooling, projection_dim, prompt_tokens)
 
 
-def save_sentence_transformer(encoder: SentenceEncoder, tokenizer, folder: str | Path, max_seq_length: int) -> Path:
+def save_sentence_transformer(encoder: SentenceEncoder, tokenizer, folder: str | Path, max_seq_length: int,
+                              prompt: str = "") -> Path:
     """`encoder` (truncated, pooled, projected) as a sentence-transformers model folder: a user
-    loads it with `SentenceTransformer(folder)` and gets the same vectors the trial scored."""
+    loads it with `SentenceTransformer(folder)` and gets the same vectors the trial scored. A `prompt` is
+    saved as the model's `query` and `document` prompt and its default, so `encode` puts it before every
+    sentence as the trial did, and the Pooling module leaves it out where the encoder did."""
     import tempfile
 
     from sentence_transformers import SentenceTransformer
@@ -196,11 +215,13 @@ def save_sentence_transformer(encoder: SentenceEncoder, tokenizer, folder: str |
         encoder.encoder.save_pretrained(raw, safe_serialization=True)
         tokenizer.save_pretrained(raw)
         modules = [Transformer(raw, max_seq_length=max_seq_length),
-                   Pooling(encoder.encoder.config.hidden_size, pooling_mode=mode)]
+                   Pooling(encoder.encoder.config.hidden_size, pooling_mode=mode,
+                           include_prompt=not encoder.prompt_tokens)]
         if encoder.projection is not None:
             linear = encoder.projection[0]
             modules.append(Dense(linear.in_features, linear.out_features, activation_function=nn.Tanh(),
                                  init_weight=linear.weight.detach().cpu().clone(),
                                  init_bias=linear.bias.detach().cpu().clone()))
-        SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+        prompts = {"prompts": {"query": prompt, "document": prompt}, "default_prompt_name": "query"} if prompt else {}
+        SentenceTransformer(modules=modules, device="cpu", **prompts).save(str(folder))
     return folder

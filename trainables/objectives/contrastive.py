@@ -100,7 +100,7 @@ class ContrastiveModel(nn.Module):
         if not attention_layers:
             return self.head(self.sentence_encoder(input_ids, mask)), []
         output = self.sentence_encoder.encoder(input_ids=input_ids, attention_mask=mask, output_attentions=True)
-        vectors = self.head(self.sentence_encoder.pool_layer(output.last_hidden_state, mask))
+        vectors = self.head(self.sentence_encoder.pool(output.last_hidden_state, mask))
         return vectors, [output.attentions[k] for k in attention_layers]
 
 

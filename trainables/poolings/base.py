@@ -20,7 +20,8 @@ class PoolingModule(Protocol):
 
     def __call__(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Sentence vectors (batch, dim) from token states (batch, tokens, dim) and the attention mask
-        (batch, tokens; 1 on real tokens, 0 on padding, which must not change the result)."""
+        (batch, tokens; 1 on real tokens, 0 on padding, which must not change the result, and on a prompt's
+        tokens that `include_prompt: false` leaves out of the pooling, as sentence-transformers does)."""
         ...
 
 

@@ -30,11 +30,15 @@ class MeanSqrtLenPooling(nn.Module):
 
 
 class CLSPooling(nn.Module):
+    """The state of each row's first unmasked token: the first token under right padding; with a prompt left
+    out of the pooling (include_prompt: false), the first token after it, as sentence-transformers' Pooling."""
+
     def __init__(self, dim: int | None = None):
         super().__init__()
 
     def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return hidden[:, 0]
+        first = mask.to(torch.int).argmax(dim=1)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), first]
 
 
 class MaxPooling(nn.Module):

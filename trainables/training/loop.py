@@ -133,7 +133,8 @@ def train(kind: TrainingKind, cfg, report: Report, checkpoint_dir: str | None = 
                 metrics.update(score_test(learner, best, state, Path(folder)))
             if round_ == rounds and cfg.export_model:
                 encoder, tokenizer, length = learner.sentence_model()
-                save_sentence_transformer(encoder, tokenizer, Path(folder) / MODEL_DIR, length)
+                save_sentence_transformer(encoder, tokenizer, Path(folder) / MODEL_DIR, length,
+                                          getattr(cfg, "prompt", ""))
             report(metrics, checkpoint_dir=folder)
     if best is not None:
         load_weights(learner, best)
