@@ -36,9 +36,10 @@ def test_the_gpu_benchmark_refuses_fewer_than_one_turn_or_pass(option, tmp_path)
 @pytest.mark.slow
 def test_the_gpu_benchmark_runs_end_to_end_on_the_cpu(tiny_bert, synthetic_data_dir, tmp_path):
     """benchmarks/gpu.py with --device cpu: both sides of the training and encoding comparison, then
-    1 and 2 trials packed on the device through `orchestrator launch`, every figure a number."""
+    2 trials packed on the device through `orchestrator launch` (one launch: 1 and 2 processes are the test
+    below's), every figure a number."""
     done = run_gpu_benchmark("--data-dir", str(synthetic_data_dir), "--device", "cpu", "--models", tiny_bert,
-                             "--batches", "16", "--pairs", "48", "--packing", "1,2", cwd=tmp_path)
+                             "--batches", "16", "--pairs", "48", "--packing", "2", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     name = Path(tiny_bert).name
@@ -48,10 +49,9 @@ def test_the_gpu_benchmark_runs_end_to_end_on_the_cpu(tiny_bert, synthetic_data_
         figures = dict(re.findall(r"(ST fp32|ST bf16|ours auto|ours fp32) ([0-9.]+)", line))
         assert {"ST fp32", "ours auto", "ours fp32"} <= set(figures) and all(float(v) > 0 for v in figures.values())
         assert re.search(r"ours/best peer [0-9.]+x$", line)
-    for k in (1, 2):
-        packed = next(line for line in lines if line.startswith(f"{name} packing {k} trial"))
-        assert float(re.search(r"aggregate ([0-9.]+) train pairs/s", packed).group(1)) > 0
-        assert packed.endswith("device utilization n/a")
+    packed = next(line for line in lines if line.startswith(f"{name} packing 2 trial"))
+    assert float(re.search(r"aggregate ([0-9.]+) train pairs/s", packed).group(1)) > 0
+    assert packed.endswith("device utilization n/a")
 
 
 @pytest.mark.slow

@@ -222,7 +222,7 @@ def test_minilm_short_simcse_on_the_wikipedia_slice_reports_dev_spearman(data_di
     final = contrastive.run({"model": "sentence-transformers/all-MiniLM-L6-v2", "corpus": "unlabeled_en",
                              "layer": 6, "pooling": "mean", "steps": 20, "eval_every": 10, "batch_size": 32,
                              "max_train_samples": 2000, "max_eval_samples": 400, "data_dir": str(data_dir),
-                             "num_threads": 2}, collect(reports))
+                             "num_threads": 1}, collect(reports))  # 1: the suite runs three test processes
     assert len(reports) == 2 and final["corpus_sentences"] == 2000
     assert final["dev_spearman"] > 75 and final["test_spearman"] > 70  # the packaged model stays a good encoder
 

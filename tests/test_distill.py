@@ -348,7 +348,8 @@ def test_minilm_one_self_distillation_cycle_on_1000_unlabeled_stsb_pairs(data_di
     final = distill.run({"model": "sentence-transformers/all-MiniLM-L6-v2", "task": "stsb", "pairs": "task",
                          "cycles": 1, "bi_epochs": 1, "bi_batch_size": 64, "cross_epochs": 1, "cross_lr": 5e-5,
                          "cross_batch_size": 16, "max_train_samples": 1000,
-                         "max_eval_samples": 500, "data_dir": str(data_dir), "num_threads": 2}, collect(reports))
+                         "max_eval_samples": 500, "data_dir": str(data_dir),
+                         "num_threads": 1}, collect(reports))  # 1: the suite runs three test processes on 2 cores
     assert len(reports) == 1 and final["pairs"] == 1000
     assert final["dev_spearman"] > 75  # the bi-encoder stays good on its own pseudo-labels
     assert np.isfinite(final["cross_dev_spearman"]) and final["cross_dev_spearman"] > 20  # the cross-encoder learned
