@@ -92,3 +92,14 @@ def installed_plugins(monkeypatch) -> list[str]:
 def synthetic_data_dir(tmp_path_factory) -> Path:
     """A data folder in the layout of shared/data with synthetic stsb and mrpc files."""
     return synthetic_data(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models: a second torch thread only waits for the first (and for whatever shares the cores)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -91,12 +91,8 @@ DEPTH = 4
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: a second torch thread only waits for the first (and for whatever shares the cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_torch_thread):
+    """Tiny models: one torch thread (conftest's `one_torch_thread`)."""
 
 
 def build(family: str) -> torch.nn.Module:

@@ -32,12 +32,9 @@ SAME = {"rtol": 1e-5, "atol": 1e-6}  # "unchanged": a different padded length ro
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls on one thread: two OpenMP threads on a shared 2-core machine spin far longer than they compute."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_torch_thread):
+    """Tiny matmuls on one thread (conftest's `one_torch_thread`): two OpenMP threads on a shared 2-core
+    machine spin far longer than they compute."""
 
 
 def tiny_model(seed: int, dropout: float = 0.0) -> SentenceEncoder:

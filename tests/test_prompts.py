@@ -33,12 +33,8 @@ ST_MODES = {"mean": "mean", "cls": "cls", "max": "max", "mean_sqrt_len": "mean_s
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: a second torch thread only waits for the first (and for whatever shares the cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_torch_thread):
+    """Tiny models: one torch thread (conftest's `one_torch_thread`)."""
 
 
 @pytest.fixture(scope="module")
