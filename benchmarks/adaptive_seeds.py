@@ -2,7 +2,7 @@
 
 Each simulated cell draws seed-level dev scores from N(mu, sigma) and a test score per seed that
 shares a fraction `rho` of its noise with dev (a seed that is lucky on dev is partly lucky on test).
-The rules of `orchestrator.seed_rules` decide how many seeds each cell gets; a fixed n is the
+The rules of `orchestrator.study.seed_rules` decide how many seeds each cell gets; a fixed n is the
 reference. Per regime (sigma, target, max_seeds) and rule it prints:
 
 - the mean seeds and how often the cap `max_seeds` decided them;
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from orchestrator.seed_rules import ci95_half, seeds_needed, stein_half, wants_another  # noqa: E402
+from orchestrator.study.seed_rules import ci95_half, seeds_needed, stein_half, wants_another  # noqa: E402
 
 
 @dataclass(frozen=True)

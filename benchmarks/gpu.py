@@ -54,7 +54,7 @@ from epoch import (  # the sides, as epoch.py times them
 )
 from utilization import Utilization
 
-from orchestrator.cli import quiet_libraries
+from orchestrator.cli.app import quiet_libraries
 from trainables.data.tasks import load_task
 from trainables.models.encoder import encoder_depth, load_config
 from trainables.training.runtime import bf16_is_fast
@@ -66,7 +66,7 @@ MAX_LENGTH = 128
 def packed(model_name: str, data_dir: str, pairs: int, batch: int, device: str, k: int, folder: Path) -> tuple:
     """(aggregate train pairs/s, mean utilization) of K one-epoch trials launched as one study, K at
     a time, each asking for 1/K of the device."""
-    from orchestrator.launcher import launch
+    from orchestrator.run.launcher import launch
 
     cpus = os.cpu_count() or 1
     on_gpu = device.startswith("cuda")

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from orchestrator.tune_adapters import CellScheduler, PlanSearcher, ProgressCallback, TrackingCallback
+from orchestrator.run.tune_adapters import CellScheduler, PlanSearcher, ProgressCallback, TrackingCallback
 
 Score = Callable[[dict, int, int], float]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.launcher import connect_ray, launch
+from orchestrator.run.launcher import connect_ray, launch
 from trainables.contract import collect
 from trainables.kinds import get_kind
 

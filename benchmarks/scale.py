@@ -45,10 +45,10 @@ import yaml
 from instant import instant_executor  # benchmarks/instant.py, beside this script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.services: the private PostgreSQL and server
-from orchestrator.journal import Journal  # noqa: E402
-from orchestrator.launcher import launch  # noqa: E402
-from orchestrator.study import Study  # noqa: E402
-from orchestrator.tracking import ResilientTracker  # noqa: E402
+from orchestrator.run.launcher import launch  # noqa: E402
+from orchestrator.run.tracking import ResilientTracker  # noqa: E402
+from orchestrator.study.handle import Study  # noqa: E402
+from orchestrator.study.journal import Journal  # noqa: E402
 
 SLOTS = 16
 PER_CELL = 100  # trials per cell: 97 tuning trials and 3 replicates

@@ -63,10 +63,10 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.config import parse_study
-from orchestrator.journal import Journal, Outcome, ReadOnlyJournal, TrialRecord
-from orchestrator.planning import Cell, StudyPlan, build_plan
-from orchestrator.study_state import StudyState
+from orchestrator.study.config import parse_study
+from orchestrator.study.journal import Journal, Outcome, ReadOnlyJournal, TrialRecord
+from orchestrator.study.plan import Cell, StudyPlan, build_plan
+from orchestrator.study.state import StudyState
 from search_spaces.optuna_samplers import space_problems
 from search_spaces.params import parse_tuned
 
@@ -100,7 +100,7 @@ def run_study(spec: dict, folder: Path) -> list[dict]:
     """Launch (or, when `folder` kept it from an earlier run, resume: nothing finished reruns) a study;
     its journal's events."""
     path = folder / f"{spec['name']}.yaml"
-    from orchestrator.launcher import launch
+    from orchestrator.run.launcher import launch
 
     path.write_text(yaml.safe_dump(spec))
     journal = folder / "studies" / spec["name"] / "journal.jsonl"
@@ -356,7 +356,7 @@ def main() -> None:
     budgets = [int(b) for b in (args.budgets or "9,18,36").split(",")]
     size = len(list(itertools.product(*SPACE.values())))
 
-    from orchestrator.launcher import connect_ray
+    from orchestrator.run.launcher import connect_ray
 
     connect_ray("local")
     with tempfile.TemporaryDirectory() as tmp:

@@ -36,7 +36,7 @@ def make_study(folder: Path) -> Path:
     from conftest import save_tiny_bert
 
     from benchmarks.instant import instant_executor
-    from orchestrator.launcher import launch
+    from orchestrator.run.launcher import launch
 
     model = save_tiny_bert(folder / "tiny")
     data = folder / "data" / "stsb"

@@ -108,7 +108,7 @@ def schema_table(schema: dict, defs: dict) -> list[str]:
 
 
 def study_file_reference() -> str:
-    from orchestrator.config import study_json_schema
+    from orchestrator.study.config import study_json_schema
 
     schema = study_json_schema()
     defs = schema.get("$defs", {})
@@ -119,7 +119,7 @@ def study_file_reference() -> str:
 
 
 def kind_configs_reference() -> str:
-    from orchestrator.planning import MANAGED
+    from orchestrator.study.plan import MANAGED
     from trainables.kinds import KINDS, load_kind
 
     out = []

@@ -36,10 +36,10 @@ if TYPE_CHECKING:
         sync,
         verify,
     )
-    from orchestrator.config import StudySpec
-    from orchestrator.launcher import LaunchResult
-    from orchestrator.reproduce import Reproduction, Rerun
-    from orchestrator.study import Study
+    from orchestrator.run.launcher import LaunchResult
+    from orchestrator.run.reproduce import Reproduction, Rerun
+    from orchestrator.study.config import StudySpec
+    from orchestrator.study.handle import Study
     from reports.build import Report
     from trainables.errors import UserInputError
 
@@ -48,9 +48,10 @@ __all__ = ["LaunchResult", "Plan", "Report", "Reproduction", "Rerun", "Status", 
            "probe", "report", "reproduce", "rerun", "results", "resume", "schema", "status", "sync", "verify"]
 
 
-HOMES = {"LaunchResult": "orchestrator.launcher", "Report": "reports.build", "Reproduction": "orchestrator.reproduce",
-         "Rerun": "orchestrator.reproduce",
-         "Study": "orchestrator.study", "StudySpec": "orchestrator.config", "UserInputError": "trainables.errors"}
+HOMES = {"LaunchResult": "orchestrator.run.launcher", "Report": "reports.build",
+         "Reproduction": "orchestrator.run.reproduce", "Rerun": "orchestrator.run.reproduce",
+         "Study": "orchestrator.study.handle", "StudySpec": "orchestrator.study.config",
+         "UserInputError": "trainables.errors"}
 
 
 def __getattr__(name: str) -> Any:

@@ -23,20 +23,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.config import StudySpec, models_of, read_study
-from orchestrator.study import Study, studies_in
+from orchestrator.study.config import StudySpec, models_of, read_study
+from orchestrator.study.handle import Study, studies_in
 from trainables.errors import UserInputError
 
 if TYPE_CHECKING:
     import pandas as pd
     from rich.table import Table
 
-    from orchestrator.checkup import Check
-    from orchestrator.estimate import Estimate, Pilot
-    from orchestrator.launcher import LaunchResult
-    from orchestrator.planning import StudyPlan
-    from orchestrator.reproduce import Reproduction, Rerun
-    from orchestrator.study_state import StudyState
+    from orchestrator.checks.doctor import Check
+    from orchestrator.checks.estimate import Estimate, Pilot
+    from orchestrator.run.launcher import LaunchResult
+    from orchestrator.run.reproduce import Reproduction, Rerun
+    from orchestrator.study.plan import StudyPlan
+    from orchestrator.study.state import StudyState
     from reports.build import Report
     from reports.record import DataRecord, PluginRecord
 
@@ -78,7 +78,7 @@ def read_checked(study: StudySpec | str | Path, overrides: Sequence[str], name: 
     """The study read (`as_spec`) with `data_dir` in use. A file with structural problems is refused with
     every mistake it has at once: the checks that need the model and the data run on the rest of the file
     (the keys at fault taken out), and every problem is one line, in the file's order."""
-    from orchestrator.config import StructureErrors, in_file_order
+    from orchestrator.study.config import StructureErrors, in_file_order
     from trainables.errors import Problems, UserInputErrors
 
     try:
@@ -115,9 +115,9 @@ def use_data_dir(folder: str | Path | None, spec: StudySpec | None = None) -> No
 
 def checked_plan(spec: StudySpec) -> StudyPlan:
     """Every trial of the study resolved and checked, before anything runs (the deep checks)."""
-    from orchestrator.config import in_file_order
-    from orchestrator.estimate import check_pilot
-    from orchestrator.planning import build_plan
+    from orchestrator.checks.estimate import check_pilot
+    from orchestrator.study.config import in_file_order
+    from orchestrator.study.plan import build_plan
     from trainables.errors import UserInputErrors
 
     try:
@@ -180,8 +180,8 @@ def plan(study: StudySpec | str | Path, overrides: Sequence[str] = (), *, name: 
                            "replicates": len(resolved.seeds)} for c in resolved.cells])
     found = pilot = None
     if estimate:
-        from orchestrator.estimate import estimate as estimate_plan
-        from orchestrator.estimate import pilots_per_cell
+        from orchestrator.checks.estimate import estimate as estimate_plan
+        from orchestrator.checks.estimate import pilots_per_cell
 
         pilots = pilots_per_cell(resolved)
         found = estimate_plan(resolved, pilots)
@@ -189,8 +189,8 @@ def plan(study: StudySpec | str | Path, overrides: Sequence[str] = (), *, name: 
     config = spec.config
     kept = None
     if found is not None:
-        from orchestrator.estimate import save_estimate
-        from orchestrator.study_folder import study_dir, unwritable
+        from orchestrator.checks.estimate import save_estimate
+        from orchestrator.study.folder import study_dir, unwritable
 
         folder = study_dir(storage or config.storage_path, config.name)
         if unwritable(folder) is None:
@@ -217,7 +217,7 @@ def as_spec(study: StudySpec | str | Path, overrides: Sequence[str], name: str |
 
 def schema() -> dict[str, Any]:
     """The JSON Schema of the study file (for editor completion)."""
-    from orchestrator.config import study_json_schema
+    from orchestrator.study.config import study_json_schema
 
     return study_json_schema()
 
@@ -233,7 +233,7 @@ def launch(study: StudySpec | str | Path, overrides: Sequence[str] = (), *, name
     `reports/<name>`: the same study folder, journal, MLflow runs and report as `orchestrator launch`.
     `resume`: continue a study of that name that exists already (changes that extend it run only the new
     work). Raises `StudyInterrupted` when stopped first."""
-    from orchestrator import launcher
+    from orchestrator.run import launcher
 
     spec = as_spec(study, overrides, name)
     return finished(launcher.launch(spec, storage=storage, address=address, max_concurrent=max_concurrent,
@@ -246,7 +246,7 @@ def resume(name: str, overrides: Sequence[str] = (), *, storage: Storage = None,
     """Continue an interrupted study from its folder: finished trials are kept, interrupted ones continue
     from their last checkpoint. `overrides` may extend it (more seeds, trials or axis values); one that
     would invalidate finished work is refused, as an edited study file is."""
-    from orchestrator import launcher
+    from orchestrator.run import launcher
 
     use_data_dir(data_dir)
     return finished(launcher.resume(name, storage=storage, address=address, max_concurrent=max_concurrent,
@@ -266,7 +266,7 @@ def finished(result: LaunchResult) -> LaunchResult:
 def sync(name: str, *, storage: Storage = None) -> dict[str, int]:
     """Replay a study's journal into MLflow (runs, epochs and outcomes an outage missed) and close its
     runs; counts of what it created, logged, closed and marked KILLED."""
-    from orchestrator import launcher
+    from orchestrator.run import launcher
 
     return launcher.sync(name, storage)
 
@@ -290,14 +290,14 @@ class Status:
 
     def as_dict(self) -> dict[str, Any]:
         """What `orchestrator status --json` prints."""
-        from orchestrator.progress import status_record
+        from orchestrator.run.progress import status_record
 
         return {**status_record(self.state), "running_now": self.running_now, "folder": str(self.folder),
                 "folder_bytes": self.folder_bytes}
 
     def table(self) -> Table:
         """The table `orchestrator status` prints (rich)."""
-        from orchestrator.progress import status_table
+        from orchestrator.run.progress import status_table
 
         return status_table(self.state)
 
@@ -306,7 +306,7 @@ def status(name: str, *, storage: Storage = None) -> Status:
     """Trials done, running and failed, and the best dev score per cell, as `orchestrator status`."""
     import pandas as pd
 
-    from orchestrator.progress import status_record
+    from orchestrator.run.progress import status_record
 
     study = Study.named(name, storage).require()
     state = study.state()
@@ -348,7 +348,7 @@ def results(name: str, *, storage: Storage = None, phase: str | None = None,
     `phase`: "tune" or "replicate"; `cell`: a cell key ("layer=3") or some of its axis values
     ({"layer": 3}). `curves=True`: one row per trial run and epoch, its training loss and dev scores,
     e.g. `seaborn.lineplot(data=curves, x="epoch", y="dev_spearman", hue="layer")`."""
-    from orchestrator.frames import results as read_results
+    from orchestrator.study.frames import results as read_results
 
     return read_results(name, storage, phase=phase, cell=cell, curves=curves)
 
@@ -401,7 +401,7 @@ def reproduce(folder: str | Path, *, cell: str, seed: int, data_dir: str | Path 
     after checking that the data's rows and the model's weights are the study's, as `orchestrator
     reproduce`: the reported and recomputed scores (`.reported`, `.recomputed`), whether they match within
     `tolerance` (`.matches`) and, when they do not, how this environment differs from the launch's."""
-    from orchestrator.reproduce import reproduce as rerun
+    from orchestrator.run.reproduce import reproduce as rerun
 
     return rerun(folder, cell, seed, str(data_dir) if data_dir is not None else None, tolerance)
 
@@ -425,7 +425,7 @@ def rerun(folder: str | Path, count: int, *, draw_seed: int = 0, data_dir: str |
     one, as `orchestrator verify --rerun`: each one's difference from what it reported, set against its
     cell's seed-to-seed sd (`.share(name)`); on a CPU the differences are 0, on a GPU they measure the
     nondeterminism a reader should know about."""
-    from orchestrator.reproduce import rerun_sample
+    from orchestrator.run.reproduce import rerun_sample
 
     return rerun_sample(folder, count, draw_seed, str(data_dir) if data_dir is not None else None, tolerance)
 
@@ -496,10 +496,10 @@ def doctor(*, address: str | None = None, study: str | Path | None = None, stora
     (`tracking_uri`, or the study's when it is a server: it answers, its backend takes writes, its artifact
     store is writable from every node, the latency of a request) and, with `study`, its model, data and
     tracker (else the data folder), as `orchestrator doctor`: one `Check` (name, ok, detail) each."""
-    from orchestrator.checkup import Check, cluster_checks, study_checks, tracking_checks
-    from orchestrator.config import load_study as read_config
-    from orchestrator.launcher import connect_ray
-    from orchestrator.study_folder import DEFAULT_STORAGE
+    from orchestrator.checks.doctor import Check, cluster_checks, study_checks, tracking_checks
+    from orchestrator.run.launcher import connect_ray
+    from orchestrator.study.config import load_study as read_config
+    from orchestrator.study.folder import DEFAULT_STORAGE
 
     use_data_dir(data_dir)
     checks: list[Check] = []

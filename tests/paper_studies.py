@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from orchestrator.config import StudyConfig
+from orchestrator.study.config import StudyConfig
 from reports.collect import StudyRuns
 from reports.record import StudyRecord
 

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 import orchestrator as orc
 from benchmarks.instant import instant_executor
-from orchestrator import launcher
 from orchestrator.cli import app
+from orchestrator.run import launcher
 from trainables.errors import UserInputError
 
 runner = CliRunner()

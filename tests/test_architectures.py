@@ -295,7 +295,7 @@ def test_validate_runs_the_layer_check_in_a_child_process_and_says_its_refusal_i
     import subprocess
     from types import SimpleNamespace
 
-    from orchestrator.planning import _check_cut_apart
+    from orchestrator.study.plan import _check_cut_apart
 
     _check_cut_apart(tiny_bert, [1, 3])  # the real child: the tiny BERT passes
     line = json.dumps({"key": "model", "value": "m", "fix": "layer 2 differs by 3.1 (tolerance 1e-4)"})

@@ -40,7 +40,7 @@ def test_probe_table_marks_only_the_layers_that_collapsed(capsys):
     layer did not collapse. Only the collapsed layer gets its ° and its spread under the table."""
     import pandas as pd
 
-    from orchestrator.cli import print_layer_table
+    from orchestrator.cli.probe import print_layer_table
 
     rows = pd.DataFrame([{"layer": 4, "spearman": 73.5, "pearson": 72.0, "params": 1e6},
                          {"layer": 5, "spearman": 60.0, "pearson": 61.0, "params": 2e6, "cosine_spread": 3e-5},
@@ -101,7 +101,7 @@ def test_a_server_that_cannot_start_is_one_line_and_exit_1(capsys):
 
     import typer
 
-    from orchestrator.cli import free_port, serve
+    from orchestrator.cli.ui import free_port, serve
 
     port = free_port(5999)
     with pytest.raises(typer.Exit) as ended:
@@ -113,7 +113,7 @@ def test_a_server_that_cannot_start_is_one_line_and_exit_1(capsys):
 def test_a_busy_port_is_replaced_by_a_free_one(capsys):
     import socket
 
-    from orchestrator.cli import free_port
+    from orchestrator.cli.ui import free_port
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -132,8 +132,8 @@ def test_the_ui_proxy_passes_everything_through_and_sets_the_model_training_mode
     import urllib.error
     import urllib.request
 
-    from orchestrator.cli import system_port
-    from orchestrator.ui_proxy import MODE_KEY, start_proxy
+    from orchestrator.cli.ui import system_port
+    from orchestrator.run.ui_proxy import MODE_KEY, start_proxy
 
     seen = []
 

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from orchestrator.journal import Journal
+from orchestrator.study.journal import Journal
 from tests.services import MlflowServer, free_port
 
 pytestmark = pytest.mark.slow

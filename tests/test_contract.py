@@ -129,8 +129,8 @@ def test_the_kit_fails_a_kind_that_breaks_the_contract(tmp_path):
 
 
 def test_a_kind_is_one_module_and_one_registry_line(monkeypatch, tiny_bert, synthetic_data_dir, tmp_path):
-    from orchestrator.config import parse_study
-    from orchestrator.planning import build_plan
+    from orchestrator.study.config import parse_study
+    from orchestrator.study.plan import build_plan
 
     monkeypatch.setitem(KINDS, "toy", TOY)
     assert isinstance(get_kind("toy"), TrainingKind)
@@ -146,7 +146,7 @@ def test_a_kind_is_one_module_and_one_registry_line(monkeypatch, tiny_bert, synt
 def test_a_kind_defined_only_in_the_tests_launches_end_to_end(monkeypatch, tiny_bert, synthetic_data_dir, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.launcher import launch
+    from orchestrator.run.launcher import launch
 
     monkeypatch.setitem(KINDS, "toy", TOY)
     path = tmp_path / "toy.yaml"

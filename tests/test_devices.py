@@ -117,7 +117,7 @@ import ray
 from trainables.kinds import KINDS
 KINDS["toy_packed"] = "tests.toy_kind:PackedToyKind"
 ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False)  # two GPUs that are not there
-from orchestrator.launcher import launch
+from orchestrator.run.launcher import launch
 result = launch(sys.argv[1], storage=sys.argv[2], progress=False)
 print(result.counts)
 """

@@ -90,7 +90,7 @@ def test_the_cli_reference_has_every_verb_and_every_option():
 
 
 def test_the_study_file_reference_has_every_key_of_every_section():
-    from orchestrator.config import study_json_schema
+    from orchestrator.study.config import study_json_schema
 
     text = hooks().study_file_reference()
     schema = study_json_schema()
@@ -107,3 +107,40 @@ def test_the_kind_reference_lists_each_kinds_own_keys_and_not_the_managed_ones()
         assert f"### `trainable: {name}`" in text
     assert "| `pooling` |" in text and "| `cycles` |" in text and "| `temperature` |" in text
     assert "| `seed` |" not in text and "| `data_dir` |" not in text
+
+
+
+def layout_section() -> str:
+    text = (REPO / "docs" / "design.md").read_text(encoding="utf-8")
+    return text.split("## Layout", 1)[1].split("\n## ", 1)[0]
+
+
+def layout_paths(section: str) -> set[str]:
+    """Every path the section names: whole ones, and a bullet's bare `name.py` under the folder it opens with."""
+    whole = re.compile(r"`((?:orchestrator|trainables|reports|search_spaces)/[\w/]*?(?:\.py|/))`")
+    named = set(whole.findall(section))
+    for bullet in re.split(r"(?:^|\n)- ", section)[1:]:
+        bullet = bullet.split("\n\n", 1)[0]  # a list ends at a blank line
+        folder = whole.match(bullet)
+        if folder and folder.group(1).endswith("/"):
+            named |= {folder.group(1) + name for name in re.findall(r"`(\w+\.py)`", bullet)}
+    return named
+
+
+def test_the_design_page_s_layout_names_only_what_exists_and_every_package_and_module():
+    """docs/design.md's layout is drawn from the code: every path it names exists, every package (a folder with
+    an __init__.py) is named, and so is every module of orchestrator/: a new or moved one updates the page."""
+    named = layout_paths(layout_section())
+    assert sorted(p for p in named if not (REPO / p).exists()) == []
+    packages = {f"{init.parent.relative_to(REPO).as_posix()}/" for top in ("orchestrator", "trainables")
+                for init in (REPO / top).rglob("__init__.py") if init.parent != REPO / top}
+    assert sorted(packages - named) == []
+    modules = {f.relative_to(REPO).as_posix() for f in (REPO / "orchestrator").rglob("*.py")
+               if f.name not in ("__init__.py", "__main__.py") and "testing" not in f.parts}
+    assert sorted(modules - named) == []
+
+
+def test_the_layout_reader_sees_a_module_the_page_leaves_out():
+    section = "- `orchestrator/study/`: `config.py` and `plan.py`\n- `orchestrator/api.py`: the API\n"
+    assert layout_paths(section) == {"orchestrator/study/", "orchestrator/study/config.py",
+                                     "orchestrator/study/plan.py", "orchestrator/api.py"}

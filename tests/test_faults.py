@@ -17,7 +17,7 @@ import yaml
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from orchestrator.journal import Outcome
+from orchestrator.study.journal import Outcome
 from trainables.errors import UserInputError
 
 runner = CliRunner()
@@ -135,8 +135,8 @@ def test_a_store_that_turns_unwritable_after_the_checks_ends_in_one_line_and_the
     """The store passes validate, then refuses the parent run (here: replaced by a file that is no
     database): one line; the plain relaunch, once the store is back, takes the folder over instead of
     refusing it as an existing study, and runs everything once."""
-    import orchestrator.planning as planning
-    from orchestrator import launcher as launching
+    import orchestrator.study.plan as planning
+    from orchestrator.run import launcher as launching
 
     study = write_study(tmp_path, tiny_bert, synthetic_data_dir)
     storage = tmp_path / "studies"
@@ -160,7 +160,7 @@ def test_a_store_that_turns_unwritable_after_the_checks_ends_in_one_line_and_the
     again = runner.invoke(app, ["launch", str(study), "--storage", str(storage)])
     assert again.exit_code == 0, again.output
     assert "s: finished: 2 completed" in again.stdout
-    from orchestrator.journal import Journal
+    from orchestrator.study.journal import Journal
 
     events = Journal(storage / "s" / "journal.jsonl").events()
     assert [e["event"] for e in events].count("launch") == 1  # the failed attempt's state files are gone
@@ -169,7 +169,7 @@ def test_a_store_that_turns_unwritable_after_the_checks_ends_in_one_line_and_the
 
 def test_a_folder_where_trials_ran_is_still_refused_by_a_new_launch(tiny_bert, synthetic_data_dir, tmp_path,
                                                                     empty_store):
-    from orchestrator.launcher import launch
+    from orchestrator.run.launcher import launch
 
     study = write_study(tmp_path, tiny_bert, synthetic_data_dir)
     make_store(tmp_path / "mlflow.db", empty_store)
@@ -200,7 +200,7 @@ def test_rays_own_messages_go_to_the_study_log_not_the_terminal(tmp_path, capfd)
 
     import ray  # noqa: F401 (its logging setup: a stderr handler on `ray`)
 
-    from orchestrator.driver_log import ray_logs_to
+    from orchestrator.run.driver_log import ray_logs_to
 
     fetch = logging.getLogger("ray.tune.analysis.experiment_analysis")
     before = {name: (logger.handlers[:], logger.propagate) for name, logger in logging.Logger.manager.loggerDict.items()
@@ -225,7 +225,7 @@ def test_a_study_log_that_cannot_be_written_drops_its_lines_quietly(tmp_path, ca
     `--- Logging error ---` traceback for each."""
     import logging
 
-    from orchestrator.driver_log import ray_logs_to
+    from orchestrator.run.driver_log import ray_logs_to
 
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full here")
@@ -272,7 +272,7 @@ def launched(tmp_path: Path, model: str, data_dir: Path, template: Path, stop_af
     """A study launched with instant trials (no Ray): (study file, storage); `stop_after`: interrupted
     (as Ctrl-C would) once that many trials finished."""
     from benchmarks.instant import instant_executor
-    from orchestrator.launcher import launch
+    from orchestrator.run.launcher import launch
 
     make_store(tmp_path / "mlflow.db", template)
     study = write_study(tmp_path, model, data_dir, **{"replicate": {"seeds": [0, 1]}, "train": {"epochs": 2},
@@ -296,7 +296,7 @@ def state_files(folder: Path) -> dict[str, bytes]:
 
 def resume_instant(storage: Path, **kwargs):
     from benchmarks.instant import instant_executor
-    from orchestrator.launcher import resume
+    from orchestrator.run.launcher import resume
 
     return resume("s", storage, progress=False, **kwargs,
                   executor=instant_executor(lambda config, seed, epoch: 50.0 + epoch + config.get("layer", 0)))
@@ -393,7 +393,7 @@ def test_a_50000_event_journal_replays_to_the_right_state_and_resumes(tiny_bert,
     assert (shown["completed"], shown["planned"], shown["complete"]) == (len(finished), 6, False)
     result = resume_instant(storage)
     assert result.finished and result.counts["completed"] == 6
-    from orchestrator.journal import Journal
+    from orchestrator.study.journal import Journal
 
     records = Journal(journal).records()
     assert sorted(records) == ["c0-s0", "c0-s1", "c1-s0", "c1-s1", "c2-s0", "c2-s1"]
@@ -403,7 +403,7 @@ def test_a_50000_event_journal_replays_to_the_right_state_and_resumes(tiny_bert,
 def hold_lock(folder: Path, what: str) -> subprocess.Popen:
     """Another process that holds the study folder's lock (a launch, a resume, a sync) until killed."""
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time\nfrom pathlib import Path\nfrom orchestrator.study_folder import exclusive\n"
+        "import sys, time\nfrom pathlib import Path\nfrom orchestrator.study.folder import exclusive\n"
         f"with exclusive(Path({str(folder)!r}), 's', {what!r}):\n    print('holding', flush=True)\n"
         "    time.sleep(120)\n")], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "holding"
@@ -445,7 +445,7 @@ def test_report_during_a_running_launch_shows_what_finished_and_leaves_the_launc
     study = write_study(tmp_path, tiny_bert, synthetic_data_dir, replicate={"seeds": [0, 1]}, train={"epochs": 2})
     halfway, go = tmp_path / "halfway", tmp_path / "go"
     script = ("import sys, time\nfrom pathlib import Path\nfrom benchmarks.instant import instant_executor\n"
-              "from orchestrator.launcher import launch\n"
+              "from orchestrator.run.launcher import launch\n"
               "def pause(n):\n    if n == 2:\n        Path(sys.argv[2]).touch()\n"
               "        while not Path(sys.argv[3]).exists(): time.sleep(0.1)\n"
               "r = launch(sys.argv[1], storage=sys.argv[4], progress=False, executor=instant_executor(\n"
@@ -481,7 +481,7 @@ def test_sighup_stops_a_launch_like_ctrl_c_unless_nohup_ignores_it():
     129); under `nohup` (SIGHUP ignored) the launch goes on."""
     import signal
 
-    from orchestrator.launcher import TERMINATED, graceful_sigterm
+    from orchestrator.run.launcher import TERMINATED, graceful_sigterm
 
     previous = signal.getsignal(signal.SIGHUP), signal.getsignal(signal.SIGINT)
     try:
@@ -508,7 +508,7 @@ def test_a_terminal_that_is_gone_ends_the_progress_view_not_the_study(tiny_bert,
                                                                      empty_store):
     """After SIGHUP the terminal answers every write with EIO: the progress view raised inside Tune's
     callback, which ends the whole run."""
-    from orchestrator.tune_adapters import ProgressCallback
+    from orchestrator.run.tune_adapters import ProgressCallback
 
     class GoneTerminal:
         writes = 0
@@ -524,7 +524,7 @@ def test_a_terminal_that_is_gone_ends_the_progress_view_not_the_study(tiny_bert,
             return False
 
     study, storage = launched(tmp_path, tiny_bert, synthetic_data_dir, empty_store, stop_after=2)
-    from orchestrator.study import Study
+    from orchestrator.study.handle import Study
 
     view = ProgressCallback(Study.named("s", storage).state(), ["banner"], stream=GoneTerminal(), live=False)
     view.setup()

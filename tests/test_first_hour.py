@@ -17,8 +17,8 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from orchestrator import cli
 from orchestrator.cli import app
+from orchestrator.cli import study as cli
 from trainables import hub
 from trainables.data import tasks as data
 from trainables.errors import DataNotFoundError, UserInputError

@@ -25,7 +25,7 @@ READING = ("status", "list", "report")  # doctor starts Ray: its own tests
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
     """A finished study (two layers, two seeds, its trials by the instant executor) and its report."""
-    from orchestrator.launcher import launch
+    from orchestrator.run.launcher import launch
 
     root = tmp_path_factory.mktemp("finished")
     model = tiny_encoder(root / "tiny", 2, 32, 0)
@@ -99,7 +99,7 @@ def test_no_damage_to_a_study_folder_ends_in_a_traceback(finished, data, how, ve
 
 def test_a_storage_path_that_is_a_file_is_one_line_before_ray_starts(finished, tmp_path, monkeypatch):
     """It was a 59-line traceback after Ray had started."""
-    from orchestrator import launcher
+    from orchestrator.run import launcher
 
     def no_ray(*args, **kwargs):
         raise AssertionError("Ray was started")

@@ -25,8 +25,9 @@ import orchestrator as orc
 import reports
 import trainables
 from benchmarks.instant import instant_executor
-from orchestrator import launcher
-from orchestrator.cli import app, interrupted_line
+from orchestrator.cli import app
+from orchestrator.cli.study import interrupted_line
+from orchestrator.run import launcher
 
 PACKAGES = tuple(str(Path(package.__file__).parent) + os.sep for package in (orc, reports, trainables))
 TRIALS = 8  # 2 layers x (2 tuning trials + 2 seeds)
@@ -203,7 +204,7 @@ def test_the_clis_line_after_ctrl_c_names_what_continues_the_study(tiny_bert, sy
 def test_a_study_folder_being_made_or_left_half_made_is_one_line_that_says_which(tmp_path):
     """`status` or `resume` in the moment a launch makes the folder (its lock held, no study file yet)
     says so; once that launch is gone (Ctrl-C before the study began) it says to launch again."""
-    from orchestrator.study_folder import exclusive
+    from orchestrator.study.folder import exclusive
 
     storage = tmp_path / "studies"
     with exclusive(storage / "k", "k", "launch"):

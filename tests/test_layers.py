@@ -105,6 +105,35 @@ def test_the_estimate_and_the_reports_read_only_declarations():
     declarations = {"trainables.errors", "trainables.names", "trainables.kinds", "trainables.kinds.base",
                     "trainables.stages", "trainables.stages.fields"}
     edges = graph()
-    readers = ["orchestrator.estimate", *[m for m in edges if m.startswith("reports")]]
+    readers = ["orchestrator.checks.estimate", *[m for m in edges if m.startswith("reports")]]
     reached = {m: sorted(t for t in edges[m] if t.startswith("trainables") and t not in declarations) for m in readers}
     assert {m: t for m, t in reached.items() if t} == {}
+
+
+# orchestrator/'s packages, lowest first: each imports only those before it (and trainables, search_spaces,
+# reports); `api` and the package's face sit on run/, the command line on top of everything.
+ORCHESTRATOR_FLOORS = ("orchestrator.study", "orchestrator.checks", "orchestrator.run", "orchestrator.api",
+                       "orchestrator.cli")
+
+
+def floor_of(module: str) -> int | None:
+    for number, package in enumerate(ORCHESTRATOR_FLOORS):
+        if module == package or module.startswith(package + "."):
+            return number
+    return None
+
+
+def test_orchestrator_s_packages_import_only_the_ones_below():
+    edges = graph()
+    upward = {m: sorted(t for t in targets if floor_of(t) is not None and floor_of(t) > floor_of(m))
+              for m, targets in edges.items() if floor_of(m) is not None}
+    assert {m: t for m, t in upward.items() if t} == {}
+    # and every module of orchestrator/ is on a floor (a new module is placed, not left in the hall)
+    loose = [m for m in edges if m.startswith("orchestrator.") and floor_of(m) is None
+             and not m.startswith("orchestrator.testing")]
+    assert loose == []
+
+
+def test_the_floor_rule_sees_an_import_that_runs_back_up():
+    assert floor_of("orchestrator.study.plan") < floor_of("orchestrator.run.launcher")
+    assert floor_of("orchestrator.studyx") is None and floor_of("orchestrator") is None

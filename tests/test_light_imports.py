@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from orchestrator.planning import MANAGED
+from orchestrator.study.plan import MANAGED
 from trainables.errors import UserInputError
 from trainables.kinds import KINDS, get_kind
 from trainables.models.encoder import encoder_depth, load_config

@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from benchmarks.instant import instant_executor
 from orchestrator.cli import app
-from orchestrator.config import read_study
-from orchestrator.journal import Journal
-from orchestrator.launcher import launch, resume
+from orchestrator.run.launcher import launch, resume
+from orchestrator.study.config import read_study
+from orchestrator.study.journal import Journal
 from trainables.errors import UserInputError
 
 runner = CliRunner()

@@ -249,7 +249,7 @@ def test_a_declaration_in_the_schema_and_the_plan(tmp_path, tiny_bert):
 
 
 def launched(tmp_path: Path, model: str, task) -> tuple[Path, Path]:
-    from orchestrator.launcher import launch
+    from orchestrator.run.launcher import launch
 
     study = study_file(tmp_path, model, task)
     storage = tmp_path / "studies"

@@ -116,8 +116,8 @@ def error_line(result) -> str:
 
 
 def test_a_plugins_names_are_valid_like_the_built_in_ones(fake_plugin, tiny_bert, synthetic_data_dir, tmp_path):
-    from orchestrator.config import load_study
-    from orchestrator.planning import build_plan
+    from orchestrator.study.config import load_study
+    from orchestrator.study.plan import build_plan
 
     path = study(tmp_path, tiny_bert, synthetic_data_dir, ablate={"layer": [1], "pooling": ["mean", "last"]},
                  train={"epochs": 1, "loss": "squared"})
@@ -197,7 +197,7 @@ def test_status_report_and_verify_work_once_the_plugin_is_uninstalled(fake_plugi
     needs its code."""
     import shutil
 
-    from orchestrator.launcher import launch
+    from orchestrator.run.launcher import launch
 
     monkeypatch.chdir(tmp_path)
     path = study(tmp_path, tiny_bert, synthetic_data_dir, trainable="plugin_toy", ablate={"lr": [0.1, 1.0]},

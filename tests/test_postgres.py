@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.journal import Journal
+from orchestrator.study.journal import Journal
 from tests.services import MlflowServer, PostgresCluster, postgres_bin
 from tests.test_cluster import assert_fully_tracked, orchestrator, wait_for, write_study
 

@@ -7,13 +7,13 @@ import io
 
 import pytest
 
-from orchestrator import tune_adapters
-from orchestrator.config import parse_study
-from orchestrator.journal import Journal, Outcome
-from orchestrator.planning import build_plan
-from orchestrator.progress import duration, eta_seconds, trial_line, work_units
-from orchestrator.study_state import StudyState
-from orchestrator.tune_adapters import ProgressCallback
+from orchestrator.run import tune_adapters
+from orchestrator.run.progress import duration, eta_seconds, trial_line, work_units
+from orchestrator.run.tune_adapters import ProgressCallback
+from orchestrator.study.config import parse_study
+from orchestrator.study.journal import Journal, Outcome
+from orchestrator.study.plan import build_plan
+from orchestrator.study.state import StudyState
 
 
 @pytest.fixture()

@@ -223,7 +223,7 @@ def test_an_ablated_prompt_plans_a_cell_per_prompt_and_each_trial_carries_its_pr
     reproducibility section and every run's MLflow parameters are written from."""
     import orchestrator as orc
     from orchestrator.api import checked_plan
-    from orchestrator.planning import plan_record
+    from orchestrator.study.plan import plan_record
 
     spec = orc.load_study(study(tmp_path, tiny_bert, synthetic_data_dir, ablate={"prompt": ["", INSTRUCTION]}),
                           check=False)
@@ -245,7 +245,7 @@ def test_a_prompt_axis_is_on_every_run_and_labels_the_reports_cells(tmp_path, ti
 
     import orchestrator as orc
     from benchmarks.instant import instant_executor
-    from orchestrator import launcher
+    from orchestrator.run import launcher
 
     prompts = ["", "query: ", "50% of {x}_y & $z #1 ~^\\: ", INSTRUCTION]
     monkeypatch.chdir(tmp_path)

@@ -8,8 +8,8 @@ import json
 import pytest
 import yaml
 
-from orchestrator.config import parse_study
-from orchestrator.planning import build_plan, plan_from_record, plan_record
+from orchestrator.study.config import parse_study
+from orchestrator.study.plan import build_plan, plan_from_record, plan_record
 from reports.record import RECORD_VERSION, KindRecord, StudyRecord
 from trainables.errors import UserInputError
 

@@ -13,8 +13,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from orchestrator.journal import Outcome, TrialRecord
-from orchestrator.tracking import StudyTracker
+from orchestrator.run.tracking import StudyTracker
+from orchestrator.study.journal import Outcome, TrialRecord
 from reports.aggregate import summarize
 from reports.build import build_report
 from reports.collect import StudyRuns, collect

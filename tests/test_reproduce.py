@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from orchestrator.inputs import with_files
-from orchestrator.study_data import read_study_data
+from orchestrator.study.data import read_study_data
+from orchestrator.study.inputs import with_files
 from reports.environment import package_versions
 from reports.record import KindRecord, StudyRecord
 from trainables.contract import collect
@@ -166,7 +166,7 @@ def test_reruns_drawn_at_random_are_set_against_their_cells_seed_spread(toy_repo
     import statistics
 
     import orchestrator as orc
-    from orchestrator.reproduce import render_reruns
+    from orchestrator.run.reproduce import render_reruns
 
     entries = json.loads((toy_report / "replicates.json").read_text())
     same = orc.rerun(toy_report, 2, draw_seed=3)

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from benchmarks.instant import instant_executor
-from orchestrator.frames import results
-from orchestrator.launcher import launch
-from orchestrator.tune_adapters import trial_metrics
+from orchestrator.run.launcher import launch
+from orchestrator.run.tune_adapters import trial_metrics
+from orchestrator.study.frames import results
 from reports.collect import collect
 from trainables.errors import UserInputError
 
@@ -130,7 +130,7 @@ def test_curves_have_one_row_per_trial_and_epoch(launched):
 
 def test_results_need_neither_torch_nor_ray_and_stand_without_the_store(launched, tmp_path):
     """Like `status`: a laptop with the study folder and no GPU stack, and a store gone missing."""
-    probe = ("import sys; from orchestrator.frames import results; "
+    probe = ("import sys; from orchestrator.study.frames import results; "
              f"frame = results('r', {str(launched / 'studies')!r}); "
              "print(len(frame), sorted(m for m in ('torch', 'transformers', 'ray', 'sentence_transformers') "
              "if m in sys.modules))")

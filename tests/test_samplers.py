@@ -16,12 +16,12 @@ from mlflow.tracking import MlflowClient
 
 import orchestrator as orc
 from benchmarks.instant import instant_executor
-from orchestrator import launcher
-from orchestrator.config import TuneSection, parse_study
-from orchestrator.estimate import expected_tuning_rounds, halving_rounds
-from orchestrator.journal import Journal, Outcome
-from orchestrator.planning import build_plan
-from orchestrator.study_state import StudyState
+from orchestrator.checks.estimate import expected_tuning_rounds, halving_rounds
+from orchestrator.run import launcher
+from orchestrator.study.config import TuneSection, parse_study
+from orchestrator.study.journal import Journal, Outcome
+from orchestrator.study.plan import build_plan
+from orchestrator.study.state import StudyState
 from reports.reproducibility import pruner_text, sampler_text
 from search_spaces.optuna_samplers import PRUNERS, SAMPLERS, hyperband_brackets
 from trainables.errors import UserInputError, UserInputErrors

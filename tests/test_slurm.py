@@ -26,7 +26,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from orchestrator.journal import Journal
+from orchestrator.study.journal import Journal
 from tests.services import free_port
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "cluster" / "slurm" / "orchestrator.sbatch"

@@ -124,7 +124,7 @@ def test_report_rope_in_a_study_file_reaches_the_report(tmp_path, tiny_bert, syn
 
     from benchmarks.instant import instant_executor
     from orchestrator.cli import app
-    from orchestrator.launcher import launch
+    from orchestrator.run.launcher import launch
 
     monkeypatch.chdir(tmp_path)
     study = {"name": "rope", "model": tiny_bert, "data_dir": str(synthetic_data_dir), "ablate": {"layer": [1, 3]},

@@ -252,8 +252,8 @@ def test_a_baseline_on_the_column_axis_and_the_real_last_layer_validate(good, tm
     ({"ablate": {"layer": [1, 3], "pooling": "mean", "loss": ["cosent"]}}, "ablate.loss: ['cosent'] is not valid"),
 ])
 def test_an_edited_study_resumes_only_when_the_change_extends_it(good, change, extends):
-    from orchestrator.config import parse_study
-    from orchestrator.edits import check_edit
+    from orchestrator.study.config import parse_study
+    from orchestrator.study.edits import check_edit
     from trainables.errors import UserInputError
 
     stored, edited = parse_study(good), parse_study({**good, **change})

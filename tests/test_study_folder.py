@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import study_folder
-from orchestrator.journal import Journal, JournalError
-from orchestrator.study_folder import exclusive, is_running, read_json, read_meta, write_atomic
+from orchestrator.study import folder as study_folder
+from orchestrator.study.folder import exclusive, is_running, read_json, read_meta, write_atomic
+from orchestrator.study.journal import Journal, JournalError
 from trainables.errors import UserInputError
 
 
@@ -37,7 +37,7 @@ def test_a_second_writer_is_refused_in_one_line_while_the_first_holds_the_folder
 def test_the_lock_of_a_killed_process_is_taken_over(tmp_path):
     folder = tmp_path / "s"
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from orchestrator.study_folder import exclusive\n"
+        "import sys, time; from pathlib import Path; from orchestrator.study.folder import exclusive\n"
         f"with exclusive(Path({str(folder)!r}), 's', 'launch'):\n    print('held', flush=True); time.sleep(60)")],
         stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
     assert holder.stdout.readline().strip() == "held"
@@ -49,7 +49,7 @@ def test_the_lock_of_a_killed_process_is_taken_over(tmp_path):
 
 
 def test_sync_is_refused_while_the_study_runs(tmp_path):
-    from orchestrator.launcher import sync
+    from orchestrator.run.launcher import sync
 
     folder = tmp_path / "studies" / "s"
     folder.mkdir(parents=True)
@@ -127,7 +127,7 @@ def test_status_of_a_study_with_a_damaged_journal_is_one_line_exit_2(tmp_path):
 def test_resume_by_name_applies_the_edit_rules_to_a_hand_edited_study_file(tmp_path):
     """studies/NAME/study.yaml edited by hand (a seed added, and train.lr changed) used to train the
     new seed with the new lr and average it with the old seed into one cell."""
-    from orchestrator.launcher import resume
+    from orchestrator.run.launcher import resume
 
     folder = tmp_path / "studies" / "s"
     folder.mkdir(parents=True)
@@ -146,7 +146,7 @@ def test_resume_by_name_applies_the_edit_rules_to_a_hand_edited_study_file(tmp_p
 def test_a_locked_tracking_store_fails_validation_before_anything_is_written(tmp_path):
     import sqlite3
 
-    from orchestrator.planning import check_tracking_uri
+    from orchestrator.study.plan import check_tracking_uri
 
     database = tmp_path / "mlflow.db"
     holder = sqlite3.connect(str(database), isolation_level=None)
@@ -168,7 +168,7 @@ def test_studies_opening_one_new_store_at_once_all_get_it(tmp_path):
     tries with 3 processes), leaving a half-made store."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     start = time.time() + 20  # every process has imported MLflow by then: they open the store together
-    script = ("import sys, time\nfrom orchestrator.tracking import StudyTracker\n"
+    script = ("import sys, time\nfrom orchestrator.run.tracking import StudyTracker\n"
               f"while time.time() < {start}: time.sleep(0.001)\n"
               f"print(StudyTracker({uri!r}, sys.argv[1]).experiment_id)")
     openers = [subprocess.Popen([sys.executable, "-c", script, f"study{i}"], stdout=subprocess.PIPE,
@@ -192,7 +192,7 @@ def test_a_report_from_a_typo_store_creates_no_store(tmp_path, monkeypatch):
 
 
 def test_a_yaml_alias_bomb_is_one_short_line(tmp_path):
-    from orchestrator.config import load_study
+    from orchestrator.study.config import load_study
 
     bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
         f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8))
@@ -270,8 +270,8 @@ def test_a_trial_the_full_disk_failed_runs_again_on_resume_and_one_that_failed_o
         tiny_bert, synthetic_data_dir, tmp_path):
     """A study on a full disk: the launch stops in one line (exit 1), keeps what finished, and a resume
     once there is space runs the trials the disk failed, from where they were, to the end."""
-    from orchestrator.journal import Outcome
-    from orchestrator.launcher import launch
+    from orchestrator.run.launcher import launch
+    from orchestrator.study.journal import Outcome
     from trainables.errors import StorageFullError
 
     def executor(fail: dict[str, str]):
@@ -311,7 +311,7 @@ def test_a_trial_the_full_disk_failed_runs_again_on_resume_and_one_that_failed_o
 
 def test_a_save_folder_that_cannot_be_written_is_refused_before_the_launch_writes_anything(
         tiny_bert, synthetic_data_dir, tmp_path):
-    from orchestrator.launcher import launch
+    from orchestrator.run.launcher import launch
 
     study = tmp_path / "s.yaml"
     study.write_text(yaml.safe_dump({"name": "s", "model": tiny_bert, "save": "best_per_cell",
@@ -332,9 +332,9 @@ def test_a_worker_killed_for_memory_ends_the_launch_in_one_line_and_the_study_re
     base-size workers on 24 GiB): one line, exit 1, and `resume` runs what was left."""
     from typer.testing import CliRunner
 
-    from orchestrator import launcher as launching
     from orchestrator.cli import app
-    from orchestrator.journal import Outcome
+    from orchestrator.run import launcher as launching
+    from orchestrator.study.journal import Outcome
 
     def killed(plan, state, *rest) -> None:
         first = state.next_trial()

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.config import parse_study
-from orchestrator.journal import Journal, Outcome
-from orchestrator.planning import build_plan, plan_from_record, plan_record
-from orchestrator.study_state import FINISHED, StudyState
+from orchestrator.study.config import parse_study
+from orchestrator.study.journal import Journal, Outcome
+from orchestrator.study.plan import build_plan, plan_from_record, plan_record
+from orchestrator.study.state import FINISHED, StudyState
 from reports.record import StudyRecord
 
 
@@ -76,7 +76,7 @@ def test_a_cell_whose_tuning_is_all_degenerate_is_skipped_and_the_study_still_co
     assert state.counts()["skipped"] == 2 and state.counts()["completed"] == 6
     from rich.console import Console
 
-    from orchestrator.progress import status_table
+    from orchestrator.run.progress import status_table
 
     console = Console(width=200, record=True)
     console.print(status_table(state))
@@ -222,8 +222,8 @@ class FakeRay:
     ({"cpu": 1, "gpu": 2}, "resources.gpu: 2.0 is not valid; no node has 2 GPUs (the largest has 1)"),
 ])
 def test_a_trial_request_must_fit_the_largest_node_not_the_cluster_total(resources, message):
-    from orchestrator.config import parse_study
-    from orchestrator.launcher import check_cluster
+    from orchestrator.run.launcher import check_cluster
+    from orchestrator.study.config import parse_study
     from trainables.errors import UserInputError
 
     study = parse_study({"name": "s", "model": "m", "resources": resources})
@@ -242,15 +242,15 @@ def test_tune_may_start_a_worker_for_every_slot(resources, max_concurrent, expec
     """Tune keeps one trial pending for a custom searcher unless told otherwise, and then a short
     trial hands its worker to the pending trial and kills the one starting for it: on 2 slots,
     benchmarks/orchestration.py saw one trial at a time (52 % busy) until Tune was told the slots."""
-    from orchestrator.config import parse_study
-    from orchestrator.launcher import slots
+    from orchestrator.run.launcher import slots
+    from orchestrator.study.config import parse_study
 
     study = parse_study({"name": "s", "model": "m", "resources": resources})
     assert slots(study, {"CPU": 2.0, "GPU": 1.0}, max_concurrent) == expected
 
 
 def test_the_searcher_hands_out_one_trial_per_slot_so_tpe_asks_with_what_is_known(plan, tmp_path):
-    from orchestrator.tune_adapters import PlanSearcher
+    from orchestrator.run.tune_adapters import PlanSearcher
 
     searcher = PlanSearcher(StudyState(plan, Journal(tmp_path / "j.jsonl")), max_concurrent=2)
     first, second = searcher.suggest("ray-a"), searcher.suggest("ray-b")
@@ -269,8 +269,8 @@ def test_status_needs_neither_the_data_folder_nor_the_model(tiny_bert, synthetic
     from typer.testing import CliRunner
 
     from orchestrator.cli import app
-    from orchestrator.planning import plan_record
-    from orchestrator.study_folder import JOURNAL, META, RECORD, STUDY_FILE
+    from orchestrator.study.folder import JOURNAL, META, RECORD, STUDY_FILE
+    from orchestrator.study.plan import plan_record
 
     model, data = tmp_path / "model", tmp_path / "data"
     shutil.copytree(tiny_bert, model)
@@ -394,7 +394,7 @@ def test_an_adaptive_seed_rule_needs_both_bounds(tiny_bert, synthetic_data_dir, 
 
 
 def test_the_estimate_counts_asha_rungs_and_slots_from_the_pilot(plan, tmp_path):
-    from orchestrator.estimate import Pilot, estimate, expected_tuning_rounds
+    from orchestrator.checks.estimate import Pilot, estimate, expected_tuning_rounds
 
     # 3 epochs, grace 1, eta 3: every trial runs epoch 1, a third of them epochs 2..3
     assert expected_tuning_rounds(plan, plan.cells[0]) == pytest.approx(1 + 2 / 3)
@@ -435,7 +435,7 @@ def test_plan_estimate_runs_a_pilot_and_a_budget_refuses_an_expensive_launch(tin
 
 
 def test_the_estimate_counts_each_distinct_pretraining_stage_once(tiny_bert, synthetic_data_dir, tmp_path):
-    from orchestrator.estimate import stage_cost
+    from orchestrator.checks.estimate import stage_cost
 
     raw = {"name": "dapt", "model": tiny_bert, "data_dir": str(synthetic_data_dir),
            "ablate": {"pretrain_steps": [0, 30], "layer": [1, 2]}, "replicate": {"seeds": [0, 1]},
@@ -448,7 +448,7 @@ def test_the_estimate_counts_each_distinct_pretraining_stage_once(tiny_bert, syn
 
 
 def test_the_two_stage_rule_fixes_the_total_from_the_first_seeds_alone():
-    from orchestrator.seed_rules import seeds_needed, wants_another
+    from orchestrator.study.seed_rules import seeds_needed, wants_another
 
     # s = 1 over [1, 2, 3], t(0.975, 2 df) = 4.3027: n = ceil((4.3027 / 2)^2) = ceil(4.628) = 5
     assert seeds_needed([1.0, 2.0, 3.0], 2.0, 10) == 5
@@ -461,7 +461,7 @@ def test_the_two_stage_rule_fixes_the_total_from_the_first_seeds_alone():
 def test_the_two_stage_rule_reports_steins_interval_not_the_t_interval_over_all_seeds():
     """Stein's interval: t with k-1 degrees of freedom times the first stage's std, over sqrt(n). Its
     coverage is exact; the t-interval over all n seeds (what status said before) is narrower here."""
-    from orchestrator.seed_rules import ci95_half, stein_half, wants_another
+    from orchestrator.study.seed_rules import ci95_half, stein_half, wants_another
 
     values = [1.0, 2.0, 3.0, 2.0, 2.1]  # s = 1 over the first 3; n = 5 (as the rule fixed it for ±2)
     assert stein_half(values[:3], 5) == pytest.approx(4.302653 * 1.0 / 5 ** 0.5, rel=1e-6)
@@ -476,7 +476,7 @@ def test_the_dashboard_mirror_has_real_durations_and_pruned_curves(plan, tmp_pat
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
-    from orchestrator import journal as journal_module
+    from orchestrator.study import journal as journal_module
 
     clock = [1_700_000_000.0]
     monkeypatch.setattr(journal_module.time, "time", lambda: clock[0])
@@ -559,7 +559,7 @@ def test_every_training_kind_has_a_pilot_and_a_budget_without_one_is_refused(tin
 def test_a_distill_study_is_estimated_from_a_cycle_on_a_few_pairs(tiny_bert, synthetic_data_dir, tmp_path):
     """distill declares its pilot: one cycle on 2 x 16 of its 240 pairs, scaled by pairs; a teacher round
     is timed whole, its stage in a scratch folder that the pilot leaves nowhere."""
-    from orchestrator.estimate import estimate, pilot
+    from orchestrator.checks.estimate import estimate, pilot
 
     raw = {"name": "d", "trainable": "distill", "model": tiny_bert, "data_dir": str(synthetic_data_dir),
            "ablate": {"layer": [1, 2]}, "replicate": {"seeds": [0, 1]},
@@ -579,7 +579,7 @@ def test_a_distill_study_is_estimated_from_a_cycle_on_a_few_pairs(tiny_bert, syn
 
 def test_a_kind_declares_nothing_more_to_be_estimated(monkeypatch, tiny_bert, synthetic_data_dir, tmp_path):
     """The toy kind (tests only) gets an estimate from the default pilot: its own first round."""
-    from orchestrator.estimate import estimate, pilots_per_cell
+    from orchestrator.checks.estimate import estimate, pilots_per_cell
     from trainables.kinds import KINDS
 
     monkeypatch.setitem(KINDS, "toy", "tests.toy_kind:ToyKind")

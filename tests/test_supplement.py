@@ -15,8 +15,8 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from benchmarks.instant import instant_executor
-from orchestrator.journal import Journal, TrialRecord
-from orchestrator.launcher import launch
+from orchestrator.run.launcher import launch
+from orchestrator.study.journal import Journal, TrialRecord
 from reports.build import build_report
 from reports.collect import collect
 from reports.compute import spent, totals
@@ -80,8 +80,8 @@ def test_the_record_hashes_every_data_file_and_split_and_the_model_weights(study
 
 
 def test_the_record_reads_the_real_data_folders_provenance_and_license(data_dir):
-    from orchestrator.inputs import with_files
-    from orchestrator.study_data import read_study_data
+    from orchestrator.study.data import read_study_data
+    from orchestrator.study.inputs import with_files
 
     [found] = [with_files(d) for d in read_study_data([("stsb", None)], str(data_dir))]
     assert found.title == "STS Benchmark (English): original release files"
@@ -195,7 +195,7 @@ def test_totals_and_the_pruned_share_of_a_hand_made_frame():
 
 def test_a_plan_estimate_is_recorded_and_the_report_puts_it_beside_what_was_spent(tiny_bert, synthetic_data_dir,
                                                                                  tmp_path, monkeypatch):
-    from orchestrator.estimate import Estimate, save_estimate
+    from orchestrator.checks.estimate import Estimate, save_estimate
 
     path = write_study(tmp_path, tiny_bert, synthetic_data_dir, name="estimated")
     save_estimate(tmp_path / "studies" / "estimated", path.read_text(), Estimate(0.02, 0.01, 0.016, 2, 10.0, 12))
@@ -465,7 +465,7 @@ def test_the_bundle_holds_everything_a_reader_needs_to_reproduce_a_cell(study, s
     with tarfile.open(source) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames()}
         stem = source.name.removesuffix(".tar.gz")
-        assert {"pyproject.toml", "reports/bundle.py", "orchestrator/reproduce.py"} <= names
+        assert {"pyproject.toml", "reports/bundle.py", "orchestrator/run/reproduce.py"} <= names
         here = (Path(__file__).resolve().parents[1] / "reports" / "bundle.py").read_bytes()
         assert tar.extractfile(f"{stem}/reports/bundle.py").read() == here  # the code that runs, uncommitted or not
 

@@ -8,8 +8,8 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
-from orchestrator.journal import Outcome, TrialRecord
-from orchestrator.tracking import StudyTracker
+from orchestrator.run.tracking import StudyTracker
+from orchestrator.study.journal import Outcome, TrialRecord
 from reports.record import StudyRecord
 
 
@@ -33,7 +33,7 @@ def started(tmp_path) -> tuple[str, StudyTracker]:
     ("c0-s2", "replicate", 2, "all", None, "s2"),
 ])
 def test_run_names_are_short_enough_for_the_runs_table(key, phase, seed, cell, outcome, name):
-    from orchestrator.tracking import run_name
+    from orchestrator.run.tracking import run_name
 
     record = TrialRecord(key, 0, phase, seed, {}, {})
     record.outcome = outcome
@@ -49,7 +49,7 @@ def test_run_names_are_short_enough_for_the_runs_table(key, phase, seed, cell, o
 def test_an_axis_with_one_value_takes_no_group_no_column_and_no_part_of_a_run_name(cells, constant, groups):
     """The quickstart's runs table grouped by layer and by `pooling: mean` (every group header cut off
     at `Group: ablate...`), and named every run `L2 mean · s1`: the tables put such an axis in the caption."""
-    from orchestrator.tracking import constant_axes, run_name, shared_view
+    from orchestrator.run.tracking import constant_axes, run_name, shared_view
 
     assert constant_axes(cells) == constant
     view = shared_view({"cells": cells})
@@ -190,7 +190,7 @@ def test_a_run_that_never_got_its_params_gets_them_from_the_journal(tmp_path, mo
     a run without params or `ablate.*` tags forever, and every later report crashed on it."""
     import yaml
 
-    from orchestrator.journal import Outcome
+    from orchestrator.study.journal import Outcome
     from reports.aggregate import summarize
     from reports.collect import collect
 
@@ -239,7 +239,7 @@ def test_every_run_is_read_however_many_pages_the_store_returns(tmp_path, monkey
 
 
 def test_reconcile_closes_the_open_runs_and_tags_superseded_ones_without_reading_every_run(tmp_path):
-    from orchestrator.journal import Outcome
+    from orchestrator.study.journal import Outcome
 
     uri, tracker = started(tmp_path)
     records = {key: TrialRecord(key, 0, "replicate", seed, {}, {"layer": 1})
@@ -271,8 +271,8 @@ def test_the_ui_link_opens_the_ablation_grouped_and_a_child_run_in_the_model_tra
     import time
     import urllib.request
 
-    from orchestrator.cli import runs_path, system_port
-    from orchestrator.ui_proxy import start_proxy
+    from orchestrator.cli.ui import runs_path, system_port
+    from orchestrator.run.ui_proxy import start_proxy
 
     chromium = shutil.which("chromium")
     if chromium is None:

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from orchestrator.checkup import QUICK_REQUESTS, tracking_checks
+from orchestrator.checks.doctor import QUICK_REQUESTS, tracking_checks
 from tests.services import free_port
 
 

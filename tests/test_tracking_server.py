@@ -24,7 +24,7 @@ def server(tmp_path):
 
 def launch_instant(folder, model, data_dir, uri):
     from benchmarks.instant import instant_executor
-    from orchestrator.launcher import launch
+    from orchestrator.run.launcher import launch
 
     folder.mkdir()
     study = write_study(folder, model, data_dir, uri, name=folder.name)

@@ -8,8 +8,8 @@ import threading
 
 from mlflow.tracking import MlflowClient
 
-from orchestrator.journal import Outcome, TrialRecord
-from orchestrator.tracking import ResilientTracker, StudyTracker
+from orchestrator.run.tracking import ResilientTracker, StudyTracker
+from orchestrator.study.journal import Outcome, TrialRecord
 from tests.test_tracking import started
 
 

@@ -22,7 +22,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.ui_proxy import refusal, start_proxy
+from orchestrator.run.ui_proxy import refusal, start_proxy
 
 PORT = 5123
 OWN = {f"http://127.0.0.1:{PORT}", f"http://localhost:{PORT}"}
@@ -121,7 +121,7 @@ def test_a_client_that_hangs_up_is_no_error_and_a_refusal_is_one_log_line():
 
 def make_study(folder: Path, model: str, data_dir: Path) -> Path:
     from benchmarks.instant import instant_executor
-    from orchestrator.launcher import launch
+    from orchestrator.run.launcher import launch
 
     study = folder / "s.yaml"
     study.write_text(yaml.safe_dump({"name": "s", "model": model, "ablate": {"layer": [1, 2]},

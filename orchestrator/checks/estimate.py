@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from orchestrator.planning import Cell, StudyPlan, covering_values
+from orchestrator.study.plan import Cell, StudyPlan, covering_values
 from search_spaces.optuna_samplers import hyperband_brackets
 from trainables.errors import UserInputError
 from trainables.kinds.base import TrainingKind
@@ -199,7 +199,7 @@ def save_estimate(folder, study_text: str, found: Estimate) -> None:
     import hashlib
     import json
 
-    from orchestrator.study_folder import write_atomic
+    from orchestrator.study.folder import write_atomic
 
     write_atomic(folder / ESTIMATE_FILE, json.dumps({"study_sha256": hashlib.sha256(study_text.encode()).hexdigest(),
                                                      **estimate_summary(found, "plan")}, indent=1))

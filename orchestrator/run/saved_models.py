@@ -11,8 +11,8 @@ import re
 import shutil
 from pathlib import Path
 
-from orchestrator.journal import Outcome, TrialRecord
-from orchestrator.study_state import StudyState
+from orchestrator.study.journal import Outcome, TrialRecord
+from orchestrator.study.state import StudyState
 from trainables.training.checkpoints import MODEL_DIR
 
 MODEL_PATH = "orchestrator.model_path"

@@ -1,4 +1,4 @@
-"""What a study reads, hashed at launch into its record beyond each split's rows (orchestrator.study_data):
+"""What a study reads, hashed at launch into its record beyond each split's rows (orchestrator.study.data):
 the sha256 of every file the splits were read from, the data folder's PROVENANCE.md (title, license,
 whether it lists those sha256), and every model the cells start from (where it resolved, the sha256 of
 its weights, its license). The report's reproducibility section, the bundle and `orchestrator

@@ -17,9 +17,9 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import TrialState
 
-from orchestrator.journal import Journal, Outcome, TrialRecord
-from orchestrator.planning import Cell, StudyPlan
-from orchestrator.seed_rules import ci95_half, stein_half, wants_another
+from orchestrator.study.journal import Journal, Outcome, TrialRecord
+from orchestrator.study.plan import Cell, StudyPlan
+from orchestrator.study.seed_rules import ci95_half, stein_half, wants_another
 from search_spaces.optuna_domains import optuna_space
 from search_spaces.optuna_samplers import make_pruner, make_sampler
 from trainables.errors import storage_full

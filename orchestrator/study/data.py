@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import StudyConfig
+from orchestrator.study.config import StudyConfig
 from reports.record import DataRecord, SplitRecord, StudyRecord
 from trainables.data.declaration import DataDeclaration, resolve_paths
 from trainables.errors import UserInputError

@@ -116,7 +116,7 @@ def check_data(record: StudyRecord, config: dict) -> list[str]:
     """The rows this machine reads for the config's task (the same code as a launch), against the
     record's sha256 of each split the study ran on; a split whose rows differ stops the reproduction
     before anything runs."""
-    from orchestrator.study_data import read_study_data
+    from orchestrator.study.data import read_study_data
 
     recorded = {(d.name, d.language): d for d in record.data}
     if not recorded:
@@ -142,7 +142,7 @@ def check_data(record: StudyRecord, config: dict) -> list[str]:
 
 def check_model(record: StudyRecord, config: dict) -> list[str]:
     """The model's weights against the record's sha256 of them."""
-    from orchestrator.inputs import model_record
+    from orchestrator.study.inputs import model_record
 
     name = config.get("model")
     recorded = {m.name: m for m in record.models}

@@ -239,7 +239,7 @@ def explain(error: dict, schema: type[BaseModel] = StudyConfig) -> UserInputErro
 
 def parse_study(raw: Any, source: str = "study", launched: bool = False) -> StudyConfig:
     """The study file's structure checked, every problem at once (UserInputErrors when there are several;
-    see orchestrator.planning for the deep checks). `launched`: a launched study's own copy, whose kind may
+    see orchestrator.study.plan for the deep checks). `launched`: a launched study's own copy, whose kind may
     come from a plugin no longer installed (its record says which; status and report need no kind code)."""
     if not isinstance(raw, dict):
         raise UserInputError(source, type(raw).__name__, "a study file is a YAML mapping of keys such as name, model")
@@ -472,7 +472,7 @@ class StudySpec:
 def read_study(path: str | Path, overrides: Iterable[str] = (), name: str | None = None,
                launched: bool = False) -> StudySpec:
     """Read a study file, apply command-line overrides (`train.lr=3e-5`) and a new `name`, validate the
-    result (structure only; see orchestrator.planning for the deep checks)."""
+    result (structure only; see orchestrator.study.plan for the deep checks)."""
     path = Path(path)
     text, raw = read_study_file(path)
     overrides = tuple(overrides)
@@ -492,7 +492,7 @@ def read_study(path: str | Path, overrides: Iterable[str] = (), name: str | None
 
 def load_study(path: str | Path, overrides: Iterable[str] = (), name: str | None = None,
                launched: bool = False) -> StudyConfig:
-    """Read and validate a study file with any overrides (structure only; see orchestrator.planning);
+    """Read and validate a study file with any overrides (structure only; see orchestrator.study.plan);
     `launched`: a study folder's own copy (its kind need not be installed)."""
     return read_study(path, overrides, name, launched).config
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.config import StudyConfig, flatten
+from orchestrator.study.config import StudyConfig, flatten
 from search_spaces.presets import expand_seeds
 from trainables.errors import UserInputError
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunStatus, RunTag
 
-from orchestrator.config import flatten
-from orchestrator.journal import ATTEMPT_S, Outcome, TrialRecord, remove_checkpoint
-from orchestrator.ui_proxy import SHARED_VIEW, SHARED_VIEW_TAG  # noqa: F401 (SHARED_VIEW: the UI's link to the view)
+from orchestrator.run.ui_proxy import SHARED_VIEW, SHARED_VIEW_TAG  # noqa: F401 (SHARED_VIEW: the UI's link to the view)
+from orchestrator.study.config import flatten
+from orchestrator.study.journal import ATTEMPT_S, Outcome, TrialRecord, remove_checkpoint
 from reports.compute import trial_compute
 from reports.record import RECORD_FILE, DataRecord, StudyRecord
 from reports.store import BOOKKEEPING_TAGS, CONFIG_TAG, CONSTANT_PARAMS, HARDWARE_TAG, open_store, search_all

@@ -10,8 +10,8 @@ import math
 
 from rich.table import Table
 
-from orchestrator.journal import TrialRecord
-from orchestrator.study_state import StudyState
+from orchestrator.study.journal import TrialRecord
+from orchestrator.study.state import StudyState
 
 
 def status_table(state: StudyState, title: str | None = None) -> Table:

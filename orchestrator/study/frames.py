@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.journal import TrialRecord
+from orchestrator.study.journal import TrialRecord
 from reports.record import StudyRecord
 from trainables.errors import UserInputError
 
@@ -193,7 +193,7 @@ def results(name: str, storage: str | Path | None = None, *, phase: str | None =
             cell: str | Mapping[str, Any] | None = None, curves: bool = False) -> pd.DataFrame:
     """The study's trials (or, with `curves`, their per-epoch curves) from its folder's journal and its
     MLflow store; `phase` (tune or replicate) and `cell` (a key or some axis values) filter them."""
-    from orchestrator.study import Study
+    from orchestrator.study.handle import Study
 
     check_phase(phase)
     folder = Study.named(name, storage)

@@ -107,7 +107,7 @@ def read_record(folder: Path, name: str, trainable: str) -> StudyRecord | None:
 def read_meta(folder: Path) -> dict | None:
     """`launch.json` (study id, base folder, tracking URI), or the journal's last `launch` event when
     that file is missing or damaged; None for a folder no launch has written."""
-    from orchestrator.journal import Journal
+    from orchestrator.study.journal import Journal
 
     try:
         if (folder / META).exists():
@@ -155,7 +155,7 @@ def exclusive(folder: Path, name: str, what: str) -> Iterator[None]:
         handle = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:  # a read-only folder, a lock file another user left, a full disk
         if storage_full(str(exc)):
-            from orchestrator.journal import full_disk_fix
+            from orchestrator.study.journal import full_disk_fix
 
             raise StorageFullError("storage", str(folder), full_disk_fix(name)) from None
         raise UserInputError("storage", str(folder), f"the study folder's lock {folder / LOCK} cannot be opened for "

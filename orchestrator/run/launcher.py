@@ -23,20 +23,20 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.config import StudyConfig, StudySpec, read_study
-from orchestrator.edits import check_edit
-from orchestrator.journal import Journal, full_disk_fix
-from orchestrator.planning import StudyPlan, build_plan, plan_record
-from orchestrator.study import Study
-from orchestrator.study_data import check_unchanged
-from orchestrator.study_folder import (  # noqa: F401 (DEFAULT_STORAGE: re-exported for the CLI's doctor)
+from orchestrator.study.config import StudyConfig, StudySpec, read_study
+from orchestrator.study.data import check_unchanged
+from orchestrator.study.edits import check_edit
+from orchestrator.study.folder import (  # noqa: F401 (DEFAULT_STORAGE: re-exported for the CLI's doctor)
     DEFAULT_STORAGE,
     clear_unstarted,
     read_json,
     read_record,
     unwritable,
 )
-from orchestrator.study_state import StudyState
+from orchestrator.study.handle import Study
+from orchestrator.study.journal import Journal, full_disk_fix
+from orchestrator.study.plan import StudyPlan, build_plan, plan_record
+from orchestrator.study.state import StudyState
 from trainables.errors import StorageFullError, UserInputError, storage_full
 
 if TYPE_CHECKING:
@@ -175,11 +175,11 @@ def launch(study_file: StudySpec | str | Path, storage: str | Path | None = None
     plan = build_plan(study, base_dir, stage_root=folder.stages)
     if resume:  # the data it was launched with, or a refusal naming the split that changed
         check_unchanged(folder.record(study), plan.data, study.task)
-    from orchestrator.estimate import saved_estimate
+    from orchestrator.checks.estimate import saved_estimate
 
     estimated = saved_estimate(folder.folder, spec.text)  # `plan --estimate` of this very study file, if it ran
     if study.budget is not None and not resume:  # a pilot on this machine, before anything is written
-        from orchestrator.estimate import check_budget, estimate, estimate_summary
+        from orchestrator.checks.estimate import check_budget, estimate, estimate_summary
 
         try:
             found = estimate(plan)
@@ -225,7 +225,7 @@ def unstarted_uid(study: Study) -> str | None:
 
 def refuse_unwritable_store(uri: str, name: str, resume: bool) -> None:
     """One line, before the study folder is touched, when the SQLite store cannot take a write now."""
-    from orchestrator.planning import store_problem
+    from orchestrator.study.plan import store_problem
 
     found = store_problem(uri)
     if found:
@@ -248,7 +248,7 @@ def run_locked(spec: StudySpec, plan: StudyPlan, folder: Study, meta: dict, stor
         record_cells(journal, folder, stored, base_dir)
     folder.record_launch(journal, spec.text, meta, record, [c.key for c in plan.cells])  # the file as run
     state = StudyState(plan, journal, folder.optuna_log)
-    from orchestrator.tracking import ResilientTracker, StudyTracker
+    from orchestrator.run.tracking import ResilientTracker, StudyTracker
 
     try:
         tracker = StudyTracker(uri, study.name, folder.artifacts)
@@ -354,7 +354,13 @@ def run_tuner(plan: StudyPlan, state: StudyState, tracker, storage: Path, name: 
     import ray
     from ray import tune
 
-    from orchestrator.tune_adapters import CellScheduler, PlanSearcher, ProgressCallback, TrackingCallback, run_trial
+    from orchestrator.run.tune_adapters import (
+        CellScheduler,
+        PlanSearcher,
+        ProgressCallback,
+        TrackingCallback,
+        run_trial,
+    )
 
     study = plan.study
     resources = {"cpu": study.resources.cpu, "gpu": study.resources.gpu}
@@ -382,7 +388,7 @@ def run_tuner(plan: StudyPlan, state: StudyState, tracker, storage: Path, name: 
             + ([ProgressCallback(state, banner)] if progress else []),
         ),
     )
-    from orchestrator.driver_log import LAUNCH_LOG, ray_logs_to
+    from orchestrator.run.driver_log import LAUNCH_LOG, ray_logs_to
 
     with graceful_sigterm(), no_forwarded_secrets(), ray_logs_to(storage.parent / LAUNCH_LOG, f"{study.name}: {name}"):
         tuner.fit()
@@ -525,7 +531,7 @@ def resume(name: str, storage: str | Path | None = None, address: str | None = N
     study = Study.named(name, storage).require()
     record = read_record(study.folder, name, "")
     if record is not None:  # its plugins first: the study file names what they register
-        from orchestrator.plugins import check_installed
+        from orchestrator.study.plugins import check_installed
 
         check_installed(record.plugins, name)
     spec = read_study(study.study_file, overrides)
@@ -558,7 +564,7 @@ def sync(name: str, storage: str | Path | None = None) -> dict[str, int]:
 
 
 def _sync(study: Study) -> dict[str, int]:
-    from orchestrator.tracking import StudyTracker
+    from orchestrator.run.tracking import StudyTracker
 
     state = study.state()
     tracker = StudyTracker(study.tracking_uri, study.name)

@@ -19,9 +19,9 @@ from ray.tune.search import Searcher
 from rich.console import Console
 from rich.live import Live
 
-from orchestrator.journal import ATTEMPT, ATTEMPT_S, Outcome, remove_checkpoint
-from orchestrator.progress import duration, eta_seconds, status_table, trial_line, work_units
-from orchestrator.study_state import FINISHED, StudyState
+from orchestrator.run.progress import duration, eta_seconds, status_table, trial_line, work_units
+from orchestrator.study.journal import ATTEMPT, ATTEMPT_S, Outcome, remove_checkpoint
+from orchestrator.study.state import FINISHED, StudyState
 from trainables.errors import storage_full
 from trainables.training.checkpoints import ARTIFACTS, MODEL_DIR
 
@@ -183,7 +183,7 @@ class TrackingCallback(Callback):
                 self.tracker.log_artifact(record.key, os.path.join(record.checkpoint, name))
         self.tracker.finish_trial(record)
         if self.models_dir and record.checkpoint and os.path.isdir(os.path.join(record.checkpoint, MODEL_DIR)):
-            from orchestrator.models import keep_model
+            from orchestrator.run.saved_models import keep_model
 
             try:
                 keep_model(self.state, self.tracker, record, self.models_dir)
@@ -246,8 +246,8 @@ class AttemptClock:
     """The wall time of one attempt of a trial (a retry or a resumed launch starts another), from when its
     kind starts the trial (a fresh worker's imports done) to each report, stamped on every report with the
     attempt's id; the first report of an attempt also names the machine it runs on. The journal keeps every
-    stamp, so a trial's wall time is the sum of its attempts' last stamps (orchestrator.journal.TrialRecord.wall_s)
-    however often it was interrupted."""
+    stamp, so a trial's wall time is the sum of its attempts' last stamps
+    (orchestrator.study.journal.TrialRecord.wall_s) however often it was interrupted."""
 
     def __init__(self):
         import uuid
@@ -268,7 +268,7 @@ HEARTBEAT_S = 60.0
 
 
 class ProgressCallback(Callback):
-    """What the driver shows while Tune runs (orchestrator.progress): `banner` lines when the study
+    """What the driver shows while Tune runs (orchestrator.run.progress): `banner` lines when the study
     starts; a live table on a terminal; elsewhere a line per trial that ends and a heartbeat."""
 
     def __init__(self, state: StudyState, banner: list[str] | None = None, stream: TextIO | None = None,

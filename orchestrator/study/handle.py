@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.config import StudyConfig, load_study
-from orchestrator.journal import Journal, ReadOnlyJournal, TrialRecord
-from orchestrator.study_folder import (
+from orchestrator.study.config import StudyConfig, load_study
+from orchestrator.study.folder import (
     ARTIFACTS,
     JOURNAL,
     LAUNCHED_FILE,
@@ -36,13 +35,14 @@ from orchestrator.study_folder import (
     study_dir,
     write_atomic,
 )
+from orchestrator.study.journal import Journal, ReadOnlyJournal, TrialRecord
 from reports.environment import LOCK_FILE, environment_lock
 from reports.record import StudyRecord
 from trainables.errors import UserInputError
 
 if TYPE_CHECKING:
-    from orchestrator.planning import StudyPlan
-    from orchestrator.study_state import StudyState
+    from orchestrator.study.plan import StudyPlan
+    from orchestrator.study.state import StudyState
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ class Study:
     def plan(self) -> StudyPlan:
         """The launched plan, from the record (a folder from before records: rebuilt, which needs the
         data and the model)."""
-        from orchestrator.planning import build_plan, plan_from_record
+        from orchestrator.study.plan import build_plan, plan_from_record
 
         config = self.config()
         record = self.record(config)
@@ -187,7 +187,7 @@ class Study:
 
     def state(self) -> StudyState:
         """The plan's state replayed from the journal (read only): what `status` shows."""
-        from orchestrator.study_state import StudyState
+        from orchestrator.study.state import StudyState
 
         return StudyState(self.plan(), ReadOnlyJournal(self.journal_file))
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import StudyConfig
-from orchestrator.plugins import plugins_used
-from orchestrator.study_data import check_task, read_study_data, trial_task
+from orchestrator.study.config import StudyConfig
+from orchestrator.study.data import check_task, read_study_data, trial_task
+from orchestrator.study.plugins import plugins_used
 from reports.record import DataRecord, KindRecord, PluginRecord, StudyRecord
 from search_spaces.optuna_samplers import space_problems
 from search_spaces.params import Choice, Fixed, Grid, IntRange, LogUniform, Param, Uniform, parse_ablated, parse_tuned
@@ -140,7 +140,7 @@ def plan_record(plan: StudyPlan, provenance: dict[str, str] | None = None, input
     kind = plan.kind
     data, models = list(plan.data), []
     if inputs:
-        from orchestrator.inputs import model_records, with_files
+        from orchestrator.study.inputs import model_records, with_files
 
         data = [with_files(d) for d in plan.data]
         models = model_records([c.values for c in plan.cells], plan.base)
@@ -214,7 +214,7 @@ def store_problem(uri: str) -> tuple[str, str] | None:
     or when it is a server (whose answer `check_tracking_uri` checked)."""
     if not uri.startswith("sqlite:///"):
         return None
-    from orchestrator.study_folder import unwritable
+    from orchestrator.study.folder import unwritable
 
     database = Path(uri.removeprefix("sqlite:///"))
     if database.is_dir():

@@ -1,0 +1,5 @@
+"""`python -m orchestrator.cli`: the `orchestrator` command."""
+
+from orchestrator.cli import main
+
+main()
