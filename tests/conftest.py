@@ -40,6 +40,18 @@ def pytest_configure(config):
         packaged_model_path(name)  # None where its extra is not installed: the tests that need it skip
 
 
+def pytest_collection_modifyitems(config, items):
+    """A test marked `gpu` runs where torch sees a CUDA device and is skipped, saying so, elsewhere."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        for item in gpu:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device (marker gpu); torch sees none here"))
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     path = shared_data_dir()

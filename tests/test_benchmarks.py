@@ -55,6 +55,20 @@ def test_the_gpu_benchmark_runs_end_to_end_on_the_cpu(tiny_bert, synthetic_data_
 
 
 @pytest.mark.slow
+@pytest.mark.gpu
+def test_the_gpu_benchmark_trains_and_encodes_on_a_cuda_device(tiny_bert, synthetic_data_dir, tmp_path):
+    """benchmarks/gpu.py on the CUDA device it is for: every figure a number, the device's utilization read."""
+    done = run_gpu_benchmark("--data-dir", str(synthetic_data_dir), "--device", "cuda", "--models", tiny_bert,
+                             "--batches", "16", "--pairs", "48", "--packing", "1", "--packing-mode", "processes",
+                             cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    name = Path(tiny_bert).name
+    train = next(line for line in done.stdout.splitlines() if line.startswith(f"{name} batch 16: train pairs/s"))
+    figures = dict(re.findall(r"(ST fp32|ours auto|ours fp32) ([0-9.]+)", train))
+    assert len(figures) == 3 and all(float(v) > 0 for v in figures.values())
+
+
+@pytest.mark.slow
 def test_the_gpu_benchmark_packs_processes_scores_and_writes_json(tiny_bert, synthetic_data_dir, tmp_path):
     """What the device machine (torch, no Ray) runs: --packing-mode processes, --score, --before,
     --json; every figure a number, the JSON the same figures as printed."""

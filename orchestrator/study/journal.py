@@ -21,7 +21,7 @@ ATTEMPT, ATTEMPT_S = "attempt", "attempt_s"  # every report's stamp: which attem
 HARDWARE = "hardware_"  # an attempt's first report: the machine it runs on (cpu_model, gpu_model, ...)
 
 
-class Outcome(str, Enum):
+class Outcome(str, Enum):  # noqa: UP042 (StrEnum changes str() and format() of a member: kept as it was)
     """How a trial ended; all outcome handling goes through this small enum."""
 
     COMPLETED = "completed"
