@@ -47,7 +47,7 @@ from instant import instant_executor  # benchmarks/instant.py, beside this scrip
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.services: the private PostgreSQL and server
 from orchestrator.run.launcher import launch  # noqa: E402
 from orchestrator.run.tracking import ResilientTracker  # noqa: E402
-from orchestrator.study.handle import Study  # noqa: E402
+from orchestrator.study.folder import StudyFolder  # noqa: E402
 from orchestrator.study.journal import Journal  # noqa: E402
 
 SLOTS = 16
@@ -184,7 +184,7 @@ def measure(trials: int, data_dir: str, folder: Path, store: Store) -> dict:
     driver = (last - first) / max(1, len(ticks) - 1)
 
     started = time.perf_counter()
-    Study.named(spec["name"], folder / "studies").state()
+    StudyFolder.named(spec["name"], folder / "studies").state()
     replay_s = time.perf_counter() - started
     started = time.perf_counter()
     launch(folder / "studies" / spec["name"] / "study.yaml", storage=folder / "studies", resume=True,

@@ -4,8 +4,8 @@ The public Python API (`orchestrator.api`, loaded on first use so the command li
 
     import orchestrator as orc
     study = orc.load_study("examples/quickstart.yaml", overrides=["train.epochs=1"])
-    orc.launch(study)
-    runs = orc.results("quickstart")
+    study.launch()
+    runs = study.results()
 
 Everything else in the package is private by convention.
 """
@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from orchestrator.api import (
-        Plan,
-        Status,
+        Study,
         StudyInterrupted,
         Verification,
         doctor,
@@ -36,21 +35,25 @@ if TYPE_CHECKING:
         sync,
         verify,
     )
+    from orchestrator.checks.validate import Plan
     from orchestrator.run.launcher import LaunchResult
+    from orchestrator.run.progress import Status
     from orchestrator.run.reproduce import Reproduction, Rerun
     from orchestrator.study.config import StudySpec
-    from orchestrator.study.handle import Study
+    from orchestrator.study.folder import StudyFolder
     from reports.build import Report
     from trainables.errors import UserInputError
 
-__all__ = ["LaunchResult", "Plan", "Report", "Reproduction", "Rerun", "Status", "Study", "StudyInterrupted",
-           "StudySpec", "UserInputError", "Verification", "doctor", "launch", "list_studies", "load_study", "plan",
-           "probe", "report", "reproduce", "rerun", "results", "resume", "schema", "status", "sync", "verify"]
+__all__ = ["LaunchResult", "Plan", "Report", "Reproduction", "Rerun", "Status", "Study", "StudyFolder",
+           "StudyInterrupted", "StudySpec", "UserInputError", "Verification", "doctor", "launch", "list_studies",
+           "load_study", "plan", "probe", "report", "reproduce", "rerun", "results", "resume", "schema", "status",
+           "sync", "verify"]
 
 
 HOMES = {"LaunchResult": "orchestrator.run.launcher", "Report": "reports.build",
          "Reproduction": "orchestrator.run.reproduce", "Rerun": "orchestrator.run.reproduce",
-         "Study": "orchestrator.study.handle", "StudySpec": "orchestrator.study.config",
+         "Plan": "orchestrator.checks.validate", "Status": "orchestrator.run.progress",
+         "StudyFolder": "orchestrator.study.folder", "StudySpec": "orchestrator.study.config",
          "UserInputError": "trainables.errors"}
 
 

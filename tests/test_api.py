@@ -96,6 +96,51 @@ def test_a_launch_from_python_writes_what_the_cli_writes(tmp_path, tiny_bert, sy
     assert not tampered.ok and any("layer=1" in problem for problem in tampered.problems)
 
 
+def test_the_study_handle_runs_every_verb_and_builds_its_plan_once(tmp_path, tiny_bert, synthetic_data_dir, no_ray,
+                                                                   monkeypatch):
+    """`load_study` returns a Study a notebook holds: plan, launch, status, results, report and verify are its
+    methods, the plan that load_study checked is the one the launch runs (built, and its data read and
+    hashed, once), and a study opened by name answers the same questions."""
+    from orchestrator.study import plan as plan_module
+
+    built = []
+    real = plan_module.build_plan
+
+    def counted(*args, **kwargs):
+        built.append(args[0].name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(plan_module, "build_plan", counted)
+    monkeypatch.setattr(launcher, "build_plan", counted)
+    monkeypatch.chdir(tmp_path)
+    study = orc.load_study(study_file(tmp_path, tiny_bert, synthetic_data_dir), name="handle",
+                           storage=tmp_path / "elsewhere")
+    assert isinstance(study, orc.Study) and study.name == "handle" and study.config.train["epochs"] == EPOCHS
+    assert study.folder.folder == tmp_path / "elsewhere" / "handle" and not study.folder.exists()
+    assert study.plan().trials == 9 and list(study.plan().cells.cell) == ["layer=1", "layer=2", "layer=3"]
+    result = study.launch(progress=False)
+    assert built == ["handle"]  # load_study's plan ran the launch: the data was read and hashed once
+    assert result.finished and result.counts["completed"] == 9 and study.folder.exists()
+    assert study.status().complete and study.status().counts["completed"] == 9
+    runs = study.results(phase="replicate")
+    assert len(runs) == 9 and set(runs.layer) == {1, 2, 3}
+    assert study.report().folder.resolve() == tmp_path / "reports" / "handle" and study.verify().ok
+
+    again = orc.Study.named("handle", storage=tmp_path / "elsewhere")  # a later session: the folder by name
+    assert again.config == study.config and again.status().as_dict() == study.status().as_dict()
+    assert again.results().equals(orc.results(study)) and orc.results(again).equals(orc.results("handle",
+                                                                                        storage=tmp_path / "elsewhere"))
+    with pytest.raises(UserInputError, match="a study opened by name has no study file of yours to run"):
+        again.launch()
+    with pytest.raises(UserInputError, match=r"^storage: .* the study handle lives in"):
+        orc.status(study, storage=tmp_path / "studies")
+    relaunched = orc.load_study(study_file(tmp_path, tiny_bert, synthetic_data_dir), name="handle",
+                                storage=tmp_path / "elsewhere", check=False)
+    with pytest.raises(UserInputError, match="a study of that name exists"):
+        relaunched.launch(progress=False)
+    assert relaunched.launch(resume=True, progress=False).counts["completed"] == 9  # nothing left: nothing runs
+
+
 def test_results_of_two_studies_compare_in_one_frame(tmp_path, tiny_bert, synthetic_data_dir, no_ray, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = study_file(tmp_path, tiny_bert, synthetic_data_dir)
@@ -218,12 +263,13 @@ def test_ctrl_c_during_a_python_launch_raises_study_interrupted_and_resume_finis
 
 
 @pytest.mark.parametrize(("call", "line"), [
-    (lambda orc: orc.status(42), "name: 42 is not valid; give a string"),
+    (lambda orc: orc.status(42), "name: 42 is not valid; give a Study or a study's name"),
     (lambda orc: orc.load_study(None), "path: None is not valid; give a path (str or Path)"),
-    (lambda orc: orc.results(["a"]), "name: 'list' is not valid; give a string"),
+    (lambda orc: orc.results(["a"]), "name: 'list' is not valid; give a Study or a study's name"),
     (lambda orc: orc.load_study("s.yaml", overrides="train.lr=1"),
      "overrides: 'train.lr=1' is not valid; give a list of strings such as ['train.lr=3e-5']"),
-    (lambda orc: orc.report(3), "names: 3 is not valid; give a study name or a list of names"),
+    (lambda orc: orc.report(3), "names: 3 is not valid; give a Study, a study's name or a list of names"),
+    (lambda orc: orc.launch(3), "study: 3 is not valid; give a Study from load_study or a study file's path"),
     (lambda orc: orc.probe("m", layers=[1, "2"]), "layers: 'list' is not valid; give a list of integers or None"),
     (lambda orc: orc.status("s", stor="x"),
      "status: 'arguments' is not valid; got an unexpected keyword argument 'stor': see help(orchestrator.status)"),

@@ -524,9 +524,9 @@ def test_a_terminal_that_is_gone_ends_the_progress_view_not_the_study(tiny_bert,
             return False
 
     study, storage = launched(tmp_path, tiny_bert, synthetic_data_dir, empty_store, stop_after=2)
-    from orchestrator.study.handle import Study
+    from orchestrator.study.folder import StudyFolder
 
-    view = ProgressCallback(Study.named("s", storage).state(), ["banner"], stream=GoneTerminal(), live=False)
+    view = ProgressCallback(StudyFolder.named("s", storage).state(), ["banner"], stream=GoneTerminal(), live=False)
     view.setup()
     view.last_line = -1e9  # a heartbeat is due
     view.poll()

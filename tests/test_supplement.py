@@ -195,7 +195,11 @@ def test_totals_and_the_pruned_share_of_a_hand_made_frame():
 
 def test_a_plan_estimate_is_recorded_and_the_report_puts_it_beside_what_was_spent(tiny_bert, synthetic_data_dir,
                                                                                  tmp_path, monkeypatch):
-    from orchestrator.checks.estimate import Estimate, save_estimate
+    from orchestrator.checks.estimate import Estimate, estimate_summary
+    from orchestrator.study.folder import StudyFolder
+
+    def save_estimate(folder, text, found):  # what `plan --estimate` keeps in the study folder
+        StudyFolder(folder).save_estimate(text, estimate_summary(found, "plan"))
 
     path = write_study(tmp_path, tiny_bert, synthetic_data_dir, name="estimated")
     save_estimate(tmp_path / "studies" / "estimated", path.read_text(), Estimate(0.02, 0.01, 0.016, 2, 10.0, 12))

@@ -182,39 +182,9 @@ def check_budget(plan: StudyPlan, found: Estimate) -> None:
                                                     "shrink the study")
 
 
-ESTIMATE_FILE = "estimate.json"  # `plan --estimate`'s figures, kept in the study folder for the report
-
-
 def estimate_summary(found: Estimate, how: str) -> dict[str, float]:
     """What the record keeps of an estimate, in hours (trial-hours are seconds of trial time, before
     multiplying by the CPUs or GPUs each trial holds); `how`: plan (`plan --estimate`) or budget."""
     return {"tuning_trial_hours": found.tuning_hours, "replicate_trial_hours": found.replicate_hours,
             "stage_hours": found.stage_hours, "trial_hours": found.trial_hours, "wall_hours": found.wall_hours,
             "slots": float(found.slots), "from_budget": float(how == "budget")}
-
-
-def save_estimate(folder, study_text: str, found: Estimate) -> None:
-    """Keep `plan --estimate`'s figures in the study's folder, tied to the study file's text: a launch
-    of the same file records them, and its report puts them beside what the study spent."""
-    import hashlib
-    import json
-
-    from orchestrator.study.folder import write_atomic
-
-    write_atomic(folder / ESTIMATE_FILE, json.dumps({"study_sha256": hashlib.sha256(study_text.encode()).hexdigest(),
-                                                     **estimate_summary(found, "plan")}, indent=1))
-
-
-def saved_estimate(folder, study_text: str) -> dict[str, float] | None:
-    """The saved `plan --estimate` of exactly this study text (None when none ran, or for another text)."""
-    import hashlib
-    import json
-
-    try:
-        saved = json.loads((folder / ESTIMATE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    wanted = hashlib.sha256(study_text.encode()).hexdigest()
-    if not isinstance(saved, dict) or saved.pop("study_sha256", None) != wanted:
-        return None
-    return {k: float(v) for k, v in saved.items() if isinstance(v, int | float)}

@@ -118,10 +118,11 @@ def launch(study_file: str = STUDY_FILE, overrides: Overrides = None, name: NewN
 
     started = time.monotonic()
     quiet_libraries()
-    spec = api.load_study(study_file, overrides or (), name=name, data_dir=data_dir, check=False)  # launch checks
-    where = storage or spec.config.storage_path  # where the study folder goes, for the lines that name it
-    run_to_end(spec.name, where, started, lambda: api.launch(spec, storage=storage, address=address,
-                                                             max_concurrent=max_concurrent, resume=resume_existing))
+    study = api.load_study(study_file, overrides or (), name=name, data_dir=data_dir, check=False,  # launch checks
+                           storage=storage)
+    where = storage or study.config.storage_path  # where the study folder goes, as given, for the lines naming it
+    run_to_end(study.name, where, started, lambda: study.launch(address=address, max_concurrent=max_concurrent,
+                                                                resume=resume_existing))
 
 
 @app.command()
@@ -264,9 +265,9 @@ def run_to_end(name: str, storage: str | Path | None, started: float, start: Cal
 def interrupted_line(name: str, storage: str | Path | None) -> str:
     """How to go on after a Ctrl-C: `resume` once the launch has stored the study; before that (Ray
     starting, the folder being made) nothing ran, and `resume` would find no study to continue."""
-    from orchestrator.study.handle import Study
+    from orchestrator.study.folder import StudyFolder
 
-    if Study.named(name, storage).exists():
+    if StudyFolder.named(name, storage).exists():
         return f"interrupted: {cli_name()} resume {name}{study_options(storage)}"
     return (f"interrupted before the study began: nothing ran and there is nothing to resume; run the same "
             f"`{cli_name()} launch` again")

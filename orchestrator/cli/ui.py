@@ -24,9 +24,9 @@ def ui(name: str = NAME, storage: str | None = STORAGE, port: int = typer.Option
        debug: bool = DEBUG) -> None:
     """Start the MLflow UI (or optuna-dashboard) for the study on 127.0.0.1 and print its URL once it
     answers; exit 1 if it cannot start."""
-    from orchestrator import Study
+    from orchestrator.study.folder import StudyFolder
 
-    study = Study.named(name, storage)
+    study = StudyFolder.named(name, storage)
     if optuna:
         log = study.optuna_log
         if not log.exists():

@@ -26,14 +26,7 @@ from typing import TYPE_CHECKING
 from orchestrator.study.config import StudyConfig, StudySpec, read_study
 from orchestrator.study.data import check_unchanged
 from orchestrator.study.edits import check_edit
-from orchestrator.study.folder import (  # noqa: F401 (DEFAULT_STORAGE: re-exported for the CLI's doctor)
-    DEFAULT_STORAGE,
-    clear_unstarted,
-    read_json,
-    read_record,
-    unwritable,
-)
-from orchestrator.study.handle import Study
+from orchestrator.study.folder import BeforeLaunch, StudyFolder
 from orchestrator.study.journal import Journal, full_disk_fix
 from orchestrator.study.plan import StudyPlan, build_plan, plan_record
 from orchestrator.study.state import StudyState
@@ -55,8 +48,8 @@ class LaunchResult:
     report: Report | None = None  # the report the public API's launch wrote at the end
 
     @property
-    def study(self) -> Study:
-        return Study(self.study_dir)
+    def study(self) -> StudyFolder:
+        return StudyFolder(self.study_dir)
 
 
 def provenance() -> dict[str, str]:
@@ -153,31 +146,29 @@ def check_cluster(ray, study: StudyConfig) -> None:
 
 def launch(study_file: StudySpec | str | Path, storage: str | Path | None = None, address: str | None = None,
            max_concurrent: int | None = None, resume: bool = False, progress: bool = True,
-           executor: Callable | None = None) -> LaunchResult:
+           executor: Callable | None = None, checked: StudyPlan | None = None) -> LaunchResult:
     """Validate, plan, then run the study (or the rest of it) to the end, as the folder's one writer.
     `executor` replaces Ray Tune as what runs the trials (`run_tuner`'s signature; benchmarks/scale.py
-    passes one whose trials take no time, to measure the driver's own costs)."""
+    passes one whose trials take no time, to measure the driver's own costs). `checked`: the plan a
+    loaded study already built for this folder (`orc.load_study`), used by a new launch instead of a second."""
     spec = study_file if isinstance(study_file, StudySpec) else read_study(study_file)
     study = spec.config
-    folder = Study.named(study.name, storage or study.storage_path)
-    problem = unwritable(folder.folder)  # before Ray starts: a storage path that is a file, a read-only folder
+    folder = StudyFolder.of(study, storage)
+    problem = folder.unwritable()  # before Ray starts: a storage path that is a file, a read-only folder
     if problem is not None:
         raise UserInputError("--storage" if storage else "storage_path", str(folder.storage),
                              f"study folders cannot be made there ({problem}); give a folder you can write")
-    refuse_existing(folder, resume)
-    if resume:  # a folder a newer orchestrator wrote is refused, not rewritten in this version's format
-        folder.record(study)
-    meta = (folder.meta() if resume else None) or {"base_dir": str(spec.base_dir),
-                                                   "study_uid": unstarted_uid(folder) or uuid.uuid4().hex}
+    before = folder.before(study, spec.text, resume)  # what the folder holds, read once; a taken name refused
+    meta = before.meta or {"base_dir": str(spec.base_dir), "study_uid": before.unstarted_uid or uuid.uuid4().hex}
     base_dir = Path(meta["base_dir"])
-    stored = folder.accepted() if resume else None
-    changed = check_edit(stored, study) if stored is not None else []  # `resume NAME` too: the file may be edited
-    plan = build_plan(study, base_dir, stage_root=folder.stages)
+    changed = check_edit(before.accepted, study) if before.accepted is not None else []  # `resume NAME`: edited?
+    if checked is not None and not resume and base_dir == spec.base_dir and checked.study == study:
+        plan = checked
+    else:
+        plan = build_plan(study, base_dir, stage_root=folder.stages)
     if resume:  # the data it was launched with, or a refusal naming the split that changed
-        check_unchanged(folder.record(study), plan.data, study.task)
-    from orchestrator.checks.estimate import saved_estimate
-
-    estimated = saved_estimate(folder.folder, spec.text)  # `plan --estimate` of this very study file, if it ran
+        check_unchanged(before.record, plan.data, study.task)
+    estimated = before.estimate  # `plan --estimate` of this very study file, if it ran
     if study.budget is not None and not resume:  # a pilot on this machine, before anything is written
         from orchestrator.checks.estimate import check_budget, estimate, estimate_summary
 
@@ -189,7 +180,7 @@ def launch(study_file: StudySpec | str | Path, storage: str | Path | None = None
         check_budget(plan, found)
         estimated = estimate_summary(found, "budget")
     uri = meta.get("tracking_uri") or tracking_uri(study, base_dir)
-    problem = unwritable(folder.models) if study.save != "none" else None
+    problem = folder.unwritable(folder.models) if study.save != "none" else None
     if problem:
         raise UserInputError("save", study.save, f"its models go to {folder.models}, where nothing can be "
                                                  f"written ({problem}): make it a writable folder, or save: none")
@@ -198,29 +189,11 @@ def launch(study_file: StudySpec | str | Path, storage: str | Path | None = None
         ray = connect_ray(address)
         check_cluster(ray, study)  # the last cheap check: nothing is written before it passes
     with folder.lock("resume" if resume else "launch"):
-        refuse_existing(folder, resume)  # a launch that got here first, and ended
         if not resume:
-            clear_unstarted(folder.folder)  # what a first launch that failed before its first trial left
-        return run_locked(spec, plan, folder, {**meta, "tracking_uri": uri}, stored, changed,
+            folder.refuse_taken()  # a launch that got here first, and ended
+            folder.clear_unstarted()  # what a first launch that failed before its first trial left
+        return run_locked(spec, plan, folder, {**meta, "tracking_uri": uri}, before, changed,
                           resume, max_concurrent, progress, executor or run_tuner, estimated)
-
-
-def refuse_existing(study: Study, resume: bool) -> None:
-    """A new launch refuses a folder where trials ran; one whose first launch failed before its first
-    trial (the store refused a write, Ray did not start) holds nothing to lose and is taken over."""
-    if not resume and study.started():
-        raise UserInputError("name", study.name, f"a study of that name exists in {study.folder}; run "
-                                                 f"`orchestrator resume {study.name}` or choose another name")
-
-
-def unstarted_uid(study: Study) -> str | None:
-    """The study id of a first launch that failed before its first trial: its parent run, if the store
-    took one, is the retaken study's parent."""
-    if not study.folder.is_dir() or study.started():
-        return None
-    with contextlib.suppress(UserInputError):
-        return study.study_uid
-    return None
 
 
 def refuse_unwritable_store(uri: str, name: str, resume: bool) -> None:
@@ -234,18 +207,18 @@ def refuse_unwritable_store(uri: str, name: str, resume: bool) -> None:
                                                          f"then {again}")
 
 
-def run_locked(spec: StudySpec, plan: StudyPlan, folder: Study, meta: dict, stored, changed,
-               resume: bool, max_concurrent, progress: bool, executor: Callable,
+def run_locked(spec: StudySpec, plan: StudyPlan, folder: StudyFolder, meta: dict, before: BeforeLaunch,
+               changed: list[str], resume: bool, max_concurrent, progress: bool, executor: Callable,
                estimated: dict | None = None) -> LaunchResult:
     """Everything a launch writes, while it holds the folder's lock."""
     study = spec.config
     base_dir, uri = Path(meta["base_dir"]), meta["tracking_uri"]
-    previous = folder.record(study) if resume else None
+    previous = before.record
     record = plan_record(plan, provenance(), inputs=True,
                          estimate=estimated or (previous.estimate if previous is not None else None))
     journal = folder.journal()
     if changed:  # an extension: the journal learns which cells its earlier indices meant, then the new file
-        record_cells(journal, folder, stored, base_dir)
+        record_cells(journal, folder, before.accepted, base_dir)
     folder.record_launch(journal, spec.text, meta, record, [c.key for c in plan.cells])  # the file as run
     state = StudyState(plan, journal, folder.optuna_log)
     from orchestrator.run.tracking import ResilientTracker, StudyTracker
@@ -383,7 +356,7 @@ def run_tuner(plan: StudyPlan, state: StudyState, tracker, storage: Path, name: 
             name=name, storage_path=str(storage), verbose=0,
             failure_config=tune.FailureConfig(max_failures=study.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            callbacks=[TrackingCallback(state, tracker, str(Study(storage.parent).models) if study.save != "none"
+            callbacks=[TrackingCallback(state, tracker, str(StudyFolder(storage.parent).models) if study.save != "none"
                                         else None)]
             + ([ProgressCallback(state, banner)] if progress else []),
         ),
@@ -528,8 +501,8 @@ def resume(name: str, storage: str | Path | None = None, address: str | None = N
            max_concurrent: int | None = None, progress: bool = True, overrides: Iterable[str] = (),
            executor: Callable | None = None) -> LaunchResult:
     """Continue a study from its folder's stored study file (with `overrides` that extend it)."""
-    study = Study.named(name, storage).require()
-    record = read_record(study.folder, name, "")
+    study = StudyFolder.named(name, storage).require()
+    record = study.record()
     if record is not None:  # its plugins first: the study file names what they register
         from orchestrator.study.plugins import check_installed
 
@@ -542,7 +515,7 @@ def resume(name: str, storage: str | Path | None = None, address: str | None = N
                   resume=True, progress=progress, executor=executor)
 
 
-def record_cells(journal: Journal, study: Study, stored: StudyConfig, base_dir: Path) -> None:
+def record_cells(journal: Journal, study: StudyFolder, stored: StudyConfig, base_dir: Path) -> None:
     """Before an extended plan renumbers the cells, make sure the journal says which cell each of
     its earlier indices meant (folders from before such records: rebuilt from the stored study)."""
     if any(event.get("event") == "cells" for event in journal.events()):
@@ -558,12 +531,12 @@ def record_cells(journal: Journal, study: Study, stored: StudyConfig, base_dir: 
 def sync(name: str, storage: str | Path | None = None) -> dict[str, int]:
     """Replay a study's journal into MLflow (after an outage the driver could not outlast) and
     close its runs; refused while a launch or resume of the study runs (it writes the same runs)."""
-    study = Study.named(name, storage).require()
+    study = StudyFolder.named(name, storage).require()
     with study.lock("sync"):
         return _sync(study)
 
 
-def _sync(study: Study) -> dict[str, int]:
+def _sync(study: StudyFolder) -> dict[str, int]:
     from orchestrator.run.tracking import StudyTracker
 
     state = study.state()

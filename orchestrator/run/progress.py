@@ -7,11 +7,18 @@ plan measures it (reports x layers), so a deep cell's trial counts for more than
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
+from orchestrator.study.folder import StudyFolder
 from orchestrator.study.journal import TrialRecord
 from orchestrator.study.state import StudyState
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def status_table(state: StudyState, title: str | None = None) -> Table:
@@ -131,3 +138,57 @@ def trial_line(state: StudyState, record: TrialRecord, elapsed: float, eta: floa
         eta = eta_seconds(state, elapsed)
     return (f"[{finished}/{max(planned, finished)}] {who} {what}{score} · {duration(elapsed)} elapsed"
             + (f" · ETA {duration(eta)}" if eta is not None and finished < planned else ""))
+
+
+@dataclass(frozen=True)
+class Status:
+    """Where a study stands, from its journal (no data, model or Ray needed): trial counts by outcome,
+    one row per cell (`cells`), whether a launch holds the folder now, and the folder's size."""
+
+    name: str
+    folder: Path
+    complete: bool
+    counts: dict[str, int]
+    cells: pd.DataFrame
+    running_now: bool
+    folder_bytes: int
+    state: StudyState = field(repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        """What `orchestrator status --json` prints."""
+        return {**status_record(self.state), "running_now": self.running_now, "folder": str(self.folder),
+                "folder_bytes": self.folder_bytes}
+
+    def table(self) -> Table:
+        """The table `orchestrator status` prints (rich)."""
+        return status_table(self.state)
+
+
+def status_of(folder: StudyFolder) -> Status:
+    """Where the study of `folder` stands, as `orchestrator status` shows it."""
+    import pandas as pd
+
+    state = folder.require().state()
+    record = status_record(state)
+    return Status(folder.name, folder.folder, state.is_complete(), state.counts(), pd.DataFrame(record["cells"]),
+                  folder.is_running(), folder.size(), state)
+
+
+def listing(studies: list[StudyFolder]) -> list[dict[str, Any]]:
+    """Each study folder's name, state (finished, running now, interrupted, not started or damaged) and
+    trial counts, as `orchestrator list` shows them."""
+    from trainables.errors import UserInputError
+
+    rows: list[dict[str, Any]] = []
+    for study in studies:
+        try:
+            state = study.state() if study.journal_file.exists() else None
+        except UserInputError as exc:
+            rows.append({"study": study.name, "state": "damaged", "problem": str(exc)})
+            continue
+        counts = state.counts() if state else None
+        verdict = ("running now" if study.is_running() else "finished" if state and state.is_complete() else
+                   "not started" if not counts or not counts["issued"] else "interrupted")
+        rows.append({"study": study.name, "state": verdict, **({k: counts[k] for k in (
+            "planned", "completed", "pruned", "failed", "diverged", "skipped")} if counts else {})})
+    return rows

@@ -193,10 +193,10 @@ def results(name: str, storage: str | Path | None = None, *, phase: str | None =
             cell: str | Mapping[str, Any] | None = None, curves: bool = False) -> pd.DataFrame:
     """The study's trials (or, with `curves`, their per-epoch curves) from its folder's journal and its
     MLflow store; `phase` (tune or replicate) and `cell` (a key or some axis values) filter them."""
-    from orchestrator.study.handle import Study
+    from orchestrator.study.folder import StudyFolder
 
     check_phase(phase)
-    folder = Study.named(name, storage)
+    folder = StudyFolder.named(name, storage)
     study = folder.config()
     record = folder.record(study)
     if record is None:

@@ -214,7 +214,7 @@ def store_problem(uri: str) -> tuple[str, str] | None:
     or when it is a server (whose answer `check_tracking_uri` checked)."""
     if not uri.startswith("sqlite:///"):
         return None
-    from orchestrator.study.folder import unwritable
+    from orchestrator.study.files import unwritable
 
     database = Path(uri.removeprefix("sqlite:///"))
     if database.is_dir():
