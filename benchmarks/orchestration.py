@@ -19,7 +19,8 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.run.launcher import connect_ray, launch
+from orchestrator.run.launcher import launch
+from orchestrator.run.ray_session import connect_ray
 from trainables.contract import collect
 from trainables.kinds import get_kind
 

@@ -46,7 +46,7 @@ from instant import instant_executor  # benchmarks/instant.py, beside this scrip
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.services: the private PostgreSQL and server
 from orchestrator.run.launcher import launch  # noqa: E402
-from orchestrator.run.tracking import ResilientTracker  # noqa: E402
+from orchestrator.run.resilient_tracker import ResilientTracker  # noqa: E402
 from orchestrator.study.folder import StudyFolder  # noqa: E402
 from orchestrator.study.journal import Journal  # noqa: E402
 

@@ -356,7 +356,7 @@ def main() -> None:
     budgets = [int(b) for b in (args.budgets or "9,18,36").split(",")]
     size = len(list(itertools.product(*SPACE.values())))
 
-    from orchestrator.run.launcher import connect_ray
+    from orchestrator.run.ray_session import connect_ray
 
     connect_ray("local")
     with tempfile.TemporaryDirectory() as tmp:

@@ -408,7 +408,7 @@ def doctor(*, address: str | None = None, study: str | Path | None = None, stora
     store is writable from every node, the latency of a request) and, with `study`, its model, data and
     tracker (else the data folder), as `orchestrator doctor`: one `Check` (name, ok, detail) each."""
     from orchestrator.checks.doctor import Check, cluster_checks, study_checks, tracking_checks
-    from orchestrator.run.launcher import connect_ray
+    from orchestrator.run.ray_session import connect_ray
     from orchestrator.study.config import load_study as read_config
 
     use_data_dir(data_dir)

@@ -15,8 +15,8 @@ distributions, not paired seeds, and it is one-directional: ask ε_min(B, A) for
 
 The integrals are sums over the grid t = dt, 2·dt, … < 1 (dt = 0.005, deepsig's), each quantile function
 evaluated as deepsig's `get_quantile_function` does, and the bootstrap draws each resample as deepsig does
-(the quantile function at uniform draws), so given the same uniforms the numbers are deepsig's (tests/test_aso.py
-checks them against its printed values). Where it differs, or can:
+(the quantile function at uniform draws), so given the same uniforms the numbers are deepsig's
+(tests/reports/test_aso.py checks them against its printed values). Where it differs, or can:
 
 - deepsig leaves the grid's first point out of the violation integral but not out of W2 (its comment says
   "ignore t = 0", but the grid starts at dt), so there ε(A, B) + ε(B, A) = 1 − dt·(G⁻¹(dt) − F⁻¹(dt))²/W2.

@@ -144,7 +144,7 @@ def tracking_checks(uri: str, ray=None, base: Path | None = None, requests: int 
     """A SQLite store: writable. A tracking server: it answers, its backend store takes a run's writes and
     gives them back, its artifact store takes a file from every node (a task per node when `ray` is
     given, else from here), and the round-trip time of a write and of a read."""
-    from orchestrator.study.plan import check_tracking_uri
+    from orchestrator.study.store_check import check_tracking_uri
 
     if not uri.startswith(("http://", "https://")):
         try:
@@ -254,7 +254,8 @@ def _remove_probe(client, uri: str, run) -> None:
 def study_checks(study_file: Path) -> list[Check]:
     """The study file, its model (offline or online), its data, and its tracking URI."""
     from orchestrator.study.config import load_study, models_of
-    from orchestrator.study.plan import build_plan, check_tracking_uri
+    from orchestrator.study.plan import build_plan
+    from orchestrator.study.store_check import check_tracking_uri
     from trainables.data.tasks import task_name
     from trainables.models.encoder import load_config, resolve_model_path
 

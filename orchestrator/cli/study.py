@@ -220,8 +220,8 @@ def run_to_end(name: str, storage: str | Path | None, started: float, start: Cal
     wall time (MLflow down: how to catch up). Stopped by Ctrl-C or SIGTERM: the summary, how to continue,
     and exit 130 (143)."""
     from orchestrator import api
-    from orchestrator.run.launcher import CLUSTER_LOST, TERMINATED, shutdown_ray
     from orchestrator.run.progress import duration
+    from orchestrator.run.ray_session import CLUSTER_LOST, TERMINATED, shutdown_ray
 
     def cluster_lost(code: int) -> None:  # the local Ray stopped under the launch (a stop signal to the group)
         typer.echo(interrupted_line(name, storage), err=True)

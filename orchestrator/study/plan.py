@@ -18,7 +18,9 @@ from typing import Any
 
 from orchestrator.study.config import StudyConfig
 from orchestrator.study.data import check_task, read_study_data, trial_task
+from orchestrator.study.model_check import check_cuts, check_models
 from orchestrator.study.plugins import plugins_used
+from orchestrator.study.store_check import check_tracking_uri
 from reports.record import DataRecord, KindRecord, PluginRecord, StudyRecord
 from search_spaces.optuna_samplers import space_problems
 from search_spaces.params import Choice, Fixed, Grid, IntRange, LogUniform, Param, Uniform, parse_ablated, parse_tuned
@@ -186,77 +188,6 @@ def covering_values(param: Param) -> list[Any]:
     raise TypeError(param)
 
 
-def sqlite_write_problem(database: Path, timeout_s: float = 3.0) -> str | None:
-    """Why an existing SQLite store cannot take a write, or None when it can. SQLite opens a file it
-    may not write (read-only, immutable, on a read-only mount) read-only without a word, so taking its
-    write lock proves nothing: a table is created and rolled back (the database file is unchanged;
-    a hot journal a killed writer left is rolled back on the way, as any writer would)."""
-    import sqlite3
-    import uuid
-
-    try:
-        connection = sqlite3.connect(str(database), timeout=timeout_s, isolation_level=None)
-    except sqlite3.Error as exc:
-        return str(exc)
-    try:
-        connection.execute("BEGIN IMMEDIATE")
-        connection.execute(f"CREATE TABLE orchestrator_write_check_{uuid.uuid4().hex} (x)")
-        connection.execute("ROLLBACK")
-        return None
-    except sqlite3.Error as exc:
-        return str(exc)
-    finally:
-        connection.close()
-
-
-def store_problem(uri: str) -> tuple[str, str] | None:
-    """(why, fix) when the SQLite store at `uri` (absolute) cannot take a write now; None when it can,
-    or when it is a server (whose answer `check_tracking_uri` checked)."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    from orchestrator.study.files import unwritable
-
-    database = Path(uri.removeprefix("sqlite:///"))
-    if database.is_dir():
-        return "it is a folder", "give the path of a database file (sqlite:///path/to/mlflow.db)"
-    if not database.exists():
-        problem = unwritable(database.parent)
-        return (problem, f"the folder {database.parent} cannot be created or written; make it writable or choose "
-                         "another path") if problem else None
-    problem = sqlite_write_problem(database)
-    if problem is None:
-        return None
-    if "locked" in problem:
-        return problem, "another process holds the store's write lock; close it, then try again"
-    if "not a database" in problem:
-        return problem, "point tracking.mlflow_uri at an MLflow store, or move that file away"
-    return problem, (f"make {database.name} and its folder writable (chmod u+w; chattr -i for an immutable file), "
-                     "or choose another tracking.mlflow_uri")
-
-
-def check_tracking_uri(uri: str, base: Path) -> None:
-    """SQLite needs a store (or a folder) that takes a write, a server must answer; file stores are
-    refused (use SQLite)."""
-    key = "tracking.mlflow_uri"
-    if uri.startswith("sqlite:///"):
-        path = Path(uri.removeprefix("sqlite:///"))
-        found = store_problem("sqlite:///" + str(path if path.is_absolute() else base / path))
-        if found:
-            raise UserInputError(key, uri, f"the store cannot be written now ({found[0]}); {found[1]}")
-        return
-    if uri.startswith(("http://", "https://")):
-        import urllib.request
-
-        try:
-            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5) as answer:
-                answer.read()
-        except OSError as exc:
-            raise UserInputError(key, uri, f"the tracking server does not answer ({exc}); start it or fix the URL") \
-                from None
-        return
-    raise UserInputError(key, uri, "use sqlite:///path/to/mlflow.db (the default) or an http(s):// tracking server")
-
-
 def _ablate_axes(study: StudyConfig, schema: type[TrialConfig], found: Problems) -> dict[str, Fixed | Grid]:
     """The ablated axes that parse; the problems of the others go to `found`."""
     valid = [k for k in schema.model_fields if k not in MANAGED or k == "model"]
@@ -349,13 +280,13 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
         cells = tuple(Cell(i, v) for i, v in enumerate(values))
         parsed = found.check(_check_trials, kind, cells, base, tuned, origins)
         if parsed:
-            checked = found.check(_check_models, study, cells, parsed, origins)
+            checked = found.check(check_models, study, cells, parsed, origins)
         data = found.check(read_study_data, _tasks_read(study, cells, base), base.get("data_dir"))
         if axes_ok:
             found.check(_check_baseline, study, cells)
     found.check(check_tracking_uri, study.tracking.mlflow_uri, study_dir or Path.cwd())
     found.raise_any()
-    _check_cuts(checked or {})  # the one check that loads weights: when everything else holds
+    check_cuts(checked or {})  # the one check that loads weights: when everything else holds
     metric, mode = kind.metric(parsed[0]) if parsed else ("dev_spearman", "max")
     reports = tuple(kind.num_reports(p) for p in parsed)
     epochs = max(reports, default=1)  # reports per trial; ablating epochs or steps makes them differ by cell
@@ -513,70 +444,6 @@ def _check_trial(kind: TrainableKind, config: dict, origins: dict[str, str]) -> 
         raise rekeyed(exc) from None
     kind.check(parsed, key_of)
     return parsed
-
-
-def _check_models(study: StudyConfig, cells: tuple[Cell, ...], parsed: list,
-                  origins: dict[str, str]) -> dict[str, set[int | None]]:
-    """Every model the cells cut has an entry in the layer table (trainables.models.architectures) and takes
-    the poolings asked of it (no `cls` for a causal model), from its config.json alone; the layers each
-    model is cut at (None: the whole model), for `_check_cuts`."""
-    from trainables.models.architectures import refuse_pooling, require_architecture
-    from trainables.models.files import model_config
-
-    found = Problems()
-    layers: dict[str, set[int | None]] = {}
-    for cell, cfg in zip(cells, parsed, strict=True):
-        model = getattr(cfg, "model", None)
-        if not isinstance(model, str) or not hasattr(cfg, "layer"):
-            continue
-        if found.check(require_architecture, model, "ablate.model" if "model" in cell.values else "model") is None:
-            continue
-        pooling = getattr(cfg, "pooling", None)
-        if isinstance(pooling, str):
-            found.check(refuse_pooling, model_config(model), pooling, origins.get("pooling", "train.pooling"))
-        layers.setdefault(model, set()).add(cfg.layer)
-    found.raise_any()
-    return layers
-
-
-def _check_cuts(layers: dict[str, set[int | None]]) -> None:
-    """Each model's cut at each layer the study asks for is its entry's layer k, on a few sentences
-    (trainables.models.layer_check; once per model files, then answered from the cache)."""
-    import sys
-
-    if "torch" in sys.modules:  # a process that has it (launch, probe, a notebook): in process, remembered there
-        from trainables.models.layer_check import check_model_layers
-
-        for model, asked in layers.items():
-            check_model_layers(model, None if None in asked else sorted(asked))
-        return
-    from trainables.models.files import model_depth
-    from trainables.models.layer_cache import already_checked
-
-    for model, asked in layers.items():  # validate and plan import no torch: a child process checks, once
-        wanted = list(range(model_depth(model) + 1)) if None in asked else sorted(k for k in asked if k is not None)
-        if not already_checked(model, wanted):
-            _check_cut_apart(model, wanted)
-
-
-def _check_cut_apart(model: str, layers: list[int]) -> None:
-    """`trainables.models.layer_check` in a process of its own (answered from its cache file once done)."""
-    import json
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-m", "trainables.models.layer_check", model, *map(str, layers)],
-                          capture_output=True, text=True, timeout=1800)
-    if done.returncode == 0:
-        return
-    try:
-        said = json.loads(done.stdout.strip().splitlines()[-1])
-        refusal = UserInputError(str(said["key"]), said["value"], str(said["fix"]))
-    except (ValueError, IndexError, KeyError, TypeError):  # not the child's one line: it could not run
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        refusal = UserInputError("model", model, f"its layer check could not run ({last}); run `orchestrator "
-                                                 "probe --model` on it to see why")
-    raise refusal
 
 
 def _check_baseline(study: StudyConfig, cells: tuple[Cell, ...]) -> None:

@@ -6,7 +6,7 @@ name (or the declaration itself, before it is registered) and raises AssertionEr
     def test_my_loss():
         check_objective("my_loss")        # or check_objective(MY_LOSS), the Objective itself
 
-The project's own objectives and poolings pass the same checks (tests/test_kit.py).
+The project's own objectives and poolings pass the same checks (tests/orchestrator/test_kit.py).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ runs them all as pytest tests for a subclass that gives the `kind` and `config` 
         def config(self, tmp_path):
             ...  # example_config(MyKind(), model, data_dir, tmp_path / "stages")
 
-The project's own kinds are checked by these same functions (tests/test_contract.py).
+The project's own kinds are checked by these same functions (tests/trainables/test_contract.py).
 """
 
 from __future__ import annotations

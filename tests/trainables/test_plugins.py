@@ -235,7 +235,7 @@ def test_the_walkthrough_builds_exactly_examples_plugin():
     writes is examples/plugin, whose tests and end-to-end study run here."""
     import re
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     page = (repo / "docs" / "how-to" / "plugin.md").read_text()
     written = dict(re.findall(r"^cat > (\S+) <<'EOF'\n(.*?)^EOF$", page, re.MULTILINE | re.DOTALL))
     plugin = repo / "examples" / "plugin"

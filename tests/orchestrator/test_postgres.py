@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.study.journal import Journal
+from tests.orchestrator.test_cluster import assert_fully_tracked, orchestrator, wait_for, write_study
 from tests.services import MlflowServer, PostgresCluster, postgres_bin
-from tests.test_cluster import assert_fully_tracked, orchestrator, wait_for, write_study
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed "
                                                    "(Debian: apt-get install postgresql)")]

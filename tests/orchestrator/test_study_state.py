@@ -222,7 +222,7 @@ class FakeRay:
     ({"cpu": 1, "gpu": 2}, "resources.gpu: 2.0 is not valid; no node has 2 GPUs (the largest has 1)"),
 ])
 def test_a_trial_request_must_fit_the_largest_node_not_the_cluster_total(resources, message):
-    from orchestrator.run.launcher import check_cluster
+    from orchestrator.run.ray_session import check_cluster
     from orchestrator.study.config import parse_study
     from trainables.errors import UserInputError
 
@@ -242,7 +242,7 @@ def test_tune_may_start_a_worker_for_every_slot(resources, max_concurrent, expec
     """Tune keeps one trial pending for a custom searcher unless told otherwise, and then a short
     trial hands its worker to the pending trial and kills the one starting for it: on 2 slots,
     benchmarks/orchestration.py saw one trial at a time (52 % busy) until Tune was told the slots."""
-    from orchestrator.run.launcher import slots
+    from orchestrator.run.ray_session import slots
     from orchestrator.study.config import parse_study
 
     study = parse_study({"name": "s", "model": "m", "resources": resources})

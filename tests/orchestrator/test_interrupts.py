@@ -27,7 +27,7 @@ import trainables
 from benchmarks.instant import instant_executor
 from orchestrator.cli import app
 from orchestrator.cli.study import interrupted_line
-from orchestrator.run import launcher
+from orchestrator.run import launcher, ray_session
 
 PACKAGES = tuple(str(Path(package.__file__).parent) + os.sep for package in (orc, reports, trainables))
 TRIALS = 8  # 2 layers x (2 tuning trials + 2 seeds)
@@ -265,11 +265,11 @@ def test_a_local_ray_stopped_under_the_launch_ends_it_with_the_signals_code(monk
     import time
 
     daemons = {kind: [FakeDaemon()] for kind in ("gcs_server", "raylet", "log_monitor", "dashboard")}
-    monkeypatch.setattr(launcher, "local_ray_processes", lambda: daemons)
+    monkeypatch.setattr(ray_session, "local_ray_processes", lambda: daemons)
     lost: list[int] = []
-    monkeypatch.setitem(launcher.CLUSTER_LOST, "on_lost", lost.append)
+    monkeypatch.setitem(ray_session.CLUSTER_LOST, "on_lost", lost.append)
     returned = threading.Event()
-    launcher.watch_local_ray(returned, poll_s=0.01)
+    ray_session.watch_local_ray(returned, poll_s=0.01)
     time.sleep(0.1)
     assert lost == []  # all running: nothing to do
     for kind, value in ended.items():
@@ -287,16 +287,16 @@ def test_the_watch_is_over_once_tune_returned_or_without_a_cli(monkeypatch):
     import time
 
     daemons = {kind: [FakeDaemon()] for kind in ("gcs_server", "raylet")}
-    monkeypatch.setattr(launcher, "local_ray_processes", lambda: daemons)
+    monkeypatch.setattr(ray_session, "local_ray_processes", lambda: daemons)
     lost: list[int] = []
-    monkeypatch.setitem(launcher.CLUSTER_LOST, "on_lost", lost.append)
+    monkeypatch.setitem(ray_session.CLUSTER_LOST, "on_lost", lost.append)
     returned = threading.Event()
-    launcher.watch_local_ray(returned, poll_s=0.01)
+    ray_session.watch_local_ray(returned, poll_s=0.01)
     returned.set()
     daemons["raylet"][0].returncode = -15
     time.sleep(0.2)
     assert lost == []
-    monkeypatch.setitem(launcher.CLUSTER_LOST, "on_lost", None)
+    monkeypatch.setitem(ray_session.CLUSTER_LOST, "on_lost", None)
     before = threading.active_count()
-    launcher.watch_local_ray(threading.Event(), poll_s=0.01)
+    ray_session.watch_local_ray(threading.Event(), poll_s=0.01)
     assert threading.active_count() == before  # no watch started

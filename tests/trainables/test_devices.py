@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from tests.test_contract import example_config
+from tests.trainables.test_contract import example_config
 from trainables.contract import collect
 from trainables.kinds import KINDS, get_kind
 from trainables.training import runtime
 
-TRAINABLES = Path(__file__).resolve().parents[1] / "trainables"
+TRAINABLES = Path(__file__).resolve().parents[2] / "trainables"
 FACTORIES = {torch.empty, torch.zeros, torch.ones, torch.full, torch.arange, torch.rand, torch.randn, torch.randint,
              torch.randperm, torch.tensor, torch.as_tensor, torch.eye, torch.linspace, torch.empty_strided,
              torch.from_numpy}

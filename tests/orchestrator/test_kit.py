@@ -79,9 +79,11 @@ class TokenPooling(nn.Module):
 
 
 @pytest.mark.parametrize(("broken", "message"), [
-    (Objective("sts", "tests.test_kit:DetachedLoss"), "no gradient reaches u or v"),
-    (Objective("sts", "tests.test_kit:UnseededLoss"), "built twice under one seed, its parameter scale differs"),
-    (Objective("pair_classification", "tests.test_kit:TargetBlindLoss"), "another target gave the same loss"),
+    (Objective("sts", "tests.orchestrator.test_kit:DetachedLoss"), "no gradient reaches u or v"),
+    (Objective("sts", "tests.orchestrator.test_kit:UnseededLoss"),
+     "built twice under one seed, its parameter scale differs"),
+    (Objective("pair_classification", "tests.orchestrator.test_kit:TargetBlindLoss"),
+     "another target gave the same loss"),
 ])
 def test_the_kit_fails_a_broken_objective_naming_what_broke(broken, message):
     with pytest.raises(AssertionError, match=message):
@@ -89,8 +91,8 @@ def test_the_kit_fails_a_broken_objective_naming_what_broke(broken, message):
 
 
 @pytest.mark.parametrize(("broken", "message"), [
-    (Pooling("tests.test_kit:PaddedMeanPooling"), "states under the padding changed the pooled vectors"),
-    (Pooling("tests.test_kit:TokenPooling"), r"expected shape \(4, 16\), got \(4, 7, 16\)"),
+    (Pooling("tests.orchestrator.test_kit:PaddedMeanPooling"), "states under the padding changed the pooled vectors"),
+    (Pooling("tests.orchestrator.test_kit:TokenPooling"), r"expected shape \(4, 16\), got \(4, 7, 16\)"),
 ])
 def test_the_kit_fails_a_broken_pooling_naming_what_broke(broken, message):
     with pytest.raises(AssertionError, match=message):

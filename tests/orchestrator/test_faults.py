@@ -137,6 +137,7 @@ def test_a_store_that_turns_unwritable_after_the_checks_ends_in_one_line_and_the
     refusing it as an existing study, and runs everything once."""
     import orchestrator.study.plan as planning
     from orchestrator.run import launcher as launching
+    from orchestrator.study import store_check
 
     study = write_study(tmp_path, tiny_bert, synthetic_data_dir)
     storage = tmp_path / "studies"
@@ -149,7 +150,7 @@ def test_a_store_that_turns_unwritable_after_the_checks_ends_in_one_line_and_the
         (tmp_path / "mlflow.db").write_bytes(b"not sqlite at all " * 400)
 
     monkeypatch.setattr(planning, "check_tracking_uri", store_breaks_after_the_checks)
-    monkeypatch.setattr(planning, "store_problem", lambda uri: None)
+    monkeypatch.setattr(store_check, "store_problem", lambda uri: None)
     failed = runner.invoke(app, ["launch", str(study), "--storage", str(storage)])
     assert one_error_line(failed).startswith(f"error: tracking.mlflow_uri: 'sqlite:///{tmp_path}/mlflow.db' is not "
                                              "valid; the store refused the study's parent run (file is not a "
@@ -181,7 +182,7 @@ def test_a_folder_where_trials_ran_is_still_refused_by_a_new_launch(tiny_bert, s
 def test_make_run_leaves_nothing_untracked_and_setup_quiets_the_editable_notice():
     """`make run` left an untracked `examples/mlflow.db.lock` (the store's first-use lock); every editable
     install of `make setup` printed setuptools' 11-line "Editable installation" notice."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     if not (root / ".git").exists():
         pytest.skip("not a git checkout")
     made = ["examples/mlflow.db", "examples/mlflow.db.lock", "studies/quickstart/journal.jsonl",
@@ -451,7 +452,7 @@ def test_report_during_a_running_launch_shows_what_finished_and_leaves_the_launc
               "r = launch(sys.argv[1], storage=sys.argv[4], progress=False, executor=instant_executor(\n"
               "    lambda c, s, e: 50.0 + e + c.get('layer', 0), slots=1, on_finished=pause))\n"
               "print(r.counts['completed'], r.finished)\n")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     launching = subprocess.Popen([sys.executable, "-c", script, str(study), str(halfway), str(go),
                                   str(tmp_path / "studies")], cwd=root, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
@@ -481,7 +482,7 @@ def test_sighup_stops_a_launch_like_ctrl_c_unless_nohup_ignores_it():
     129); under `nohup` (SIGHUP ignored) the launch goes on."""
     import signal
 
-    from orchestrator.run.launcher import TERMINATED, graceful_sigterm
+    from orchestrator.run.ray_session import TERMINATED, graceful_sigterm
 
     previous = signal.getsignal(signal.SIGHUP), signal.getsignal(signal.SIGINT)
     try:

@@ -421,7 +421,7 @@ def test_only_the_defaults_in_effect_are_listed():
 
 
 def test_a_study_from_before_the_record_kept_these_facts_says_what_it_cannot_answer(tmp_path):
-    from tests.test_reports import make_store
+    from tests.reports.test_reports import make_store
 
     build_report(collect(make_store(tmp_path), "synthetic"), tmp_path / "report")
     answers = {i["key"]: i for i in json.loads((tmp_path / "report" / "reproducibility.json").read_text())}
@@ -470,13 +470,13 @@ def test_the_bundle_holds_everything_a_reader_needs_to_reproduce_a_cell(study, s
         names = {name.split("/", 1)[1] for name in tar.getnames()}
         stem = source.name.removesuffix(".tar.gz")
         assert {"pyproject.toml", "reports/bundle.py", "orchestrator/run/reproduce.py"} <= names
-        here = (Path(__file__).resolve().parents[1] / "reports" / "bundle.py").read_bytes()
+        here = (Path(__file__).resolve().parents[2] / "reports" / "bundle.py").read_bytes()
         assert tar.extractfile(f"{stem}/reports/bundle.py").read() == here  # the code that runs, uncommitted or not
 
 
 @pytest.mark.parametrize("size", ["10pt", "11pt"])
 def test_the_compute_and_budget_tables_fit_an_acl_page(study, tmp_path, size):
-    from tests.test_report_layout import SMALLEST, compile_alone, printed
+    from tests.reports.test_report_layout import SMALLEST, compile_alone, printed
 
     folder, _ = study
     build_report(collect(f"sqlite:///{folder / 'mlflow.db'}", "spent"), tmp_path, ("latex",))

@@ -23,7 +23,7 @@ from trainables import hub
 from trainables.data import tasks as data
 from trainables.errors import DataNotFoundError, UserInputError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused at once
 
 

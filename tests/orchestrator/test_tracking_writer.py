@@ -8,9 +8,10 @@ import threading
 
 from mlflow.tracking import MlflowClient
 
-from orchestrator.run.tracking import ResilientTracker, StudyTracker
+from orchestrator.run.resilient_tracker import ResilientTracker
+from orchestrator.run.tracking import StudyTracker
 from orchestrator.study.journal import Outcome, TrialRecord
-from tests.test_tracking import started
+from tests.orchestrator.test_tracking import started
 
 
 def finished_record(key: str, epochs: int, checkpoint: str | None = None) -> TrialRecord:

@@ -9,7 +9,7 @@ import pytest
 import ray
 import yaml
 
-RECIPES = Path(__file__).resolve().parents[1] / "examples" / "cluster"
+RECIPES = Path(__file__).resolve().parents[2] / "examples" / "cluster"
 
 
 def test_the_cluster_launcher_yaml_passes_ray_s_schema():

@@ -113,7 +113,7 @@ def test_a_failing_trial_is_marked_failed_and_the_study_completes(tiny_bert, dat
     study = write_study(tmp_path, tiny_bert, data_dir, ablate={"model": [tiny_bert, str(broken)], "layer": 2},
                         max_failures=1, replicate={"seeds": [0]}, tune=None)
     # weights damaged after the plan checked them (a copy overwritten mid-study): the trial is what fails
-    monkeypatch.setattr("orchestrator.study.plan._check_cuts", lambda layers: None)
+    monkeypatch.setattr("orchestrator.study.plan.check_cuts", lambda layers: None)
     result = launch(study, storage=tmp_path / "studies", progress=False)
     assert result.finished and result.counts["failed"] == 1 and result.counts["completed"] == 1
     _, children = runs_of(tmp_path)
@@ -527,7 +527,7 @@ def test_a_trials_worker_waits_for_the_last_trials_thread_before_it_is_handed_on
     within TUNE_FUNCTION_THREAD_TIMEOUT_S (its default 2 s): on a loaded CI machine a pruned trial took longer
     to wind down, the next trial failed ("Trainable runner reuse requires reset_config()") and the study hung.
     The workers a launch starts read the longer wait."""
-    script = ("import os, ray\nfrom orchestrator.run.launcher import connect_ray\nconnect_ray(None)\n"
+    script = ("import os, ray\nfrom orchestrator.run.ray_session import connect_ray\nconnect_ray(None)\n"
               "print(ray.get(ray.remote(lambda: os.environ.get('TUNE_FUNCTION_THREAD_TIMEOUT_S')).remote()))\n")
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "TUNE_FUNCTION_THREAD_TIMEOUT_S")}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)

@@ -29,7 +29,7 @@ from mlflow.tracking import MlflowClient
 from orchestrator.study.journal import Journal
 from tests.services import free_port
 
-SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "cluster" / "slurm" / "orchestrator.sbatch"
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "cluster" / "slurm" / "orchestrator.sbatch"
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "srun")
 BIN = Path(sys.executable).parent
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(

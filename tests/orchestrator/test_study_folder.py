@@ -146,7 +146,7 @@ def test_resume_by_name_applies_the_edit_rules_to_a_hand_edited_study_file(tmp_p
 def test_a_locked_tracking_store_fails_validation_before_anything_is_written(tmp_path):
     import sqlite3
 
-    from orchestrator.study.plan import check_tracking_uri
+    from orchestrator.study.store_check import check_tracking_uri
 
     database = tmp_path / "mlflow.db"
     holder = sqlite3.connect(str(database), isolation_level=None)

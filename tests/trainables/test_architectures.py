@@ -199,15 +199,15 @@ MISPLACED = Architecture("encoder.blocks")
 def test_layer_check_catches_an_entry_that_does_not_describe_the_model(monkeypatch, tmp_path):
     monkeypatch.setattr(layer_check, "_passed", {})
     model = build("megatron-bert")
-    monkeypatch.setitem(ARCHITECTURES.builtins, "megatron-bert", "tests.test_architectures:BROKEN_MEGATRON")
+    monkeypatch.setitem(ARCHITECTURES.builtins, "megatron-bert", "tests.trainables.test_architectures:BROKEN_MEGATRON")
     with pytest.raises(LayerMismatchError) as caught:
         check_layers(model, WordTokenizer(), [0, 2, 4], cache_dir=tmp_path)
     message = str(caught.value)
     assert "\n" not in message and message.startswith("model: 'megatron-bert' fails the layer check; cut at layer ")
-    assert "the megatron-bert entry tests.test_architectures:BROKEN_MEGATRON (blocks encoder.layer, final norm " \
-           "None) does not describe this model; fix it: add an entry" in message
+    assert "the megatron-bert entry tests.trainables.test_architectures:BROKEN_MEGATRON (blocks encoder.layer, " \
+           "final norm None) does not describe this model; fix it: add an entry" in message
     assert not (tmp_path / layer_check.CACHE_FILE).exists()
-    monkeypatch.setitem(ARCHITECTURES.builtins, "megatron-bert", "tests.test_architectures:MISPLACED")
+    monkeypatch.setitem(ARCHITECTURES.builtins, "megatron-bert", "tests.trainables.test_architectures:MISPLACED")
     with pytest.raises(UserInputError, match=re.escape("MegatronBertModel has no block list at 'encoder.blocks'")):
         check_layers(model, WordTokenizer(), [1], cache_dir=tmp_path)
 
@@ -238,7 +238,7 @@ def test_a_registered_entry_makes_a_new_architecture_work(monkeypatch, tmp_path)
     """A plugin's entry (here registered in-process, as the entry-point group does): T5's encoder,
     blocks at encoder.block, a final RMS norm after them."""
     monkeypatch.setattr(layer_check, "_passed", {})
-    monkeypatch.setitem(ARCHITECTURES.builtins, "t5", "tests.test_architectures:T5_ENCODER")
+    monkeypatch.setitem(ARCHITECTURES.builtins, "t5", "tests.trainables.test_architectures:T5_ENCODER")
     torch.manual_seed(0)
     model = T.T5EncoderModel(T.T5Config(vocab_size=100, d_model=32, d_kv=16, d_ff=64, num_layers=3,
                                         num_heads=2)).eval()
@@ -295,15 +295,15 @@ def test_validate_runs_the_layer_check_in_a_child_process_and_says_its_refusal_i
     import subprocess
     from types import SimpleNamespace
 
-    from orchestrator.study.plan import _check_cut_apart
+    from orchestrator.study.model_check import check_cut_apart
 
-    _check_cut_apart(tiny_bert, [1, 3])  # the real child: the tiny BERT passes
+    check_cut_apart(tiny_bert, [1, 3])  # the real child: the tiny BERT passes
     line = json.dumps({"key": "model", "value": "m", "fix": "layer 2 differs by 3.1 (tolerance 1e-4)"})
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: SimpleNamespace(returncode=2, stdout=line + "\n",
                                                                             stderr=""))
     with pytest.raises(UserInputError, match=re.escape("model: 'm' is not valid; layer 2 differs by 3.1")):
-        _check_cut_apart("m", [2])
+        check_cut_apart("m", [2])
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: SimpleNamespace(returncode=1, stdout="",
                                                                             stderr="Traceback\nMemoryError"))
     with pytest.raises(UserInputError, match=re.escape("its layer check could not run (MemoryError)")):
-        _check_cut_apart("m", [2])
+        check_cut_apart("m", [2])

@@ -107,7 +107,7 @@ def test_without_a_rope_nothing_changes_and_under_3_seeds_there_is_no_posterior(
 
 @pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed (CI installs texlive)")
 def test_the_equivalence_tables_compile(tmp_path):
-    from tests.test_report_layout import compile_alone
+    from tests.reports.test_report_layout import compile_alone
 
     runs = rope_runs(1.0)
     build_report(StudyRuns(**{**runs.__dict__, "report": {**runs.report, "notes": "full"}}), tmp_path, ("latex",))

@@ -1,7 +1,7 @@
 """`orchestrator doctor`'s tracking-server checks where no real server is needed: a URL nothing answers,
 and a server that answers /health while its backend fails every request (as MLflow does when its
 database is down). Each fails in one line, fast (no retries), and leaves MLflow's settings as they were.
-The checks against a real server on PostgreSQL are in tests/test_postgres.py (slow)."""
+The checks against a real server on PostgreSQL are in tests/orchestrator/test_postgres.py (slow)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from reports.collect import StudyRuns, collect
 from reports.record import KindRecord, StudyRecord
 from reports.significance import compare_to_baseline
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 # layer -> test Spearman per seed 0, 1, 2; best dev per seed; parameters
 TEST = {1: [74.0, 77.0, 75.0], 2: [80.0, 82.0, 84.0], 3: [75.0, 75.5, 76.0]}
 DEV = {1: 60.0, 2: 85.0, 3: 90.0}  # dev picks layer 3, test favours layer 2: selection must use dev

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.orchestrator.test_cluster import write_study
 from tests.services import MlflowServer
-from tests.test_cluster import write_study
 
 
 @pytest.fixture()

@@ -1,0 +1,77 @@
+"""The models a plan cuts, checked before Ray starts: each has an entry in the layer table and takes the
+poolings asked of it (from its config.json alone), and its cut at each asked layer is its entry's layer k
+(on a few sentences, once per model files: in this process where torch is loaded, else in a child)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from trainables.errors import Problems, UserInputError
+
+if TYPE_CHECKING:
+    from orchestrator.study.config import StudyConfig
+    from orchestrator.study.plan import Cell
+
+
+def check_models(study: StudyConfig, cells: tuple[Cell, ...], parsed: list,
+                  origins: dict[str, str]) -> dict[str, set[int | None]]:
+    """Every model the cells cut has an entry in the layer table (trainables.models.architectures) and takes
+    the poolings asked of it (no `cls` for a causal model), from its config.json alone; the layers each
+    model is cut at (None: the whole model), for `check_cuts`."""
+    from trainables.models.architectures import refuse_pooling, require_architecture
+    from trainables.models.files import model_config
+
+    found = Problems()
+    layers: dict[str, set[int | None]] = {}
+    for cell, cfg in zip(cells, parsed, strict=True):
+        model = getattr(cfg, "model", None)
+        if not isinstance(model, str) or not hasattr(cfg, "layer"):
+            continue
+        if found.check(require_architecture, model, "ablate.model" if "model" in cell.values else "model") is None:
+            continue
+        pooling = getattr(cfg, "pooling", None)
+        if isinstance(pooling, str):
+            found.check(refuse_pooling, model_config(model), pooling, origins.get("pooling", "train.pooling"))
+        layers.setdefault(model, set()).add(cfg.layer)
+    found.raise_any()
+    return layers
+
+
+def check_cuts(layers: dict[str, set[int | None]]) -> None:
+    """Each model's cut at each layer the study asks for is its entry's layer k, on a few sentences
+    (trainables.models.layer_check; once per model files, then answered from the cache)."""
+    import sys
+
+    if "torch" in sys.modules:  # a process that has it (launch, probe, a notebook): in process, remembered there
+        from trainables.models.layer_check import check_model_layers
+
+        for model, asked in layers.items():
+            check_model_layers(model, None if None in asked else sorted(asked))
+        return
+    from trainables.models.files import model_depth
+    from trainables.models.layer_cache import already_checked
+
+    for model, asked in layers.items():  # validate and plan import no torch: a child process checks, once
+        wanted = list(range(model_depth(model) + 1)) if None in asked else sorted(k for k in asked if k is not None)
+        if not already_checked(model, wanted):
+            check_cut_apart(model, wanted)
+
+
+def check_cut_apart(model: str, layers: list[int]) -> None:
+    """`trainables.models.layer_check` in a process of its own (answered from its cache file once done)."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "trainables.models.layer_check", model, *map(str, layers)],
+                          capture_output=True, text=True, timeout=1800)
+    if done.returncode == 0:
+        return
+    try:
+        said = json.loads(done.stdout.strip().splitlines()[-1])
+        refusal = UserInputError(str(said["key"]), said["value"], str(said["fix"]))
+    except (ValueError, IndexError, KeyError, TypeError):  # not the child's one line: it could not run
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        refusal = UserInputError("model", model, f"its layer check could not run ({last}); run `orchestrator "
+                                                 "probe --model` on it to see why")
+    raise refusal
