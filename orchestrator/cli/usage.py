@@ -23,11 +23,10 @@ from trainables.errors import SHOWN_CHARS
 USAGE_EXIT = 2
 
 
-class OneLineCommand(TyperCommand):
-    """A verb whose parse errors carry the raw value the user gave (for the one-line message), whose
-    extra arguments are an error of its own, and whose help hides switch types."""
+class TidyHelp:
+    """Help for a verb or the group: no `<bool>` type for switches, positional arguments in capitals."""
 
-    allow_extra_args = True  # checked below, so the error can name the extra argument
+    params: list[click.Parameter]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -39,6 +38,13 @@ class OneLineCommand(TyperCommand):
         if option is not None:
             tidy_metavar(option)
         return option
+
+
+class OneLineCommand(TidyHelp, TyperCommand):
+    """A verb whose parse errors carry the raw value the user gave (for the one-line message), whose
+    extra arguments are an error of its own, and whose help hides switch types."""
+
+    allow_extra_args = True  # checked below, so the error can name the extra argument
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         given = list(args)  # the parser consumes the list it is given
@@ -71,19 +77,8 @@ class ExtraArguments(errors.UsageError):
         self.extra = extra
 
 
-class OneLineGroup(TyperGroup):
+class OneLineGroup(TidyHelp, TyperGroup):
     """The `orchestrator` group: runs a verb and turns any usage error into one line and exit code 2."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        for param in self.params:
-            tidy_metavar(param)
-
-    def get_help_option(self, ctx: click.Context):
-        option = super().get_help_option(ctx)
-        if option is not None:
-            tidy_metavar(option)
-        return option
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode: bool = True, **extra: Any):
         if not standalone_mode:

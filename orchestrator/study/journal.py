@@ -47,6 +47,8 @@ class TrialRecord:
     superseded: bool = False  # a replicate of a config that more tuning has since replaced
     started: float | None = None  # when it was first issued and when it finished (epoch seconds, journal's `t`)
     ended: float | None = None
+    rungs: dict[str, float] = field(default_factory=dict)  # its pruner's rung records (Optuna's
+    #                                         completed_rung_N of the trial), as the results that set them say
 
     @property
     def finished(self) -> bool:
@@ -212,10 +214,13 @@ class Journal:
                 if previous is not None and (not previous.finished or previous.outcome == Outcome.FAILED
                                              and storage_full(previous.error)):  # re-issued after an interruption
                     record.results, record.checkpoint = previous.results, previous.checkpoint  # or a full disk
+                    record.rungs = previous.rungs
                 record.started = previous.started if previous is not None and previous.started else event.get("t")
                 records[event["key"]] = record
             elif kind == "result" and event["key"] in records:
                 records[event["key"]].results.append(event["metrics"])
+                if isinstance(event.get("rungs"), dict):
+                    records[event["key"]].rungs.update(event["rungs"])
             elif kind == "checkpoint" and event["key"] in records:
                 records[event["key"]].checkpoint = event["path"]
             elif kind == "finished" and event["key"] in records:

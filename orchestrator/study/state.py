@@ -25,6 +25,7 @@ from search_spaces.optuna_samplers import make_pruner, make_sampler
 from trainables.errors import storage_full
 
 FINISHED = "FINISHED"
+RUNG = "completed_rung_"  # Optuna's successive halving keeps a trial's value at rung N as this system attribute
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
@@ -93,17 +94,43 @@ class StudyState:
     def _frozen(self, record: TrialRecord) -> optuna.trial.FrozenTrial:
         state = {Outcome.COMPLETED: TrialState.COMPLETE, Outcome.PRUNED: TrialState.PRUNED}.get(
             record.outcome, TrialState.FAIL)
-        steps = {int(r["epoch"]): r[self.plan.metric] for r in record.results
-                 if "epoch" in r and _finite(r.get(self.plan.metric))}
         value = self._value(record) if state == TrialState.COMPLETE else None
         if state == TrialState.COMPLETE and value is None:  # degenerate: finished, but no dev score to tell
             state = TrialState.FAIL
         trial = optuna.trial.create_trial(params=record.tuned, distributions=self.space, value=value, state=state,
-                                          intermediate_values=steps)
+                                          intermediate_values=self._steps(record), system_attrs=self._rungs(record))
         if record.started is not None:  # the journal's times, not the moment of this replay
             trial.datetime_start = datetime.fromtimestamp(record.started)
             trial.datetime_complete = datetime.fromtimestamp(record.ended) if record.ended is not None else None
         return trial
+
+    def _steps(self, record: TrialRecord) -> dict[int, float]:
+        """The dev scores a trial reported to its cell's pruner, by epoch."""
+        return {int(r["epoch"]): r[self.plan.metric] for r in record.results
+                if "epoch" in r and _finite(r.get(self.plan.metric))}
+
+    def _rungs(self, record: TrialRecord) -> dict[str, float]:
+        """The trial's rung records as its results journaled them. A journal from before they were (or a
+        trial that reached no rung) under successive halving: recomputed, as Optuna's pruner made them:
+        at each report before the last epoch, the current rung's record is the report's value once its
+        epoch reaches the rung's promotion step (grace x reduction_factor^rung); a trial goes on to the next
+        rung unless that report stopped it."""
+        if record.rungs or record.phase != "tune":
+            return dict(record.rungs)
+        pruner = self.studies[record.cell].pruner
+        if type(pruner) is not optuna.pruners.SuccessiveHalvingPruner or not pruner._min_resource:
+            return {}
+        checked = [(step, value) for step, value in sorted(self._steps(record).items())
+                   if step < self.plan.reports_of(record.cell)]
+        rungs: dict[str, float] = {}
+        for n, (step, value) in enumerate(checked):
+            rung = len(rungs)
+            while step >= pruner._min_resource * pruner._reduction_factor ** (pruner._min_early_stopping_rate + rung):
+                rungs[f"{RUNG}{rung}"] = value
+                if record.outcome == Outcome.PRUNED and n == len(checked) - 1:
+                    break  # stopped at this rung
+                rung += 1
+        return rungs
 
     # --- what runs next -------------------------------------------------------------------------
 
@@ -114,7 +141,11 @@ class StudyState:
             record = self.requeue.pop(0)
             if record.phase == "tune":
                 self.studies[record.cell].enqueue_trial(record.tuned, skip_if_exists=False)
-                self.asked[record.key] = self.studies[record.cell].ask(self.space)
+                trial = self.asked[record.key] = self.studies[record.cell].ask(self.space)
+                for step, value in self._steps(record).items():  # its epochs before the interruption, and
+                    trial.report(value, step=step)                 # what the pruner made of them: it goes on
+                for name, value in self._rungs(record).items():    # from the rung it had reached
+                    trial.storage.set_trial_system_attr(trial._trial_id, name, value)
             self._issue(record)
             return record
         for cell in self.plan.start_order():
@@ -282,13 +313,18 @@ class StudyState:
         """Record one epoch; True when the cell's pruner stops this tuning trial."""
         record = self.records[key]
         record.results.append(metrics)
-        self.journal.write("result", key=key, metrics=metrics)
         trial = self.asked.get(key)
         value = metrics.get(self.plan.metric)
-        if record.phase != "tune" or trial is None or "epoch" not in metrics or not _finite(value):
-            return False
-        trial.report(value, step=int(metrics["epoch"]))
-        return int(metrics["epoch"]) < self.plan.reports_of(record.cell) and trial.should_prune()
+        stop, rungs = False, {}
+        if record.phase == "tune" and trial is not None and "epoch" in metrics and _finite(value):
+            trial.report(value, step=int(metrics["epoch"]))
+            stop = int(metrics["epoch"]) < self.plan.reports_of(record.cell) and trial.should_prune()
+            rungs = {k: v for k, v in trial.storage.get_trial_system_attrs(trial._trial_id).items()
+                     if k.startswith(RUNG) and record.rungs.get(k) != v}  # what this report's pruning recorded
+            record.rungs.update(rungs)
+        # the pruner's rung records with the result that made them: a resume gives them back to the cell's study
+        self.journal.write("result", key=key, metrics=metrics, **({"rungs": rungs} if rungs else {}))
+        return stop
 
     def on_checkpoint(self, key: str, path: str) -> None:
         if key in self.records:

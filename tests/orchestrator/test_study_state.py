@@ -591,3 +591,79 @@ def test_a_kind_declares_nothing_more_to_be_estimated(monkeypatch, tiny_bert, sy
     assert {p.unit for p in pilots.values()} == {"round"}
     found = estimate(plan, pilots, cpus=2, stages=(0.0, 0))
     assert found.replicate_rounds == 2 * 3 * 4 and found.replicate_hours > 0
+
+
+def tune_one_by_one(state: StudyState, scores: list[list[float]]) -> list[str]:
+    """Tuning trials run one at a time, each epoch's dev score reported, stopped where the pruner says."""
+    outcomes = []
+    for values in scores:
+        record = state.next_trial()
+        assert record.phase == "tune"
+        for epoch, value in enumerate(values, start=1):
+            if state.on_result(record.key, {"epoch": epoch, "dev_spearman": value}):
+                break
+        state.on_finished(record.key, Outcome.COMPLETED)  # stopped early: recorded as pruned
+        outcomes.append(f"{record.key} {state.records[record.key].outcome.value} after "
+                        f"{len(state.records[record.key].results)}")
+    return outcomes
+
+
+@pytest.mark.parametrize(("scheduler", "journaled"), [("asha", True), ("hyperband", True), ("asha", False)])
+def test_a_resumed_cell_prunes_as_the_uninterrupted_one_would(tiny_bert, synthetic_data_dir, tmp_path, scheduler,
+                                                              journaled):
+    """The pruner's rung records (Optuna's `completed_rung_N` of each finished trial) survive a resume: the
+    trials after it are compared with the same earlier ones, and stopped where an uninterrupted study
+    stops them (they were lost: the first trial after a resume competed with no one and always went on)."""
+    study = parse_study({"name": "s", "model": tiny_bert, "ablate": {"layer": [1]},
+                         "tune": {"params": {"lr": {"loguniform": [1e-4, 1e-2]}}, "trials": 7, "startup_trials": 1,
+                                  "scheduler": scheduler},
+                         "replicate": {"seeds": [5]}, "train": {"epochs": 9},
+                         "data_dir": str(synthetic_data_dir), "tracking": {"mlflow_uri": "sqlite:///x.db"}})
+    plan = build_plan(study, tmp_path)
+    good = [60.0 + epoch for epoch in range(9)]
+    scores = [good, [70.0 + epoch for epoch in range(9)], [65.0 + epoch for epoch in range(9)], good,
+              [10.0] * 9, [20.0] * 9, [75.0 + epoch for epoch in range(9)]]
+    straight = tune_one_by_one(StudyState(plan, Journal(tmp_path / "straight.jsonl")), scores)
+    first = tune_one_by_one(StudyState(plan, Journal(tmp_path / "resumed.jsonl")), scores[:4])
+    lines = (tmp_path / "resumed.jsonl").read_text().splitlines()
+    assert any('"rungs"' in line for line in lines)
+    if not journaled:  # a journal written before the rungs were: successive halving's are recomputed
+        events = [json.loads(line) for line in lines]
+        (tmp_path / "resumed.jsonl").write_text("".join(json.dumps({k: v for k, v in e.items() if k != "rungs"})
+                                                        + "\n" for e in events))
+    resumed = StudyState(plan, Journal(tmp_path / "resumed.jsonl"))  # a new launch replays the journal
+    assert first + tune_one_by_one(resumed, scores[4:]) == straight
+    assert any("pruned" in line for line in straight[4:])  # the comparison the resume must not lose
+    rungs = {k: v for k, v in resumed.studies[0].trials[1].system_attrs.items() if k.startswith("completed_rung_")}
+    live = StudyState(plan, Journal(tmp_path / "again.jsonl"))
+    tune_one_by_one(live, scores[:2])
+    assert rungs == {k: v for k, v in live.studies[0].trials[1].system_attrs.items()
+                     if k.startswith("completed_rung_")} != {}
+
+
+def test_a_tuning_trial_interrupted_mid_way_goes_on_from_the_rung_it_had_reached(tiny_bert, synthetic_data_dir,
+                                                                                  tmp_path):
+    """A trial stopped between its epochs (a crash, Ctrl-C) continues after a resume with its reported scores
+    and rung records given back to its new Optuna trial: the pruner stops it where it would have."""
+    study = parse_study({"name": "s", "model": tiny_bert, "ablate": {"layer": [1]},
+                         "tune": {"params": {"lr": {"loguniform": [1e-4, 1e-2]}}, "trials": 5, "startup_trials": 1},
+                         "replicate": {"seeds": [5]}, "train": {"epochs": 9},
+                         "data_dir": str(synthetic_data_dir), "tracking": {"mlflow_uri": "sqlite:///x.db"}})
+    plan = build_plan(study, tmp_path)
+    falling = [[base - 5 * epoch for epoch in range(9)] for base in (90.0, 92.0, 91.0, 93.0)]
+    late = [95.0, 95.0, 85.0, 84.0, 83.0, 82.0, 81.0, 80.0, 79.0]  # the best at rung 0 (epoch 1) and at rung 1
+    straight = tune_one_by_one(StudyState(plan, Journal(tmp_path / "straight.jsonl")), [*falling, late])
+    assert straight[-1] == "c0-t4 completed after 9"  # (epoch 3), though below every trial's rung-0 score
+
+    state = StudyState(plan, Journal(tmp_path / "resumed.jsonl"))
+    tune_one_by_one(state, falling)
+    record = state.next_trial()
+    for epoch in (1, 2):  # then the driver dies
+        assert not state.on_result(record.key, {"epoch": epoch, "dev_spearman": late[epoch - 1]})
+    resumed = StudyState(plan, Journal(tmp_path / "resumed.jsonl"))
+    again = resumed.next_trial()
+    assert again.key == record.key and [r["epoch"] for r in again.results] == [1, 2]
+    for epoch in range(3, 10):  # compared at rung 1 with rung 1's scores, not at rung 0 again with rung 0's
+        assert not resumed.on_result(again.key, {"epoch": epoch, "dev_spearman": late[epoch - 1]})
+    resumed.on_finished(again.key, Outcome.COMPLETED)
+    assert resumed.records[again.key].outcome == Outcome.COMPLETED
