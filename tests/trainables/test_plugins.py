@@ -8,6 +8,7 @@ file cannot name a dotted path; the study record keeps each plugin's distributio
 from __future__ import annotations
 
 import json
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -85,7 +86,8 @@ def site(tmp_path, monkeypatch, installed_plugins):
     registry.refresh()
     yield folder
     registry.refresh()
-    for module in [m for m in sys.modules if m.startswith(("fake_plugin", "other_plugin", "broken_plugin"))]:
+    for module in [m for m in sys.modules if m.startswith(("fake_plugin", "other_plugin", "broken_plugin",
+                                                            "wrong_plugin", "shape_plugin"))]:
         del sys.modules[module]
 
 
@@ -312,3 +314,54 @@ def test_a_plugin_loss_of_the_wrong_shape_fails_its_trial_in_one_line(site, tiny
     with pytest.raises(UserInputError) as failed:
         get_kind("finetune").run(config, lambda metrics, checkpoint_dir=None: None)
     assert str(failed.value) == f"train.loss: '{loss}' is not valid; {said}"
+
+
+SHAPES = '''
+from torch import nn
+
+from trainables.poolings.base import Pooling
+
+
+class Unpooled(nn.Module):  # forgets to pool: the token states themselves
+    def __init__(self, dim):
+        super().__init__()
+
+    def forward(self, hidden, mask):
+        return hidden
+
+
+def not_a_module(dim):
+    return lambda hidden, mask: hidden[:, 0]
+
+
+UNPOOLED = Pooling("shape_plugin:Unpooled")
+FUNCTION = Pooling("shape_plugin:not_a_module")
+'''
+
+
+@pytest.mark.parametrize(("name", "said"), [
+    ("unpooled", r"its module shape_plugin:Unpooled returned a torch\.float32 tensor of shape \((\d+), \d+, 32\) "
+                 r"for \1 sentences of size 32; a pooling returns one vector of the hidden size per sentence, shape "
+                 r"\(\1, 32\)"),
+    ("function", r"its module shape_plugin:not_a_module\(32\) is a function, not a torch module; a pooling is an "
+                 r"nn\.Module \(trainables\.poolings\.base\)"),
+])
+def test_a_plugin_pooling_of_the_wrong_shape_fails_its_trial_in_one_line(site, tiny_bert, synthetic_data_dir,
+                                                                         tmp_path, name, said):
+    """A plugin's pooling that returns the token states (or is no module) would meet a loss or a cosine that
+    broadcasts, or fail deep inside one: the trial stops at its first batch with one line naming the pooling."""
+    from trainables.errors import UserInputError
+    from trainables.kinds import get_kind
+
+    install(site, "shape-plugin", "0.1", {"poolings": {"unpooled": "shape_plugin:UNPOOLED",
+                                                       "function": "shape_plugin:FUNCTION"}},
+            {"shape_plugin/__init__.py": SHAPES})
+    registry.refresh()
+    config = {"task": "stsb", "model": tiny_bert, "data_dir": str(synthetic_data_dir), "epochs": 1, "batch_size": 16,
+              "max_seq_length": 32, "num_threads": 1, "cache_dir": str(tmp_path), "device": "cpu", "layer": 2,
+              "seed": 0, "score_test": False, "export_model": False, "pooling": name, "max_train_samples": 32,
+              "max_eval_samples": 16}
+    with pytest.raises(UserInputError) as failed:
+        get_kind("finetune").run(config, lambda metrics, checkpoint_dir=None: None)
+    assert re.fullmatch(f"pooling: '{name}' is not valid; {said}", str(failed.value)), str(failed.value)
+

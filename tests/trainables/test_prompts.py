@@ -230,7 +230,7 @@ def test_an_ablated_prompt_plans_a_cell_per_prompt_and_each_trial_carries_its_pr
     planned = orc.plan(spec)
     assert planned.trials == 4 and list(planned.cells.prompt) == ["", INSTRUCTION]
     assert len(set(planned.cells.cell)) == 2
-    resolved = checked_plan(spec)
+    resolved = checked_plan(spec.spec)  # the loaded study's file
     assert [resolved.trial_config(cell, {}, 0)["prompt"] for cell in resolved.cells] == ["", INSTRUCTION]
     record = plan_record(resolved)
     assert record.cells == [{"prompt": ""}, {"prompt": INSTRUCTION}] and record.defaults["include_prompt"] is True

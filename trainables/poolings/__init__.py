@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from trainables.errors import UserInputError
 from trainables.poolings.base import Pooling
 from trainables.registry import Registry
 
@@ -31,8 +32,42 @@ def pooling(name: str, key: str = "pooling") -> Pooling:
 
 
 def build_pooling(name: str, dim: int, key: str = "pooling") -> nn.Module:
-    """The pooling module `name` for token states of size `dim`."""
-    return pooling(name, key).build(dim)
+    """The pooling module `name` for token states of size `dim`. A plugin's that is no torch module, or that
+    returns anything but one vector of size `dim` per sentence, is one line naming it (at the first batch),
+    not a shape error deep inside a loss or a cosine that broadcasts silently."""
+    from torch import nn
+
+    declared = pooling(name, key)
+    try:
+        module = declared.build(dim)
+    except UserInputError:
+        raise
+    except Exception as exc:  # a plugin's class that cannot be made from the hidden size
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise UserInputError(key, name, f"its module {declared.module}({dim}) could not be built "
+                                        f"({type(exc).__name__}: {first}); a pooling is Class(dim), a torch module "
+                                        "(trainables.poolings.base)") from exc
+    if not isinstance(module, nn.Module):
+        raise UserInputError(key, name, f"its module {declared.module}({dim}) is a {type(module).__name__}, not a "
+                                        "torch module; a pooling is an nn.Module (trainables.poolings.base)")
+    module.register_forward_hook(_one_vector_each(key, name, declared.module, dim))
+    return module
+
+
+def _one_vector_each(key: str, name: str, target: str, dim: int):
+    """A forward hook: a pooling returns a floating tensor (batch, dim) for token states (batch, tokens, dim)."""
+    import torch
+
+    def check(module, inputs, output) -> None:
+        batch = len(inputs[0]) if inputs else None
+        if not (isinstance(output, torch.Tensor) and output.is_floating_point()
+                and tuple(output.shape) == (batch, dim)):
+            shown = (f"a {output.dtype} tensor of shape {tuple(output.shape)}" if isinstance(output, torch.Tensor)
+                     else f"a {type(output).__name__}")
+            raise UserInputError(key, name, f"its module {target} returned {shown} for {batch} sentences of size "
+                                            f"{dim}; a pooling returns one vector of the hidden size per sentence, "
+                                            f"shape ({batch}, {dim})")
+    return check
 
 
 __all__ = ["BUILTIN", "POOLINGS", "Pooling", "build_pooling", "pooling"]
