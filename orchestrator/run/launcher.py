@@ -76,10 +76,6 @@ def tracking_uri(study: StudyConfig, base: Path) -> str:
     return uri
 
 
-# What each Ray worker of a study needs set. A trial's worker is handed to the next trial (reuse_actors) once the
-# last one's training thread ends, and Tune waits only TUNE_FUNCTION_THREAD_TIMEOUT_S (2 s) for that: on a loaded
-# machine a pruned trial's thread took longer to wind down (its last journal line, MLflow's last call), the next
-# trial failed ("Trainable runner reuse requires reset_config()") and the study then waited on it for good.
 def launch(study_file: StudySpec | str | Path, storage: str | Path | None = None, address: str | None = None,
            max_concurrent: int | None = None, resume: bool = False, progress: bool = True,
            executor: Callable | None = None, checked: StudyPlan | None = None) -> LaunchResult:

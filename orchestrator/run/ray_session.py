@@ -17,6 +17,10 @@ from collections.abc import Callable
 from orchestrator.study.config import StudyConfig
 from trainables.errors import UserInputError
 
+# What each Ray worker of a study needs set. A trial's worker is handed to the next trial (reuse_actors) once the
+# last one's training thread ends, and Tune waits only TUNE_FUNCTION_THREAD_TIMEOUT_S (2 s) for that: on a loaded
+# machine a pruned trial's thread took longer to wind down (its last journal line, MLflow's last call), the next
+# trial failed ("Trainable runner reuse requires reset_config()") and the study then waited on it for good.
 WORKER_ENV = {"TUNE_FUNCTION_THREAD_TIMEOUT_S": "300"}
 
 

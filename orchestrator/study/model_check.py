@@ -10,10 +10,9 @@ from trainables.errors import Problems, UserInputError
 
 if TYPE_CHECKING:
     from orchestrator.study.config import StudyConfig
-    from orchestrator.study.plan import Cell
 
 
-def check_models(study: StudyConfig, cells: tuple[Cell, ...], parsed: list,
+def check_models(study: StudyConfig, cells: tuple, parsed: list,
                   origins: dict[str, str]) -> dict[str, set[int | None]]:
     """Every model the cells cut has an entry in the layer table (trainables.models.architectures) and takes
     the poolings asked of it (no `cls` for a causal model), from its config.json alone; the layers each
