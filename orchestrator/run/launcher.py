@@ -86,11 +86,7 @@ def launch(study_file: StudySpec | str | Path, storage: str | Path | None = None
     spec = study_file if isinstance(study_file, StudySpec) else read_study(study_file)
     study = spec.config
     folder = StudyFolder.of(study, storage)
-    problem = folder.unwritable()  # before Ray starts: a storage path that is a file, a read-only folder
-    if problem is not None:
-        raise UserInputError("--storage" if storage else "storage_path", str(folder.storage),
-                             f"study folders cannot be made there ({problem}); give a folder you can write")
-    before = folder.before(study, spec.text, resume)  # what the folder holds, read once; a taken name refused
+    before = folder.before(study, spec.text, resume, "--storage" if storage else "storage_path")  # read once
     meta = before.meta or {"base_dir": str(spec.base_dir), "study_uid": before.unstarted_uid or uuid.uuid4().hex}
     base_dir = Path(meta["base_dir"])
     changed = check_edit(before.accepted, study) if before.accepted is not None else []  # `resume NAME`: edited?
@@ -112,10 +108,6 @@ def launch(study_file: StudySpec | str | Path, storage: str | Path | None = None
         check_budget(plan, found)
         estimated = estimate_summary(found, "budget")
     uri = meta.get("tracking_uri") or tracking_uri(study, base_dir)
-    problem = folder.unwritable(folder.models) if study.save != "none" else None
-    if problem:
-        raise UserInputError("save", study.save, f"its models go to {folder.models}, where nothing can be "
-                                                 f"written ({problem}): make it a writable folder, or save: none")
     refuse_unwritable_store(uri, study.name, resume)  # it may have changed since the plan checked it
     if executor is None:
         ray = connect_ray(address)

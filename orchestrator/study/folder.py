@@ -244,9 +244,19 @@ class StudyFolder:
             raise UserInputError("name", self.name, f"a study of that name exists in {self.folder}; run "
                                                     f"`orchestrator resume {self.name}` or choose another name")
 
-    def before(self, config: StudyConfig, study_text: str, resume: bool) -> BeforeLaunch:
-        """What a launch (or, `resume`, a resume) of `config` needs to know of the folder, read once; a new
-        launch of a taken name is refused here."""
+    def before(self, config: StudyConfig, study_text: str, resume: bool, storage_key: str = "storage_path"
+               ) -> BeforeLaunch:
+        """What a launch (or, `resume`, a resume) of `config` needs to know of the folder, read once. Refused
+        here, in one line, before Ray starts: a folder that cannot be made or written (`storage_key` names the
+        setting that chose it), a `save:` models folder that cannot be written, a new launch of a taken name."""
+        problem = unwritable(self.folder)  # a storage path that is a file, a read-only folder
+        if problem is not None:
+            raise UserInputError(storage_key, str(self.storage), f"study folders cannot be made there ({problem}); "
+                                                                 "give a folder you can write")
+        problem = unwritable(self.models) if config.save != "none" else None
+        if problem:
+            raise UserInputError("save", config.save, f"its models go to {self.models}, where nothing can be "
+                                                      f"written ({problem}): make it a writable folder, or save: none")
         if not resume:
             self.refuse_taken()
         record = self.record(config) if resume else None  # a folder a newer orchestrator wrote is refused here
@@ -298,9 +308,9 @@ class StudyFolder:
         """How many launches ran Ray Tune here (each has its `ray/launch-N` folder)."""
         return len(list(self.ray.glob("launch-*"))) if self.ray.exists() else 0
 
-    def unwritable(self, where: Path | None = None) -> str | None:
-        """Why nothing can be written in the folder (or `where`, one of its own), or None."""
-        return unwritable(where or self.folder)
+    def unwritable(self) -> str | None:
+        """Why nothing can be written in the folder, or None."""
+        return unwritable(self.folder)
 
     # --- what a launch writes ---------------------------------------------------------------------
 
