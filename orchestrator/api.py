@@ -186,8 +186,7 @@ def plan(study: Study | StudySpec | str | Path, overrides: Sequence[str] = (), *
     if isinstance(study, Study) and not overrides and name is None and storage is None:
         use_data_dir(data_dir, study.spec)
         return study.plan(estimate=estimate)
-    spec = read_checked(study.spec if isinstance(study, Study) and study.spec else study,  # type: ignore[arg-type]
-                        overrides, name, data_dir)
+    spec = read_checked(study._loaded("plan") if isinstance(study, Study) else study, overrides, name, data_dir)
     folder = StudyFolder.of(spec.config, storage)
     return make_plan(spec, checked_plan(spec, folder.stages), estimate, folder)
 

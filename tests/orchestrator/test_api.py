@@ -295,3 +295,15 @@ def test_a_report_folder_that_is_a_file_is_one_line(tmp_path):
     with pytest.raises(UserInputError, match=re.escape(f"--out: '{tmp_path / 'out'}' is not valid; it is a file")):
         orc.report("anything", storage=tmp_path, out=tmp_path / "out")
     assert (tmp_path / "out").read_text() == "mine"
+
+
+@pytest.mark.parametrize("verb", ["plan", "launch", "resume", "status", "results", "report", "verify", "sync"])
+def test_every_method_of_a_study_that_is_not_there_is_one_user_error(verb, tmp_path, monkeypatch):
+    """A Study opened by a name no study has (a typo in a notebook) answers each verb with one line, and
+    writes nothing."""
+    monkeypatch.chdir(tmp_path)
+    study = orc.Study.named("nope", storage=tmp_path / "studies")
+    with pytest.raises(UserInputError) as raised:
+        getattr(study, verb)()
+    assert "\n" not in str(raised.value) and "nope" in str(raised.value)
+    assert list(tmp_path.iterdir()) == []
