@@ -171,3 +171,24 @@ class Registry(MutableMapping[str, str]):
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and name in self.entries()
+
+
+def build_module(build: Any, dim: int, key: str, name: str, target: str, what: str, where: str) -> Any:
+    """`build(dim)` for the registered `name` (a plugin's `target` class), which must make a torch module: a
+    class that cannot be made from the size, or makes something else, is one line naming the key, the name and
+    the class, and saying what `what` (a PairLoss, a pooling: declared in `where`) must be."""
+    from torch import nn
+
+    try:
+        module = build(dim)
+    except UserInputError:
+        raise
+    except Exception as exc:  # a plugin's class that cannot be made from the size
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise UserInputError(key, name, f"its module {target}({dim}) could not be built ({type(exc).__name__}: "
+                                        f"{first}); {what} is Class(dim), a torch module ({where})") from exc
+    if not isinstance(module, nn.Module):
+        raise UserInputError(key, name, f"its module {target}({dim}) is a {type(module).__name__}, not a torch "
+                                        f"module; {what} is an nn.Module ({where})")
+    return module
+

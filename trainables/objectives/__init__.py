@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from trainables.errors import UserInputError
 from trainables.objectives.base import Objective
-from trainables.registry import Registry
+from trainables.registry import Registry, build_module
 
 if TYPE_CHECKING:
     from torch import nn
@@ -58,25 +58,9 @@ def build_loss(name: str, task_kind: str, dim: int, key: str = "train.loss") -> 
         fitting = ", ".join(n for n, k in loss_tasks().items() if k == task_kind)
         raise UserInputError(key, name, f"it trains {declared.task_kind} tasks; for a {task_kind} task use one of: "
                                         f"{fitting}")
-    from torch import nn
-
-    try:
-        module = declared.build(dim)
-    except UserInputError:
-        raise
-    except Exception as exc:  # a plugin's class that cannot be made from the embedding size
-        raise UserInputError(key, name, f"its module {declared.loss}({dim}) could not be built "
-                                        f"({type(exc).__name__}: {_first_line(exc)}); a PairLoss is Class(dim), a "
-                                        "torch module (trainables.objectives.base)") from exc
-    if not isinstance(module, nn.Module):
-        raise UserInputError(key, name, f"its module {declared.loss}({dim}) is a {type(module).__name__}, not a torch "
-                                        "module; a PairLoss is an nn.Module (trainables.objectives.base)")
+    module = build_module(declared.build, dim, key, name, declared.loss, "a PairLoss", "trainables.objectives.base")
     module.register_forward_hook(_one_number(key, name, declared.loss))
     return module
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [""])[0]
 
 
 def _one_number(key: str, name: str, target: str):

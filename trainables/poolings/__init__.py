@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from trainables.errors import UserInputError
 from trainables.poolings.base import Pooling
-from trainables.registry import Registry
+from trainables.registry import Registry, build_module
 
 if TYPE_CHECKING:
     from torch import nn
@@ -35,21 +35,8 @@ def build_pooling(name: str, dim: int, key: str = "pooling") -> nn.Module:
     """The pooling module `name` for token states of size `dim`. A plugin's that is no torch module, or that
     returns anything but one vector of size `dim` per sentence, is one line naming it (at the first batch),
     not a shape error deep inside a loss or a cosine that broadcasts silently."""
-    from torch import nn
-
     declared = pooling(name, key)
-    try:
-        module = declared.build(dim)
-    except UserInputError:
-        raise
-    except Exception as exc:  # a plugin's class that cannot be made from the hidden size
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise UserInputError(key, name, f"its module {declared.module}({dim}) could not be built "
-                                        f"({type(exc).__name__}: {first}); a pooling is Class(dim), a torch module "
-                                        "(trainables.poolings.base)") from exc
-    if not isinstance(module, nn.Module):
-        raise UserInputError(key, name, f"its module {declared.module}({dim}) is a {type(module).__name__}, not a "
-                                        "torch module; a pooling is an nn.Module (trainables.poolings.base)")
+    module = build_module(declared.build, dim, key, name, declared.module, "a pooling", "trainables.poolings.base")
     module.register_forward_hook(_one_vector_each(key, name, declared.module, dim))
     return module
 
