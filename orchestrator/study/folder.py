@@ -257,14 +257,15 @@ class StudyFolder:
         if problem:
             raise UserInputError("save", config.save, f"its models go to {self.models}, where nothing can be "
                                                       f"written ({problem}): make it a writable folder, or save: none")
-        if not resume:
+        started = self.started()  # the journal read once
+        if started and not resume:
             self.refuse_taken()
         record = self.record(config) if resume else None  # a folder a newer orchestrator wrote is refused here
         unstarted = None
         if not resume and self.folder.is_dir():  # a first launch that failed before its first trial: its
             with contextlib.suppress(UserInputError):  # parent run, if the store took one, is the retaken study's
                 unstarted = self.study_uid
-        return BeforeLaunch(self.started(), self.meta() if resume else None, self.accepted() if resume else None,
+        return BeforeLaunch(started, self.meta() if resume else None, self.accepted() if resume else None,
                             record, unstarted, self.saved_estimate(study_text))
 
     def journal(self) -> Journal:
