@@ -32,8 +32,8 @@ import numpy as np
 from scipy.stats import ttest_rel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from reports.bootstrap import _spearman_rows, resampled_p  # noqa: E402
 from reports.multibootstrap import per_seed_differences, seed_weights  # noqa: E402
-from reports.significance import _spearman_rows, resampled_p  # noqa: E402
 
 LEVEL = 0.05
 

@@ -28,6 +28,7 @@ from reports.aggregate import (
     tuning_skip_reason,
     usable_tuning,
 )
+from reports.bootstrap import BOOTSTRAP_SAMPLES
 from reports.captions import (
     axes_label,
     caption,
@@ -52,7 +53,6 @@ from reports.provenance import provenance_lines, record_provenance
 from reports.render import N_NOTE, Cell, Grid, Note, markdown_notes, to_markdown
 from reports.render import _number as text_of
 from reports.significance import (
-    BOOTSTRAP_SAMPLES,
     CORRECTIONS,
     LEVEL,
     MIN_SEEDS,
@@ -63,6 +63,7 @@ from reports.significance import (
     reachable,
     smallest_p,
 )
+from reports.stochastic_order import add_aso, aso_grid
 
 BEST_NOTE = "bold: the best test mean of the column"
 PROVENANCE = "provenance.json"  # what produced the report and from which store: for verify
@@ -441,6 +442,7 @@ TABLES: dict[str, Callable[[TableContext], Grid | None]] = {
     "cycles": lambda c: cycle_grid(c.runs, c.decimals) if c.declared("rounds") else None,
     "tuning": lambda c: tuning_grid(c.runs),
     "equivalence": lambda c: equivalence_grid(c.runs, c.stats, c.decimals),
+    "aso": lambda c: aso_grid(c.runs, c.stats),
     "budget": lambda c: budget_grid(c.runs, c.stats),
     "compute": lambda c: compute_grid(c.runs),
 }
@@ -511,6 +513,8 @@ def write_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] | None = N
         stats = add_power(stats, runs, runs.test_metric, float(runs.report.get("alpha", LEVEL)),
                           runs.report.get("detect"))
         stats = add_equivalence(stats, runs, runs.test_metric, runs.report.get("rope"))
+        stats = add_aso(stats, runs, runs.test_metric, bool(runs.report.get("aso")),
+                        runs.report.get("correction", "holm"))
 
     context = TableContext(runs, summary, stats, rows, column, decimals)
     grids = [(name, grid) for name, table in TABLES.items() if (grid := table(context)) is not None]

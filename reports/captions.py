@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from reports.collect import StudyRuns
+from reports.collect import StudyRuns, record_test_cap
 from reports.labels import axis_label, in_sentence, metric_label, value_label
 from reports.render import Cell
 
@@ -92,15 +92,15 @@ def cell_label(runs: StudyRuns, axes: list[str], key: str) -> str:
 def test_cap(runs: StudyRuns) -> tuple[int, int | None] | None:
     """(pairs scored, pairs in the test split) where `data.max_eval_samples` capped the test split (the split's
     size None where the record does not hold it, or where several test splits differ); None where test was
-    scored whole or the runs do not say (a combined report)."""
-    record = runs.record
-    cap = record.base.get("max_eval_samples") if record is not None else None
-    if not cap:
+    scored whole or the runs do not say. A combined report: its studies' caps (`runs.test_caps`), the
+    largest where they differ."""
+    if runs.record is not None:
+        return record_test_cap(runs.record)
+    capped = [cap for cap in runs.test_caps if cap]
+    if not capped:
         return None
-    sizes = {d.splits["test"].rows for d in record.data if "test" in d.splits}
-    if sizes and max(sizes) <= int(cap):
-        return None
-    return int(cap), (sizes.pop() if len(sizes) == 1 else None)
+    totals = {total for _, total in capped}
+    return max(used for used, _ in capped), (totals.pop() if len(totals) == 1 else None)
 
 
 def test_metric_phrase(runs: StudyRuns, metric: str | None = None) -> tuple[str, str]:
@@ -112,5 +112,11 @@ def test_metric_phrase(runs: StudyRuns, metric: str | None = None) -> tuple[str,
     if cap is None or metric in labels(runs):
         return metric_label(metric, labels(runs)), ""
     used, total = cap
+    studies = runs.test_caps if runs.record is None else []
+    if studies and not all(studies):  # a combined report whose studies were capped and not
+        capped = sum(1 for c in studies if c)
+        return (metric_label(metric, labels(runs), split=False),
+                f" on test splits capped at {used:,} pairs in {capped} of its {len(studies)} studies "
+                f"(data.max_eval_samples; the others scored whole)")
     pairs = f"{used:,} of the {total:,} test pairs" if total else f"at most {used:,} pairs of each test split"
     return metric_label(metric, labels(runs), split=False), f" on {pairs} (capped: data.max_eval_samples)"

@@ -52,6 +52,7 @@ class StudyRuns:
     study_file: dict = field(default_factory=dict)  # the study file as launched (the parent run's study.yaml)
     configs: dict = field(default_factory=dict)  # run id -> the trial's exact config (its `orchestrator.config`)
     parent_run_id: str | None = None  # the study's MLflow parent run (its study file, record and environment)
+    test_caps: list = field(default_factory=list)  # combined reports: each study's test cap (captions.test_cap)
 
     def parent_artifact(self, path: str) -> str | None:
         """The text of an artifact of the study's parent run (None when absent)."""
@@ -178,6 +179,19 @@ def _artifact_yaml(client: MlflowClient, run_id: str, path: str) -> dict | None:
     return yaml.safe_load(text) if text else None
 
 
+def record_test_cap(record: StudyRecord) -> tuple[int, int | None] | None:
+    """(pairs scored, pairs in the test split) where the record's `data.max_eval_samples` capped the test
+    split (the split's size None where the record does not hold it or several test splits differ); None where
+    test was scored whole."""
+    cap = record.base.get("max_eval_samples")
+    if not cap:
+        return None
+    sizes = {d.splits["test"].rows for d in record.data if "test" in d.splits}
+    if sizes and max(sizes) <= int(cap):
+        return None
+    return int(cap), (sizes.pop() if len(sizes) == 1 else None)
+
+
 def combine(studies: list[StudyRuns]) -> StudyRuns:
     """One StudyRuns over several studies, `study` (each study's `report.label`, else its name) the
     first axis; the first study's report settings apply. Significance then compares only cells of
@@ -203,8 +217,9 @@ def combine(studies: list[StudyRuns]) -> StudyRuns:
     cells = [(f"study={label} {key}", {"study": label, **values})
              for runs, label in zip(studies, labels, strict=True) for key, values in runs.planned_cells]
     tuned = list(dict.fromkeys(name for s in studies for name in s.tuned))
+    caps = [cap for s in studies for cap in (s.test_caps if s.record is None else [record_test_cap(s.record)])]
     return StudyRuns("+".join(s.name for s in studies), pd.concat(frames, ignore_index=True), axes, first.metric,
                      report, first.client, planned.pop() if len(planned) == 1 else None, first.tracking_uri,
                      first.study_uid, {}, first.replicate,
                      [{"study": s.name, "tracking_uri": s.tracking_uri, "study_uid": s.study_uid} for s in studies],
-                     clients, tuned, cells, first.mode, first.round_name)
+                     clients, tuned, cells, first.mode, first.round_name, test_caps=caps)

@@ -12,9 +12,9 @@ from reports.render import Grid, _letters, _number, notes_of, transposed
 
 LATEX_ESCAPES = {
     "×": r"$\times$", "±": r"$\pm$", "—": "--", "–": "--", "Δ": r"$\Delta$", "†": r"$^{\dagger}$",
-    "‡": r"$^{\ddagger}$", "↑": r"$^{\uparrow}$", "≈": r"$^{\approx}$", "\u00a0": "~", "√": r"$\surd$",
-    "σ": r"$\sigma$", "ρ": r"$\rho$", "τ": r"$\tau$", "χ": r"$\chi$", "²": r"$^{2}$", "≥": r"$\geq$",
-    "≤": r"$\leq$", "−": r"$-$", "∞": r"$\infty$",
+    "‡": r"$^{\ddagger}$", "↑": r"$^{\uparrow}$", "≈": r"$^{\approx}$", "≻": r"$^{\succ}$", "\u00a0": "~",
+    "√": r"$\surd$", "σ": r"$\sigma$", "ε": r"$\varepsilon$", "ρ": r"$\rho$", "τ": r"$\tau$", "χ": r"$\chi$",
+    "²": r"$^{2}$", "≥": r"$\geq$", "≤": r"$\leq$", "−": r"$-$", "∞": r"$\infty$",
     "<": r"$<$", ">": r"$>$", "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
     "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
 }
@@ -48,7 +48,8 @@ _GLYPHS.update(zip("ABCDEFGHIJKLMNOPQRSTUVWXYZ", (7.50, 7.08, 7.22, 7.64, 6.80, 
 _GLYPHS.update({**dict.fromkeys("0123456789", 5.00), " ": 3.33, ".": 2.78, ",": 2.78, ";": 2.78, ":": 2.78,
                 "(": 3.89, ")": 3.89, "-": 3.33, "+": 7.78, "/": 5.00, "=": 7.78, "'": 2.78, "*": 5.00,
                 "±": 7.78, "×": 7.78, "—": 5.00, "–": 5.00, "Δ": 8.33, "<": 7.78, ">": 7.78, "_": 5.00,
-                "†": 3.2, "‡": 3.2, "↑": 7.0, "≈": 5.5})  # the marks are set as superscripts, at 70 %
+                "†": 3.2, "‡": 3.2, "↑": 7.0, "≈": 5.5, "≻": 5.5,  # the marks are set as superscripts, at 70 %
+                "ε": 4.06})
 BOLD = 1.16  # bold extended against regular
 MARGIN = 0.97  # what an estimate may fill of the width it must fit
 

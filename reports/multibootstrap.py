@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import rankdata
 
-from reports.significance import BOOTSTRAP_SAMPLES, _spearman_rows, check_same_pairs, resampled_p
+from reports.bootstrap import BOOTSTRAP_SAMPLES, check_same_pairs, resampled_p, spearmans_of
 
 
 def _centred_ranks(values: np.ndarray) -> np.ndarray:
@@ -46,23 +46,31 @@ def joint_differences(cell: np.ndarray, base: np.ndarray, gold: np.ndarray, seed
     return (seed_weights(seed_index, cell.shape[0]) * per_seed_differences(cell, base, gold, pair_index)).sum(axis=1)
 
 
+def seed_draws(seeds: int, samples: int, seed: int) -> np.ndarray:
+    """(samples, seeds): the seeds each resample draws, with replacement, from a stream of its own (the pairs
+    come from `seed`'s own stream, the pair bootstrap's, so that each run's resampled Spearmans serve both)."""
+    return np.random.default_rng([seed, 1]).integers(0, seeds, size=(samples, seeds))
+
+
+def joint_from_resampled(cell: list[np.ndarray], base: list[np.ndarray], samples: int, seed: int) -> np.ndarray:
+    """The Multi-Bootstrap's resampled differences from each seed's Spearman in each resample of the pairs
+    (`cell[s]`, `base[s]`: seed s's, over the pair bootstrap's resamples): per resample, the mean over the
+    seeds it draws of the cell's minus the baseline's."""
+    weights = seed_weights(seed_draws(len(cell), samples, seed), len(cell))
+    return (weights * (np.stack(cell, axis=1) - np.stack(base, axis=1))).sum(axis=1)
+
+
 def multibootstrap(cell: list[pd.DataFrame], base: list[pd.DataFrame], samples: int = BOOTSTRAP_SAMPLES,
-                   seed: int = 0) -> tuple[float, float]:
+                   seed: int = 0, cache: dict | None = None, keys: list | None = None) -> tuple[float, float]:
     """(mean difference, two-sided p) of the seed-averaged test Spearman, the i-th prediction file of
-    `cell` and of `base` from the same seed; seeds and test pairs resampled jointly. Refuses files that do
-    not hold the same pairs in the same order, or seeds that do not pair."""
+    `cell` and of `base` from the same seed; seeds and test pairs resampled jointly: the pairs as the pair
+    bootstrap draws them (`spearmans_of`), the seeds from `seed_draws`. Refuses files that do not
+    hold the same pairs in the same order, or seeds that do not pair. `cache` and `keys`: as
+    `paired_bootstrap`'s, whose cache this shares."""
     if len(cell) != len(base) or not cell:
         raise ValueError(f"the cell and its baseline must have the same seeds, but got {len(cell)} and {len(base)} "
                          "prediction files")
     check_same_pairs(cell + base)
-    gold = cell[0]["score"].to_numpy(dtype=float)
-    ours = np.stack([p["prediction"].to_numpy(dtype=float) for p in cell])
-    theirs = np.stack([p["prediction"].to_numpy(dtype=float) for p in base])
-    rng = np.random.default_rng(seed)
-    seed_index = rng.integers(0, len(cell), size=(samples, len(cell)))
-    pair_index = rng.integers(0, len(gold), size=(samples, len(gold)))
-    differences = joint_differences(ours, theirs, gold, seed_index, pair_index)
-    everything = np.arange(len(gold))[None]
-    observed = float(np.mean([_spearman_rows(ours[s][everything], gold[everything])[0]
-                              - _spearman_rows(theirs[s][everything], gold[everything])[0] for s in range(len(cell))]))
-    return observed, resampled_p(differences)
+    observed, resampled = spearmans_of(cell + base, samples, seed, cache, keys)
+    differences = joint_from_resampled(list(resampled[:len(cell)]), list(resampled[len(cell):]), samples, seed)
+    return float(np.mean(observed[:len(cell)]) - np.mean(observed[len(cell):])), resampled_p(differences)

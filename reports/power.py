@@ -18,6 +18,7 @@ seeds), and the seeds a named difference needs, a plan for the next study, from 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -48,27 +49,48 @@ def paired_power(n: int, difference: float, sd: float, alpha: float) -> float:
 
 def detectable_difference(n: int, sd: float, alpha: float, power: float = POWER) -> float:
     """The smallest true difference the test detects with `power` at n pairs (NaN below 2 pairs or
-    without spread)."""
+    without spread). Power depends on the difference only through difference / sd, so this is sd times the
+    detectable effect at n, which every comparison of the same n shares."""
     if n < 2 or not sd > 0 or not math.isfinite(sd):
         return math.nan
-    high = sd
-    while paired_power(n, high, sd, alpha) < power:
+    return sd * _detectable_effect(int(n), float(alpha), float(power))
+
+
+@functools.lru_cache(maxsize=1024)
+def _detectable_effect(n: int, alpha: float, power: float) -> float:
+    """The smallest difference / sd the test detects with `power` at n pairs."""
+    high = 1.0
+    while paired_power(n, high, 1.0, alpha) < power:
         high *= 2
-    return float(brentq(lambda d: paired_power(n, d, sd, alpha) - power, 0.0, high, xtol=1e-12 * sd, rtol=1e-12))
+    return float(brentq(lambda d: paired_power(n, d, 1.0, alpha) - power, 0.0, high, xtol=1e-12, rtol=1e-12))
+
+
+def _powers(ns: np.ndarray, effect: float, alpha: float) -> np.ndarray:
+    """paired_power at each n of `ns` for a difference of `effect` sds, in one call of scipy's noncentral t."""
+    df = ns - 1
+    shift = effect * np.sqrt(ns)
+    critical = t_dist.ppf(1 - alpha / 2, df)
+    upper, lower = nct.sf(critical, df, shift), nct.cdf(-critical, df, shift)
+    return np.minimum(1.0, np.where(np.isfinite(upper), upper, 1.0) + np.where(np.isfinite(lower), lower, 0.0))
+
+
+FIRST_SEEDS = np.arange(2, 65)  # seeds_needed tries these one by one (at once), then coarser steps
 
 
 def seeds_needed(difference: float, sd: float, alpha: float, power: float = POWER) -> float:
     """The fewest seeds (pairs) with which the test detects `difference` with `power` (NaN without spread)."""
     if not sd > 0 or not difference or not math.isfinite(sd):
         return math.nan
-    n = 2
+    enough = np.flatnonzero(_powers(FIRST_SEEDS, abs(difference) / sd, alpha) >= power)
+    if len(enough):
+        return float(FIRST_SEEDS[enough[0]])
+    n = int(FIRST_SEEDS[-1])
     while paired_power(n, difference, sd, alpha) < power:
-        n += 1 if n < 64 else max(1, n // 8)
+        n += max(1, n // 8)
         if n > MAX_SEEDS:
             return math.inf
-    if n > 64:  # the coarse steps above 64 overshoot: step back one seed at a time
-        while n > 2 and paired_power(n - 1, difference, sd, alpha) >= power:
-            n -= 1
+    while n > 2 and paired_power(n - 1, difference, sd, alpha) >= power:  # the coarse steps overshoot: step back
+        n -= 1
     return float(n)
 
 

@@ -267,8 +267,9 @@ def seeds_item(runs, summary: pd.DataFrame) -> Item:
 
 
 def tests_item(runs, stats: pd.DataFrame) -> Item:
+    from reports.bootstrap import BOOTSTRAP_SAMPLES
     from reports.power import CONFIDENCE, _range, _span, tested
-    from reports.significance import BOOTSTRAP_SAMPLES, CORRECTIONS, LEVEL, MIN_SEEDS, SEED_TESTS
+    from reports.significance import CORRECTIONS, LEVEL, MIN_SEEDS, SEED_TESTS
 
     question = "Which statistical tests, at which level, corrected how?"
     baseline = runs.report.get("baseline")
@@ -291,10 +292,37 @@ def tests_item(runs, stats: pd.DataFrame) -> Item:
               + ("; it assumes roughly normal paired differences" if test == "t" else "") +
               f") and a paired bootstrap over test pairs ({BOOTSTRAP_SAMPLES} resamples), two-sided, at α = "
               f"{alpha:g}, p-values " + (f"{CORRECTIONS[correction]}-corrected " if correction != "none" else
-                                          "uncorrected ") + family + "." + power)
+                                          "uncorrected ") + family + "." + power + beyond_tests(stats))
     return Item("tests", ("ACL C3", "NeurIPS 7"), question, answer,
                 {"test": SEED_TESTS[test], "alpha": alpha, "correction": correction, "comparisons": paired,
-                 "bootstrap": BOOTSTRAP_SAMPLES})
+                 "bootstrap": BOOTSTRAP_SAMPLES,
+                 "rope": float(stats.rope.iloc[0]) if "rope" in stats else None,
+                 "aso_comparisons": int(stats.aso_comparisons.iloc[0]) if "aso_comparisons" in stats else None})
+
+
+def beyond_tests(stats) -> str:
+    """The report's other answers to "is this cell better?" where the study asked for them (`report.rope`,
+    `report.aso`), in a sentence each."""
+    from reports.bootstrap import BOOTSTRAP_SAMPLES
+    from reports.equivalence import EQUIVALENT
+    from reports.stochastic_order import LEVEL as ASO_LEVEL
+
+    sentences = []
+    if "multibootstrap_p" in stats and stats.multibootstrap_p.notna().any():
+        sentences.append("The Multi-Bootstrap's p (Sellam et al. 2022: seeds and test pairs resampled jointly, "
+                         f"{BOOTSTRAP_SAMPLES} resamples) is in stats.csv for "
+                         f"{int(stats.multibootstrap_p.notna().sum())} comparisons, not marked.")
+    if "rope" in stats:
+        sentences.append(f"Practical equivalence within ±{float(stats.rope.iloc[0]):g} points (report.rope): the "
+                         "Bayesian correlated t-test over the paired seeds (Benavoli et al. 2017, ρ = 0), ≈ where "
+                         f"P(equivalent) ≥ {EQUIVALENT:g}.")
+    if "aso_comparisons" in stats:
+        m = int(stats.aso_comparisons.iloc[0])
+        confidence = ASO_LEVEL + (1 - ASO_LEVEL) / m if m > 1 else ASO_LEVEL
+        sentences.append(f"Almost Stochastic Order (report.aso; Dror et al. 2019, deepsig's computation): ε_min "
+                         f"both ways at confidence {confidence:.4g} for each of {m} comparison"
+                         f"{'s' if m != 1 else ''} from 1,000 bootstrap resamples, ≻ where ε_min < 0.2.")
+    return "".join(f" {sentence}" for sentence in sentences)
 
 
 def software_item(record) -> Item:
@@ -354,12 +382,21 @@ def compute_item(runs) -> Item:
 
 
 def code_item(runs) -> Item:
+    on_gpu = bool(study_resources(runs).get("gpu"))
+    same_seed = (" The trials held GPUs, whose kernels are not all deterministic: a rerun of the same seed may "
+                 "differ a little, and `orchestrator verify REPORT --rerun N` reruns N replicates and sets each "
+                 "difference against the cell's seed-to-seed spread (on an H200, a MiniLM epoch in bf16 differed "
+                 "by up to 4 % of that spread, in fp32 not at all: docs, reproducibility)." if on_gpu else
+                 " The trials ran on CPUs, where a rerun of the same seed gives the same numbers (same-seed "
+                 "variation 0; `orchestrator verify REPORT --rerun N` checks N replicates).")
     return Item("code", ("NeurIPS 4", "NeurIPS 5"), "How can a reader rerun a reported number?",
                 "`orchestrator report NAME --bundle` writes the study file, its record, this report, the locked "
                 "environment and the data hashes into one archive; `orchestrator reproduce REPORT --cell CELL "
                 "--seed SEED` reruns one replicate from it (the data hashes checked first) and prints the reported "
-                "and the recomputed dev and test scores side by side. The bundle's README says how for every cell.",
-                {"command": "orchestrator reproduce"})
+                "and the recomputed dev and test scores side by side. The bundle's README says how for every "
+                "cell." + same_seed,
+                {"command": "orchestrator reproduce", "same_seed_variation": "measured by verify --rerun" if on_gpu
+                 else "none on CPUs"})
 
 
 def to_json(found: list[Item]) -> list[dict]:

@@ -14,13 +14,14 @@ import warnings
 
 import numpy as np
 import pandas as pd
-from scipy.stats import permutation_test, rankdata, ttest_rel, wilcoxon
+from scipy.stats import permutation_test, ttest_rel, wilcoxon
 
 from reports.aggregate import row_groups
+from reports.bootstrap import paired_bootstrap
 from reports.collect import StudyRuns
+from reports.multibootstrap import multibootstrap
 
 LEVEL = 0.05
-BOOTSTRAP_SAMPLES = 1000
 CORRECTIONS = {"holm": "Holm–Bonferroni", "bonferroni": "Bonferroni", "none": "no"}
 SEED_TESTS = {"t": "paired t-test", "wilcoxon": "Wilcoxon signed-rank", "permutation": "sign-flip permutation test"}
 MIN_SEEDS = 3  # a test over fewer paired seeds marks nothing
@@ -82,16 +83,6 @@ def adjust_p(values: pd.Series, method: str) -> pd.Series:
     return pd.Series([adjusted.get(i, math.nan) for i in values.index], index=values.index, dtype=float)
 
 
-def check_same_pairs(frames: list[pd.DataFrame]) -> None:
-    """Paired resampling needs every prediction file to hold the same test pairs in the same order."""
-    first = frames[0]
-    for frame in frames[1:]:
-        if len(frame) != len(first) or not np.array_equal(frame["pair"].to_numpy(), first["pair"].to_numpy()) \
-                or not np.allclose(frame["score"].to_numpy(), first["score"].to_numpy()):
-            raise ValueError("the prediction files of the cell and its baseline hold different test pairs "
-                             f"({len(first)} and {len(frame)} rows, or another order)")
-
-
 def baseline_value(group: pd.DataFrame, column_axis: str, wanted) -> object | None:
     """`last` is the largest value of the column axis in this row (the last layer)."""
     values = list(group[column_axis])
@@ -101,48 +92,18 @@ def baseline_value(group: pd.DataFrame, column_axis: str, wanted) -> object | No
     return wanted if wanted in values else None
 
 
-def _spearman_rows(predictions: np.ndarray, gold: np.ndarray) -> np.ndarray:
-    """Spearman x100 of each row of (samples, pairs) predictions against the matching gold rows."""
-    a, b = rankdata(predictions, axis=1), rankdata(gold, axis=1)
-    a -= a.mean(axis=1, keepdims=True)
-    b -= b.mean(axis=1, keepdims=True)
-    return 100 * (a * b).sum(axis=1) / np.sqrt((a * a).sum(axis=1) * (b * b).sum(axis=1))
-
-
-def paired_bootstrap(cell: list[pd.DataFrame], base: list[pd.DataFrame], samples: int = BOOTSTRAP_SAMPLES,
-                     seed: int = 0) -> tuple[float, float]:
-    """(mean difference, two-sided p) of the seed-averaged test Spearman, resampling test pairs
-    with replacement; both sides see the same resampled pairs."""
-    check_same_pairs(cell + base)
-    gold = cell[0]["score"].to_numpy()
-    index = np.random.default_rng(seed).integers(0, len(gold), size=(samples, len(gold)))
-    resampled_gold = gold[index]
-    ours = np.mean([_spearman_rows(p["prediction"].to_numpy()[index], resampled_gold) for p in cell], axis=0)
-    theirs = np.mean([_spearman_rows(p["prediction"].to_numpy()[index], resampled_gold) for p in base], axis=0)
-    differences = ours - theirs
-    observed = float(np.mean([_spearman_rows(p["prediction"].to_numpy()[None], gold[None])[0] for p in cell])
-                     - np.mean([_spearman_rows(p["prediction"].to_numpy()[None], gold[None])[0] for p in base]))
-    return observed, resampled_p(differences)
-
-
-def resampled_p(differences: np.ndarray) -> float:
-    """Two-sided p of resampled differences against 0: twice the smaller tail, each tail counted with the
-    observed sample among the resamples, (1 + count) / (1 + B), so that B resamples never give p = 0 (at
-    most 2 / (1 + B) is claimed)."""
-    samples = len(differences)
-    tails = [(1 + int(np.sum(differences <= 0))) / (1 + samples), (1 + int(np.sum(differences >= 0))) / (1 + samples)]
-    return min(1.0, 2 * min(tails))
-
-
 def compare_to_baseline(runs: StudyRuns, summary: pd.DataFrame, row_axes: list[str], column_axis: str,
                         baseline, metric: str, bootstrap: bool = True, correction: str = "holm",
                         seed_test: str = "t") -> pd.DataFrame:
     """One row per (cell, its row's baseline cell): differences, raw p-values of every seed-level
     test and of the bootstrap, and p-values corrected over the table's comparisons (`*_adj`).
     `paired_p` is `seed_test`'s p, left out (NaN) below `MIN_SEEDS` paired seeds."""
+
     replicates = runs.replicates()
     done = replicates[replicates.outcome == "completed"]
     out = []
+    predictions: dict = {}  # run id -> its test predictions (None: none stored)
+    resampled: dict = {}  # run id -> its test Spearman and its Spearman in each of the bootstrap's resamples
     for _, group in row_groups(summary, row_axes):
         wanted = baseline_value(group, column_axis, baseline)
         if wanted is None:
@@ -159,24 +120,34 @@ def compare_to_baseline(runs: StudyRuns, summary: pd.DataFrame, row_axes: list[s
             row = {"cell": cell, "baseline": base_cell, "n_seeds": len(seeds),
                    "difference": float(np.mean(ours - theirs)) if seeds else math.nan,
                    **{f"{name}_p": paired_p(name, ours, theirs) for name in ("t", "wilcoxon", "permutation")},
-                   "bootstrap_difference": math.nan, "bootstrap_p": math.nan, "bootstrap_refused": None}
+                   "bootstrap_difference": math.nan, "bootstrap_p": math.nan, "bootstrap_refused": None,
+                   "multibootstrap_p": math.nan}
             if bootstrap and seeds and metric == "test_spearman":
-                cell_predictions = [runs.predictions(cell_runs.loc[s, "run_id"]) for s in seeds]
-                base_predictions = [runs.predictions(base_runs.loc[s, "run_id"]) for s in seeds]
+                ids = [cell_runs.loc[s, "run_id"] for s in seeds] + [base_runs.loc[s, "run_id"] for s in seeds]
+                for run_id in ids:  # each run's predictions read once (a baseline's serve its whole row)
+                    if run_id not in predictions:
+                        predictions[run_id] = runs.predictions(run_id)
+                cell_predictions = [predictions[run_id] for run_id in ids[:len(seeds)]]
+                base_predictions = [predictions[run_id] for run_id in ids[len(seeds):]]
                 if all(p is not None for p in cell_predictions + base_predictions):
                     try:
-                        row["bootstrap_difference"], row["bootstrap_p"] = paired_bootstrap(cell_predictions,
-                                                                                            base_predictions)
+                        row["bootstrap_difference"], row["bootstrap_p"] = paired_bootstrap(
+                            cell_predictions, base_predictions, cache=resampled, keys=ids)
+                        if len(seeds) >= MIN_SEEDS:  # the same resamples of the pairs, the seeds drawn too
+                            row["multibootstrap_p"] = multibootstrap(cell_predictions, base_predictions,
+                                                                     cache=resampled, keys=ids)[1]
                     except ValueError as exc:  # refused: not paired
                         row["bootstrap_refused"] = str(exc)
             out.append(row)
     stats = pd.DataFrame(out, columns=["cell", "baseline", "n_seeds", "difference", "t_p", "wilcoxon_p",
-                                       "permutation_p", "bootstrap_difference", "bootstrap_p", "bootstrap_refused"])
+                                       "permutation_p", "bootstrap_difference", "bootstrap_p", "bootstrap_refused",
+                                       "multibootstrap_p"])
     stats["paired_test"] = SEED_TESTS[seed_test]
     chosen = stats[f"{seed_test}_p"].astype(float)
     stats["paired_p"] = chosen.where(stats.n_seeds >= MIN_SEEDS)
     stats["paired_p_adj"] = adjust_p(stats.paired_p, correction)
     stats["bootstrap_p_adj"] = adjust_p(stats.bootstrap_p.astype(float), correction)
+    stats["multibootstrap_p_adj"] = adjust_p(stats.multibootstrap_p.astype(float), correction)
     stats["correction"] = correction
     return stats
 

@@ -314,7 +314,7 @@ def test_stats_keep_raw_and_corrected_p_values_and_marks_use_the_corrected(store
 
 
 def test_the_bootstrap_refuses_prediction_files_of_other_pairs():
-    from reports.significance import paired_bootstrap
+    from reports.bootstrap import paired_bootstrap
 
     gold = np.linspace(0, 1, 50)
     one = pd.DataFrame({"pair": range(50), "prediction": gold, "score": gold})

@@ -136,3 +136,36 @@ def test_the_same_gain_on_every_seed_is_p_zero_without_scipys_warning(shift, bas
         warnings.simplefilter("error")
         p = paired_p("t", ours, theirs)
     assert p < 1e-6
+
+
+@settings(max_examples=60, deadline=None)
+@given(pairs=st.integers(2, 60), samples=st.integers(1, 40), seed=st.integers(0, 10), levels=st.integers(1, 8),
+       data=st.data())
+def test_resampled_spearman_from_draw_counts_is_the_resampled_rows_ranked_one_by_one(pairs, samples, seed, levels,
+                                                                                    data):
+    """The ‡ bootstrap ranks each prediction set once and weights each pair by how often a resample drew it;
+    that is `_spearman_rows` of the resampled rows (scipy's average ranks), ties in the gold and the
+    predictions (few `levels`) included, a constant side NaN, to rounding (here: the same numbers)."""
+    from reports.bootstrap import _draws, _spearman_rows, resampled_spearmans
+
+    values = st.floats(-3, 3, allow_nan=False, width=32)
+    gold = np.round(np.array(data.draw(st.lists(values, min_size=pairs, max_size=pairs))) * levels) / levels
+    predictions = [np.round(np.array(data.draw(st.lists(values, min_size=pairs, max_size=pairs))) * levels) / levels
+                   for _ in range(2)] + [np.full(pairs, 1.5)]
+    index, _ = _draws(pairs, samples, seed)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        expected = [_spearman_rows(p[index], gold[index]) for p in predictions]
+    found = resampled_spearmans(predictions, gold, samples, seed)
+    for want, got in zip(expected, found, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9, equal_nan=True)
+
+
+def test_resampled_spearman_with_a_missing_prediction_ranks_the_rows_as_before():
+    from reports.bootstrap import _draws, _spearman_rows, resampled_spearmans
+
+    gold = np.linspace(0, 5, 30)
+    broken = gold.copy()
+    broken[3] = np.nan
+    index, _ = _draws(30, 20, 0)
+    np.testing.assert_array_equal(resampled_spearmans([broken], gold, 20, 0)[0],
+                                  _spearman_rows(broken[index], gold[index]))

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 from scipy.stats import spearmanr
 
+from reports.bootstrap import paired_bootstrap
 from reports.multibootstrap import joint_differences, multibootstrap
-from reports.significance import paired_bootstrap
 
 
 def frames(gold: np.ndarray, predictions: np.ndarray) -> list[pd.DataFrame]:
@@ -57,3 +57,38 @@ def test_the_multi_bootstrap_refuses_seeds_that_do_not_pair():
     with pytest.raises(ValueError, match=re.escape("the cell and its baseline must have the same seeds, but got 2 "
                                                    "and 3 prediction files")):
         multibootstrap(frames(gold, np.stack([gold] * 2)), frames(gold, np.stack([gold] * 3)))
+
+
+def test_the_report_gives_each_comparison_its_multi_bootstrap_p_from_the_pair_bootstraps_resamples(tmp_path):
+    """stats.csv: `multibootstrap_p` (and Holm's `_adj`) for every comparison with 3 paired seeds and stored
+    predictions, the p that `multibootstrap` gives on the same files; none below 3 seeds."""
+    from benchmarks.report_columns import synthetic_study
+    from reports.build import build_report
+
+    runs = synthetic_study(2, 3, 3, 60, {}, True)
+    build_report(runs, tmp_path / "three", ("csv",))
+    stats = pd.read_csv(tmp_path / "three" / "stats.csv")
+    assert len(stats) == 4 and stats.multibootstrap_p.notna().all()
+    assert (stats.multibootstrap_p_adj >= stats.multibootstrap_p).all()
+    done = runs.replicates()
+    for row in stats.itertuples():
+        ids = [[done[(done.cell == cell) & (done.seed == s)].run_id.iloc[0] for s in range(3)]
+               for cell in (row.cell, row.baseline)]
+        cell, base = ([runs.held[run_id] for run_id in side] for side in ids)
+        assert row.multibootstrap_p == pytest.approx(multibootstrap(cell, base)[1], abs=1e-12)
+        assert row.bootstrap_p == pytest.approx(paired_bootstrap(cell, base)[1], abs=1e-12)
+    build_report(synthetic_study(2, 3, 2, 60, {}, True), tmp_path / "two", ("csv",))
+    two = pd.read_csv(tmp_path / "two" / "stats.csv")
+    assert two.multibootstrap_p.isna().all() and two.bootstrap_p.notna().all()
+
+
+def test_the_reproducibility_section_says_where_the_multi_bootstrap_is(tmp_path):
+    import json
+
+    from benchmarks.report_columns import synthetic_study
+    from reports.build import build_report
+
+    build_report(synthetic_study(2, 3, 3, 60, {}, True), tmp_path, ("markdown",))
+    items = {item["key"]: item for item in json.loads((tmp_path / "reproducibility.json").read_text())}
+    assert "The Multi-Bootstrap's p (Sellam et al. 2022" in items["tests"]["answer"]
+    assert "is in stats.csv for 4 comparisons, not marked." in items["tests"]["answer"]

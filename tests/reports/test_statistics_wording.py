@@ -7,10 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from reports.bootstrap import BOOTSTRAP_SAMPLES, paired_bootstrap, resampled_p
 from reports.build import build_report
 from reports.collect import StudyRuns
 from reports.record import DataRecord, KindRecord, SplitRecord, StudyRecord
-from reports.significance import BOOTSTRAP_SAMPLES, paired_bootstrap, resampled_p
 
 TEST = {1: [74.0, 77.0, 75.0], 2: [80.0, 82.0, 84.0], 3: [75.0, 75.5, 76.0]}
 
@@ -33,8 +33,8 @@ def test_the_pair_bootstrap_of_a_clearly_better_cell_gives_the_smallest_p_it_can
     assert difference > 50 and p == pytest.approx(2 / (BOOTSTRAP_SAMPLES + 1)) and p > 0
 
 
-def capped_runs(cap: int | None, test_rows: int = 1379, labels: dict | None = None) -> StudyRuns:
-    record = StudyRecord(name="capped", kind=KindRecord(name="finetune"), metric="dev_spearman",
+def capped_runs(cap: int | None, test_rows: int = 1379, labels: dict | None = None, name: str = "capped") -> StudyRuns:
+    record = StudyRecord(name=name, kind=KindRecord(name="finetune"), metric="dev_spearman",
                          cells=[{"layer": k} for k in (1, 2, 3)], seeds=[0, 1, 2],
                          base={"max_eval_samples": cap} if cap else {},
                          data=[DataRecord(name="stsb", splits={"test": SplitRecord(rows=test_rows, sha256="0" * 64)})])
@@ -43,7 +43,7 @@ def capped_runs(cap: int | None, test_rows: int = 1379, labels: dict | None = No
              "layer": layer, "test_spearman": value, "best_dev_spearman": 80.0 + layer, "epoch": 2, "best_epoch": 1}
             for layer, values in TEST.items() for seed, value in enumerate(values)]
     report = {"baseline": {"layer": "last"}, **({"labels": labels} if labels else {})}
-    return StudyRuns("capped", pd.DataFrame(rows), ["layer"], "dev_spearman", report, planned_seeds=3, record=record)
+    return StudyRuns(name, pd.DataFrame(rows), ["layer"], "dev_spearman", report, planned_seeds=3, record=record)
 
 
 @pytest.mark.parametrize(("cap", "rows", "caption"), [
@@ -61,6 +61,25 @@ def test_a_caption_says_test_spearman_only_of_a_whole_test_split(tmp_path, cap, 
         headline = ("(its parameters in millions, Spearman and Pearson ×100 on 300 of the 1,379 test pairs (capped: "
                     "data.max_eval_samples)) against the last layer (Spearman on the same pairs; Δ: k minus last)")
         assert headline in report
+
+
+@pytest.mark.parametrize(("caps", "caption"), [
+    ((300, 300), "**Spearman ×100 on 300 of the 1,379 test pairs (capped: data.max_eval_samples) by layer, mean"),
+    ((300, None), "**Spearman ×100 on test splits capped at 300 pairs in 1 of its 2 studies (data.max_eval_samples; "
+                  "the others scored whole) by layer, mean"),
+    ((None, None), "**Test Spearman ×100 by layer, mean"),
+])
+def test_a_combined_reports_caption_says_test_spearman_only_where_no_study_capped_its_test_split(tmp_path, caps,
+                                                                                                 caption):
+    """A report over several studies (`orchestrator report a b`) has no study record of its own: it keeps
+    each study's cap, so a capped study is not called the test score there either."""
+    from reports.collect import combine
+
+    build_report(combine([capped_runs(cap, name=f"s{i}") for i, cap in enumerate(caps)]), tmp_path, ("markdown",))
+    report = (tmp_path / "report.md").read_text()
+    assert caption in report, report[:1500]
+    if any(caps):
+        assert "Test Spearman" not in report.split("## Reproducibility")[0]
 
 
 def test_a_capped_caption_in_latex_and_the_figure_caption(tmp_path):
