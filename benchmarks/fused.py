@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 from utilization import Utilization
 
+import trainables.models.dropout as dropout_module
 from trainables.models.batching import TokenCache
 from trainables.models.encoder import build_sentence_encoder, encoder_depth, load_config, load_tokenizer
 from trainables.objectives.sts import CosineMSELoss
@@ -143,6 +144,18 @@ class Fused:
         return sum(map(len, lists)), len(lists) * max(map(len, lists))
 
 
+SDPA_BACKENDS = {"flash": torch.backends.cuda.enable_flash_sdp,
+                 "efficient": torch.backends.cuda.enable_mem_efficient_sdp,
+                 "cudnn": torch.backends.cuda.enable_cudnn_sdp, "math": torch.backends.cuda.enable_math_sdp}
+
+
+def without_dropout(model: torch.nn.Module) -> None:
+    """Every dropout module of `model` (torch's, the `fast` masks', a fused array's) set to drop nothing."""
+    for module in model.modules():
+        if "Dropout" in type(module).__name__ and isinstance(getattr(module, "p", None), float):
+            module.p = 0.0
+
+
 def run(side, steps: int, warmup: int, batch: int, device: torch.device) -> dict:
     """`warmup` untimed steps, then `steps` timed ones: pairs/s (wall clock, and per second of this
     process's CPU time), padded share, utilization, peak memory."""
@@ -223,9 +236,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--order", default="trial,aligned",
                         help="the members' batch orders: trial (each its trial's own), aligned (the same batches in "
                              "the array's order: aligned_epoch_batches), or both, comma-separated")
-    parser.add_argument("--dropout", choices=("member", "shared"), default="member",
+    parser.add_argument("--dropout", choices=("member", "shared", "none"), default="member",
                         help="member: each member draws its own dropout masks (the default); shared: one draw for "
-                             "the whole array (FusedArray's shared_dropout_seed)")
+                             "the whole array (FusedArray's shared_dropout_seed); none: every side without dropout "
+                             "(what the masks cost: attention then runs SDPA's kernel in training too)")
+    parser.add_argument("--train-attention", choices=("sdpa", "explicit"), default="sdpa",
+                        help="training attention that drops nothing on CUDA: SDPA's kernel (sdpa) or the fp32 "
+                             "math the dropout path computes (explicit; trainables.models.dropout)")
+    parser.add_argument("--sdpa-backends", default=None,
+                        help="only these of SDPA's backends, comma-separated: flash, efficient, cudnn, math "
+                             "(default: torch's choice among all)")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per side")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per side first")
     parser.add_argument("--interleave", action="store_true",
@@ -248,6 +268,13 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--device cuda: no CUDA device here; use --device cpu")
     if args.threads:
         torch.set_num_threads(args.threads)
+    dropout_module.EXPLICIT_TRAINING_ON_CUDA = args.train_attention == "explicit"
+    if args.sdpa_backends:
+        chosen = set(args.sdpa_backends.split(","))
+        if not chosen or chosen - set(SDPA_BACKENDS):
+            parser.error(f"--sdpa-backends {args.sdpa_backends}: give some of {', '.join(SDPA_BACKENDS)}")
+        for name, enable in SDPA_BACKENDS.items():
+            enable(name in chosen)
     device = torch.device(args.device)
     precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
@@ -264,9 +291,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{hardware}; torch {torch.__version__}; {Path(name).name} at layer {layer}; "
           f"{'bf16 autocast' if dtype == torch.bfloat16 else 'fp32'}; {args.steps} timed steps after {args.warmup}",
           flush=True)
+    print(f"training attention without dropout: {args.train_attention}; SDPA's backends: "
+          f"{args.sdpa_backends or 'all'}", flush=True)
     record = {"device": hardware, "torch": torch.__version__, "model": Path(name).name, "layer": layer,
+              "train_attention": args.train_attention, "sdpa_backends": args.sdpa_backends,
               "precision": str(dtype).removeprefix("torch."), "steps": args.steps, "runs": []}
     start = build_sentence_encoder(name, layer, "mean", dropout_masks="fast")
+    if args.dropout == "none":
+        without_dropout(start)
     total = args.warmup + args.steps
     specs = [("alone", 1, "trial")] + [(f"fused {k}" + (" aligned" if order == "aligned" else ""), k, order)
                                        for k in sizes for order in (orders if k > 1 else orders[:1])]

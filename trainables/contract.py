@@ -64,6 +64,39 @@ class PromptFields(BaseModel):
                                                    "sentence-transformers' Pooling(include_prompt=False) (INSTRUCTOR)")
 
 
+class LoraFields(BaseModel):
+    """LoRA through peft (trainables/models/lora.py): low-rank adapters on the cut encoder's linear layers,
+    its own weights frozen. `lora_rank` null (the default) trains the whole encoder."""
+
+    lora_rank: int | None = Field(None, ge=1, description="LoRA's rank r: adapters on the cut encoder, its weights "
+                                                          "frozen; null trains the whole encoder")
+    lora_alpha: float | None = Field(None, gt=0, description="LoRA's alpha: the adapters scaled by alpha / rank; "
+                                                             "null is the rank (a scale of 1)")
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input (peft's lora_dropout)")
+    lora_targets: list[str] | str | None = Field(None, description="the linear layers LoRA adapts, by name "
+                                                                   "([query, value]) or all-linear; null: peft's "
+                                                                   "default for the model type")
+
+
+class PostprocessFields(BaseModel):
+    """An affine map of the sentence vectors before the cosine, fitted on the train split's sentences
+    (trainables/evaluation/postprocess.py)."""
+
+    postprocess: str = Field("none", description="none, whiten, abtt or zscore: the vectors mapped by a transform "
+                                                 "fitted on the train split's sentences, applied to dev and test")
+    postprocess_dim: int | None = Field(None, ge=1, description="whiten: the dimensions kept; abtt: the top "
+                                                                "directions removed (d / 100 by default)")
+
+
+class PoolingLayersFields(BaseModel):
+    """Several layers' token states averaged before the pooling (trainables/models/layer_mix.py)."""
+
+    pooling_layers: str | list[int] = Field("last", description="last (the cut layer), first_last (layers 1 and k, "
+                                                                "SimCSE's), top2 (k-1 and k), all (0..k), "
+                                                                "scalar_mix (0..k, ELMo's learned weights) or a "
+                                                                "list of layers whose deepest is the cut")
+
+
 ConfigT = TypeVar("ConfigT", bound=TrialConfig)
 
 

@@ -93,6 +93,28 @@ def test_it_runs_only_in_evaluation_on_a_cpu():
         assert len(calls) == 1
 
 
+def test_on_cuda_sdpa_chooses_among_every_backend_but_cudnns():
+    """cuDNN's SDPA plans anew for every shape (103 ms a new sentence batch shape on an H200, 0.84 ms a seen
+    one): on CUDA the choice is flash, memory-efficient and math. The CUDA choice entered here (the CPU's
+    SDPA runs inside it) gives SDPA's own result and leaves torch's settings as they were afterwards."""
+    from torch.nn.attention import SDPBackend
+
+    from trainables.models.attention import NO_CUDNN, backends
+
+    assert SDPBackend.CUDNN_ATTENTION not in NO_CUDNN
+    assert set(NO_CUDNN) == {SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH}
+    q, k, v, mask = inputs(2, 2, 5, 8, [5, 3])
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    with backends("cuda"):
+        assert not torch.backends.cuda.cudnn_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
+        got = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    with backends("cpu"):
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before
+
+
 def test_an_encoder_evaluates_as_with_sdpa_and_trains_through_it(tiny_bert):
     ours = load_encoder(tiny_bert)
     sdpa = load_encoder(tiny_bert)

@@ -1,5 +1,9 @@
 """Gradient clipping: torch's clip_grad_norm_ to the bit, without its multiply by 1.0 when nothing is clipped;
-a word-embedding gradient kept row by row normed on its written rows only, torch's to an fp32 rounding."""
+a word-embedding gradient kept row by row normed on its written rows only, torch's to an fp32 rounding.
+
+Bit equality is the feature here and holds on any CPU: on a CPU torch's get_total_norm takes each gradient's
+torch.linalg.vector_norm and then the norm of those (foreach is for accelerators), and clip_grads_with_norm_
+is torch's own; ours calls the same kernels on the same tensors in the same order."""
 
 from __future__ import annotations
 

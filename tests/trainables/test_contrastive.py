@@ -38,6 +38,16 @@ def corpus(tmp_path) -> str:
     return str(path)
 
 
+def short_simcse(model: str, data_dir, folder, **changes) -> dict:
+    """A six-step SimCSE trial's config on a 20-sentence corpus written to `folder` (other tests' quick trials)."""
+    corpus = folder / "corpus.txt"
+    corpus.write_text("\n".join(f"a man {w} the guitar near the {v}" for w in ("plays", "sings", "reads", "walks")
+                                for v in ("house", "park", "street", "river", "tree")) + "\n")
+    return {"model": model, "task": "stsb", "corpus": str(corpus), "data_dir": str(data_dir), "layer": 2,
+            "lr": 5e-3, "steps": 6, "eval_every": 3, "batch_size": 8, "max_seq_length": 16, "max_eval_samples": 32,
+            "num_threads": 1, "device": "cpu", "precision": "fp32", **changes}
+
+
 @pytest.fixture()
 def config(tiny_bert, synthetic_data_dir, corpus) -> dict:
     return {"model": tiny_bert, "task": "stsb", "corpus": corpus, "data_dir": str(synthetic_data_dir),

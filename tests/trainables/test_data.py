@@ -128,6 +128,6 @@ def test_every_sts_year_loads_its_scored_pairs_per_subset(data_dir, task):
 
 
 def test_an_sts_year_is_not_a_study_task(synthetic_data_dir):
-    from orchestrator.study.plan import _task_names
+    from orchestrator.study.plan_checks import task_names as _task_names
 
     assert "sts12" not in _task_names() and "stsb" in _task_names()

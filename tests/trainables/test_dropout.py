@@ -154,7 +154,12 @@ def test_in_bf16_the_training_path_rounds_exactly_as_sdpa_math_does():
         sdpa = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ours, _ = attention(fake_module(True), q, k, v, mask, dropout=1e-9)
-    assert ours.dtype == torch.bfloat16 and torch.equal(ours, sdpa)
+    # the fp32 products may be summed in another order by another CPU's kernels, so an element near a
+    # bf16 rounding boundary may round the other way: one bf16 step (2**-7 of its size) at most, and
+    # nearly all equal; a second rounding (bf16 products, as autocast's matmul would make) is off by several
+    assert ours.dtype == torch.bfloat16
+    torch.testing.assert_close(ours.float(), sdpa.float(), rtol=2**-7, atol=1e-6)
+    assert (ours == sdpa).float().mean() > 0.9
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -200,7 +205,7 @@ def test_an_encoder_swaps_every_dropout_and_evaluates_exactly_as_before(tiny_ber
     assert len(dropouts) == 1 + 3 * 3 and all(type(m) is FastDropout for m in dropouts)  # embeddings + 3 per block
     ids = torch.tensor([[101, 2023, 2003, 102, 0, 0], [101, 2178, 6251, 2182, 1012, 102]])
     mask = (ids != 0).long()
-    with torch.no_grad():
+    with torch.no_grad():  # in evaluation both run the same inference attention and no dropout: the same kernels
         assert torch.equal(plain(ids, mask).last_hidden_state, fast(ids, mask).last_hidden_state)
     fast.train()
     torch.manual_seed(1)

@@ -280,3 +280,44 @@ def test_a_prompt_is_labelled_whole_on_one_line_and_no_prompt_as_none(value, sho
     from reports.labels import value_label
 
     assert value_label(value) == shown
+
+
+def test_the_probe_verb_takes_the_prompt_as_the_probe_kind_does(tiny_bert, synthetic_data_dir):
+    """`orchestrator probe --prompt` scores what a study's `prompt:` scores (the probe kind, same layer and pairs),
+    `--no-include-prompt` what `include_prompt: false` does, and says the prompt in its table and JSON; a prompt
+    whose tokens fill the length is one line naming the option, exit 2."""
+    import json
+
+    def kind(**prompt) -> float:  # the probe kind's config (a study's `prompt:`), on the verb's one split
+        from trainables.contract import parse_config
+        from trainables.evaluation.probe import probe_layers
+        from trainables.kinds.probe import ProbeConfig
+
+        cfg = parse_config(ProbeConfig, {"model": tiny_bert, "data_dir": str(synthetic_data_dir), "layers": [2],
+                                         "splits": ["dev"], "max_eval_samples": 40, "precision": "fp32",
+                                         "device": "cpu", **prompt})
+        return probe_layers(cfg)[0]["dev_spearman"]
+
+    def verb(*options: str) -> dict:
+        result = runner.invoke(app, ["probe", "--model", tiny_bert, "--data-dir", str(synthetic_data_dir),
+                                     "--layers", "2", "--split", "dev", "--max-eval-samples", "40",
+                                     "--device", "cpu", "--json", *options])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    prompted, plain = verb("--prompt", "query: "), verb()
+    assert prompted["prompt"] == "query: " and prompted["include_prompt"] is True and "prompt" not in plain
+    assert prompted["spearman"] == pytest.approx(kind(prompt="query: "), abs=1e-9)
+    assert abs(prompted["spearman"] - plain["spearman"]) > 0.5  # the prompt reached the vectors
+    excluded = verb("--prompt", "query: ", "--no-include-prompt")
+    assert excluded["spearman"] == pytest.approx(kind(prompt="query: ", include_prompt=False), abs=1e-9)
+    assert abs(excluded["spearman"] - prompted["spearman"]) > 0.1
+    table = runner.invoke(app, ["probe", "--model", tiny_bert, "--data-dir", str(synthetic_data_dir), "--layers",
+                                "2", "--split", "dev", "--max-eval-samples", "40", "--prompt", "query: "])
+    assert table.exit_code == 0 and "prompt 'query: '" in table.stdout, table.output
+    long = runner.invoke(app, ["probe", "--model", tiny_bert, "--data-dir", str(synthetic_data_dir),
+                               "--max-seq-length", "5", "--prompt", "query: a cat plays"])
+    assert long.exit_code == 2, long.output
+    assert long.stderr.strip().splitlines() == [
+        "error: --prompt: 'query: a cat plays' is not valid; its tokens alone fill --max-seq-length 5, so no "
+        "sentence would be left: shorten it or raise the length"]

@@ -19,6 +19,7 @@ from trainables.data.tasks import load_task
 from trainables.errors import UserInputError
 from trainables.evaluation.diagnostics import DIRECTIONS, layer_diagnostics, pick_and_agreement
 from trainables.evaluation.evaluators import Embedder, make_evaluator
+from trainables.evaluation.postprocess import fit, fitted_embed
 from trainables.evaluation.sts_suite import load_suite, score_suite, suite_sentences
 from trainables.models.architectures import layer_states, refuse_pooling, stack_depth
 from trainables.models.batching import TokenCache
@@ -29,6 +30,8 @@ from trainables.models.encoder import (
     truncated_parameter_count,
     without_prompt,
 )
+from trainables.models.layer_mix import mixed
+from trainables.models.pooling_layers import mixed_layers
 from trainables.poolings import POOLINGS, build_pooling
 from trainables.training.runtime import resolve_device, resolve_precision
 
@@ -40,16 +43,21 @@ class AllLayers(nn.Module):
     """Pooled states of the chosen layers: (batch, layers, dim). Layer k is what the encoder cut at k
     returns (trainables.models.architectures: a pre-norm stack's final norm on h_k), from one pass."""
 
-    def __init__(self, encoder: nn.Module, layers: Sequence[int], pooling: str, prompt_tokens: int = 0):
+    def __init__(self, encoder: nn.Module, layers: Sequence[int], pooling: str, prompt_tokens: int = 0,
+                 pooling_layers: str | list[int] = "last"):
         super().__init__()
         refuse_pooling(encoder.config, pooling)
         self.encoder, self.layers, self.pooling, self.prompt_tokens = encoder, list(layers), pooling, prompt_tokens
         self.pool_layer = build_pooling(pooling, encoder.config.hidden_size)
+        self.mixes = [mixed_layers(pooling_layers, k) for k in self.layers]  # row k: the layers it averages
+        self.needed = sorted({j for mix in self.mixes for j in mix})
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        states = layer_states(self.encoder, {"input_ids": input_ids, "attention_mask": attention_mask}, self.layers)
+        states = dict(zip(self.needed, layer_states(self.encoder, {"input_ids": input_ids,
+                                                                  "attention_mask": attention_mask}, self.needed),
+                          strict=True))
         pooled = without_prompt(attention_mask, self.prompt_tokens)  # include_prompt: false
-        return torch.stack([self.pool_layer(state, pooled) for state in states], dim=1)
+        return torch.stack([self.pool_layer(mixed(states, mix), pooled) for mix in self.mixes], dim=1)
 
 
 def resolve_layers(layers: Sequence[int] | None, depth: int) -> list[int]:
@@ -77,7 +85,8 @@ class LayerTable:
         self.params = {k: truncated_parameter_count(encoder, k) for k in self.layers}
         truncate_encoder(encoder, max(self.layers))
         tokens = TokenCache(load_tokenizer(cfg.model), cfg.max_seq_length, cfg.prompt)
-        model = AllLayers(encoder, self.layers, cfg.pooling, 0 if cfg.include_prompt else tokens.prompt_length)
+        model = AllLayers(encoder, self.layers, cfg.pooling, 0 if cfg.include_prompt else tokens.prompt_length,
+                          cfg.pooling_layers)
         embed_all = Embedder(model.to(device), tokens, device, dtype)
         sentences = list(dict.fromkeys(sentences))
         self.table = embed_all(sentences)  # (sentences, layers, dim), one pass
@@ -93,7 +102,8 @@ class LayerTable:
 def probe_layers(cfg: ProbeConfig) -> list[dict]:
     """One row per layer: `layer`, `params` (of the model cut there), the metrics of each split and its
     label-free diagnostics, with the layer each diagnostic picks and its agreement with the labels."""
-    data = load_task(cfg.task, cfg.language, cfg.data_dir, max_eval_samples=cfg.max_eval_samples)
+    data = load_task(cfg.task, cfg.language, cfg.data_dir, max_train_samples=cfg.max_train_samples,
+                     max_eval_samples=cfg.max_eval_samples)
     if data.kind == "unlabeled":
         raise UserInputError("task", data.name, "probe scores labeled pair tasks (stsb, sick, mrpc, ...)")
     for split in cfg.splits:
@@ -101,14 +111,19 @@ def probe_layers(cfg: ProbeConfig) -> list[dict]:
     needed = {"dev", *cfg.splits} if data.kind == "classification" else set(cfg.splits)
     sentences = [s for split in sorted(needed) for column in ("sentence1", "sentence2")
                  for s in data.split(split)[column]]
-    table = LayerTable(cfg, sentences)
+    fitted_on = (list(dict.fromkeys(list(data.train["sentence1"]) + list(data.train["sentence2"])))
+                 if cfg.postprocess != "none" else [])  # the train split's sentences only, never dev or test
+    table = LayerTable(cfg, sentences + fitted_on)
     evaluator = make_evaluator(data.kind, {split: data.split(split) for split in needed})
     results = []
     for j, layer in enumerate(table.layers):
         metrics = {"layer": layer, "params": table.params[layer]}
+        embed = table.embedder(j)
+        if fitted_on:
+            embed = fitted_embed(embed, fit(cfg.postprocess, embed(fitted_on), cfg.postprocess_dim))
         for split in cfg.splits:
-            metrics.update(evaluator.evaluate(table.embedder(j), split))
-            metrics.update(split_diagnostics(table.embedder(j), data.split(split), split))
+            metrics.update(evaluator.evaluate(embed, split))
+            metrics.update(split_diagnostics(embed, data.split(split), split))
         results.append(metrics)
     for split in cfg.splits:
         add_layer_picks(results, split, evaluator.primary(split))

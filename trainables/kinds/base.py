@@ -233,3 +233,68 @@ def check_head_pooling(head: str, pooling: str, key: str, head_key: str = "head"
     if head == "pretrained" and pooling != "cls":
         raise UserInputError(key, pooling, f"{head_key}: pretrained reads the first token through the model's "
                                            f"pooler: use {key.rsplit('.', 1)[-1]}: cls, or {head_key}: linear")
+
+
+def check_pooling_layers(cfg, key_of: Callable[[str], str], scored: list[int] | None = None) -> None:
+    """`pooling_layers` one of its names or a list of layers whose deepest is the cut (`cfg.layer`, the model's
+    depth when it keeps every layer). `scored`: the probe's layers, each scored with the mix at its own cut:
+    scalar_mix (its weights learned in training) is refused there, and a list needs the one layer it ends at."""
+    from trainables.models.pooling_layers import LEARNED, problem
+
+    spec = cfg.pooling_layers
+    key = key_of("pooling_layers")
+    found = problem(spec, None)
+    if found:
+        raise UserInputError(key, spec, found)
+    if scored is None and isinstance(spec, str):
+        return
+    if scored is not None:
+        if spec == LEARNED:
+            raise UserInputError(key, spec, "scalar_mix learns its weights in training; the probe has none to "
+                                            "learn: use all (the same layers with equal weights), or finetune")
+        if isinstance(spec, str):
+            return
+        if scored != [max(spec)]:
+            raise UserInputError(key, spec, f"a list of layers is one cut, at its deepest ({max(spec)}): score "
+                                            f"{key_of('layers')}: [{max(spec)}], or use a name (first_last, top2, "
+                                            f"all) that follows each layer")
+        return
+    try:
+        cut = cfg.layer if cfg.layer is not None else model_depth(cfg.model)
+    except UserInputError:
+        return  # the model's own check says why
+    found = problem(spec, cut, f"{key_of('layer')}" if cfg.layer is not None else "the model's last layer")
+    if found:
+        raise UserInputError(key, spec, found)
+
+
+LORA_SETTINGS = (("lora_alpha", None), ("lora_dropout", 0.0), ("lora_targets", None))
+
+
+def check_lora(cfg, key_of: Callable[[str], str]) -> None:
+    """LoRA's settings in a study that never sets `lora_rank` would be silently unused: refused (a study that
+    ablates or tunes it, `lora_rank: [null, 8]`, uses them in the cells that have a rank). With a rank, the
+    layers it adapts must be the model's (checked on its config, before any trial)."""
+    if cfg.lora_rank is None:
+        if key_of("lora_rank").startswith(("ablate.", "tune.")):
+            return
+        for name, default in LORA_SETTINGS:
+            if getattr(cfg, name) != default:
+                raise UserInputError(key_of(name), getattr(cfg, name), f"LoRA is off without {key_of('lora_rank')}:"
+                                                                       f" set lora_rank (8 is common), or remove "
+                                                                       f"{name}")
+        return
+    from trainables.models.lora import check_targets
+
+    check_targets(cfg.model, cfg.lora_targets, key_of("lora_targets"))
+
+
+def check_postprocess(cfg, key_of: Callable[[str], str]) -> None:
+    """`postprocess` one of its names, and a dimension only where the map has one."""
+    from trainables.evaluation.postprocess import POSTPROCESSES
+
+    if cfg.postprocess not in POSTPROCESSES:
+        raise one_of(key_of("postprocess"), cfg.postprocess, POSTPROCESSES)
+    if cfg.postprocess_dim is not None and cfg.postprocess in ("none", "zscore"):
+        raise UserInputError(key_of("postprocess_dim"), cfg.postprocess_dim,
+                             f"postprocess {cfg.postprocess} has no dimension: remove postprocess_dim")

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from trainables.contract import PromptFields, TrainingConfig
+from trainables.contract import PoolingLayersFields, PromptFields, TrainingConfig
 from trainables.data.declaration import TaskRef
-from trainables.kinds.base import PilotSpec, TrainingKind, check_head_pooling
+from trainables.errors import UserInputError
+from trainables.kinds.base import PilotSpec, TrainingKind, check_head_pooling, check_pooling_layers
+from trainables.models.files import model_depth
 from trainables.names import CROSS_HEADS, CROSS_LOSSES
 from trainables.poolings import POOLINGS
 from trainables.stages.fields import PretrainFields, stage_seed_of
@@ -27,7 +29,7 @@ from trainables.stages.fields import PretrainFields, stage_seed_of
 MODES = ("self", "mutual", "teacher")
 
 
-class DistillConfig(TrainingConfig, PretrainFields, PromptFields):
+class DistillConfig(TrainingConfig, PretrainFields, PromptFields, PoolingLayersFields):
     model: str = Field(description="the bi-encoder to start from (Trans-Encoder: an unsupervised SimCSE model)")
     mode: str = Field("self", description="self, mutual (two encoder pairs, averaged labels) or teacher")
     cross_model: str | None = Field(None, description="the cross-encoder's backbone; null is the bi-encoder's start "
@@ -103,3 +105,16 @@ class DistillKind(TrainingKind):
         super().check_names(cfg, key_of)
         check_head_pooling(cfg.cross_head, cfg.cross_pooling, key_of("cross_pooling"), "cross_head")
         stage_seed_of(cfg)
+        check_pooling_layers(cfg, key_of)  # the bi-encoder's cut
+        if cfg.mode == "mutual" and not isinstance(cfg.pooling_layers, str):  # a list is one cut: the partner's too
+            from trainables.models.pooling_layers import problem
+
+            partner = cfg.partner_model or cfg.model
+            try:
+                cut = cfg.partner_layer if cfg.partner_layer is not None else model_depth(partner)
+            except UserInputError:
+                return
+            found = problem(cfg.pooling_layers, cut, key_of("partner_layer") if cfg.partner_layer is not None
+                            else "the partner's last layer")
+            if found:
+                raise UserInputError(key_of("pooling_layers"), cfg.pooling_layers, found)

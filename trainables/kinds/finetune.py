@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from trainables.contract import PromptFields, TrainingConfig
+from trainables.contract import LoraFields, PoolingLayersFields, PostprocessFields, PromptFields, TrainingConfig
 from trainables.data.declaration import TASK_HELP, TaskRef
 from trainables.errors import UserInputError, one_of
-from trainables.kinds.base import TrainingKind
+from trainables.kinds.base import TrainingKind, check_lora, check_pooling_layers, check_postprocess
 from trainables.names import SELECTS
 from trainables.objectives import OBJECTIVES, check_loss
 from trainables.poolings import POOLINGS
@@ -21,7 +21,8 @@ from trainables.stages.fields import OBJECTIVES as PRETRAIN_OBJECTIVES
 from trainables.stages.fields import PretrainFields, stage_seed_of
 
 
-class FinetuneConfig(TrainingConfig, PretrainFields, PromptFields):
+class FinetuneConfig(TrainingConfig, PretrainFields, PromptFields, LoraFields, PostprocessFields,
+                     PoolingLayersFields):
     model: str
     task: TaskRef = Field("stsb", description=TASK_HELP)
     language: str | None = None
@@ -69,3 +70,6 @@ class FinetuneKind(TrainingKind):
         if cfg.pretrain is not None and cfg.pretrain not in PRETRAIN_OBJECTIVES:
             raise one_of(key_of("pretrain"), cfg.pretrain, PRETRAIN_OBJECTIVES)
         stage_seed_of(cfg)
+        check_lora(cfg, key_of)
+        check_postprocess(cfg, key_of)
+        check_pooling_layers(cfg, key_of)

@@ -7,13 +7,13 @@ import math
 
 from pydantic import Field
 
-from trainables.contract import PromptFields, Report, TrialConfig
+from trainables.contract import PoolingLayersFields, PostprocessFields, PromptFields, Report, TrialConfig
 from trainables.data.declaration import TASK_HELP, TaskRef
-from trainables.kinds.base import TrainableKind
+from trainables.kinds.base import TrainableKind, check_pooling_layers, check_postprocess
 from trainables.poolings import POOLINGS
 
 
-class ProbeConfig(TrialConfig, PromptFields):
+class ProbeConfig(TrialConfig, PromptFields, PostprocessFields, PoolingLayersFields):
     model: str
     task: TaskRef = Field("stsb", description=TASK_HELP)
     language: str | None = None
@@ -27,6 +27,7 @@ class ProbeConfig(TrialConfig, PromptFields):
     num_threads: int | None = Field(None, ge=1)
     data_dir: str | None = None
     max_eval_samples: int | None = Field(None, ge=1)
+    max_train_samples: int | None = Field(None, ge=1, description="the train pairs a post-processing is fitted on")
 
 
 class ProbeKind(TrainableKind):
@@ -40,6 +41,11 @@ class ProbeKind(TrainableKind):
 
     def layer_bounds(self, cfg):
         return [("layers", cfg.layers, cfg.model)]
+
+    def check_names(self, cfg, key_of) -> None:
+        super().check_names(cfg, key_of)
+        check_postprocess(cfg, key_of)
+        check_pooling_layers(cfg, key_of, sorted(set(cfg.layers)) if cfg.layers is not None else [])
 
     def run(self, config: dict, report: Report, checkpoint_dir: str | None = None) -> dict:
         from trainables.evaluation.probe import probe_layers

@@ -51,6 +51,11 @@ class Learner(ABC):
         `save:`; kinds without a sentence encoder (cross-encoders) have none."""
         raise NotImplementedError(f"{type(self).__name__} has no sentence encoder to save")
 
+    def postprocess_map(self) -> Any:
+        """The affine map (trainables.evaluation.postprocess.Affine) the run's vectors go through before the
+        cosine, fitted for the weights it holds now; None without `postprocess`. `save:` stores it."""
+        return None
+
     def test_extras(self) -> dict[str, float]:
         """More test metrics scored once with the best-dev weights (e.g. the STS suite)."""
         return {}

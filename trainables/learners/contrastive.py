@@ -18,6 +18,7 @@ from trainables.models.attention import INFERENCE as INFERENCE_ATTENTION
 from trainables.models.batching import TokenCache
 from trainables.models.dropout import ATTENTION as FAST_ATTENTION
 from trainables.models.encoder import build_sentence_encoder, encoder_depth, load_tokenizer, used_parameter_count
+from trainables.models.lora import adapter_parameter_count, add_lora
 from trainables.names import ATTENTION_LOSSES
 from trainables.objectives.contrastive import ContrastiveModel, contrastive_step, step_batches
 from trainables.training.bi_encoder import build_optimizer, check_finite
@@ -64,7 +65,10 @@ class ContrastiveLearner(Learner):
         self.eval_tokens = TokenCache(tokenizer, evaluation_length(cfg, tokenizer), cfg.prompt)
         encoder = build_sentence_encoder(cfg.model, cfg.layer, cfg.pooling, seed=cfg.seed,
                                          dropout_masks=cfg.dropout_masks,
-                                         prompt_tokens=0 if cfg.include_prompt else self.tokens.prompt_length)
+                                         prompt_tokens=0 if cfg.include_prompt else self.tokens.prompt_length,
+                                         pooling_layers=cfg.pooling_layers)
+        if cfg.lora_rank is not None:  # after the cut: adapters on the blocks kept, the encoder's weights frozen
+            add_lora(encoder.encoder, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
         self.attention_layers = resolve_attention_layers(cfg.method, cfg.attention_layers,
                                                          encoder_depth(encoder.encoder.config))
         if uses_eager_attention(bool(self.attention_layers), encoder.encoder.config._attn_implementation, device):
@@ -75,11 +79,15 @@ class ContrastiveLearner(Learner):
                               scoring_dtype(cfg.eval_precision, dtype))
         batch_size = min(cfg.batch_size, len(sentences))
         self.batches = step_batches(len(sentences), batch_size, cfg.seed, cfg.steps)
-        self.optimizer = build_optimizer(list(self.model.named_parameters()), cfg.lr, cfg.weight_decay)
+        trained = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]  # LoRA: adapters, head
+        self.optimizer = build_optimizer(trained, cfg.lr, cfg.weight_decay)
         self.scheduler = linear_schedule(self.optimizer, round(cfg.warmup_ratio * cfg.steps), cfg.steps)
         self.test_frame = self.data.test
-        self.info = {"params": used_parameter_count(self.model.sentence_encoder), "corpus_sentences": len(sentences),
+        self.info = {"params": used_parameter_count(self.model.sentence_encoder)
+                     - adapter_parameter_count(self.model.sentence_encoder), "corpus_sentences": len(sentences),
                      "transductive": int(cfg.transductive)}
+        if cfg.lora_rank is not None:  # the encoder's size is the merged one's; what trained, beside it
+            self.info["trained_params"] = sum(p.numel() for _, p in trained)
 
     def modules(self):
         return {"model": self.model}

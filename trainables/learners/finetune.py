@@ -10,10 +10,12 @@ import torch
 from trainables.data.tasks import load_task
 from trainables.errors import UserInputError
 from trainables.evaluation.evaluators import Embedder, make_evaluator
+from trainables.evaluation.postprocess import fit, fitted_embed
 from trainables.kinds.finetune import FinetuneConfig
 from trainables.learners.base import Learner
 from trainables.models.batching import TokenCache
 from trainables.models.encoder import build_sentence_encoder, load_tokenizer, used_parameter_count
+from trainables.models.lora import adapter_parameter_count, add_lora
 from trainables.objectives import build_loss
 from trainables.stages.pretrain import pretrained_start
 from trainables.training.bi_encoder import (
@@ -37,7 +39,10 @@ class FinetuneLearner(Learner):
         self.tokens = TokenCache(load_tokenizer(start), cfg.max_seq_length, cfg.prompt)
         self.model = build_sentence_encoder(start, cfg.layer, cfg.pooling, cfg.projection_dim, cfg.random_init,
                                             cfg.seed, cfg.dropout_masks,
-                                            0 if cfg.include_prompt else self.tokens.prompt_length).to(device)
+                                            0 if cfg.include_prompt else self.tokens.prompt_length,
+                                            cfg.pooling_layers).to(device)
+        if cfg.lora_rank is not None:  # after the cut: adapters on the blocks kept, the encoder's weights frozen
+            add_lora(self.model.encoder, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
         dim = self.model.projection[0].out_features if self.model.projection else self.model.encoder.config.hidden_size
         self.loss_fn = build_loss(cfg.loss, data.kind, dim).to(device)
         self.first, self.second = list(data.train["sentence1"]), list(data.train["sentence2"])
@@ -50,11 +55,14 @@ class FinetuneLearner(Learner):
         total = math.ceil(len(self.lengths) / cfg.batch_size) * cfg.epochs
         scales = layer_lr_scales(self.model, cfg.layer_lr_decay) if cfg.layer_lr_decay != 1.0 else None
         head = [(f"loss.{name}", p) for name, p in self.loss_fn.named_parameters()]  # the head: at lr
-        self.optimizer = build_optimizer(list(self.model.named_parameters()) + head, cfg.lr, cfg.weight_decay,
-                                         scales)
+        trained = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]  # LoRA: adapters
+        self.optimizer = build_optimizer(trained + head, cfg.lr, cfg.weight_decay, scales)
         self.scheduler = linear_schedule(self.optimizer, round(cfg.warmup_ratio * total), total)
         self.test_frame = data.test
-        self.info = {"params": used_parameter_count(self.model), **stage}
+        self._fitted: tuple | None = None  # (the weights' versions, the post-processing map fitted for them)
+        self.info = {"params": used_parameter_count(self.model) - adapter_parameter_count(self.model), **stage}
+        if cfg.lora_rank is not None:  # the model's size is the merged model's; what trained, beside it
+            self.info["trained_params"] = sum(p.numel() for _, p in trained + head)
 
     def modules(self) -> dict[str, torch.nn.Module]:
         return {"model": self.model, "loss": self.loss_fn}
@@ -77,8 +85,22 @@ class FinetuneLearner(Learner):
         seconds = time.perf_counter() - started
         return {"train_loss": total / max(1, len(batches)), "train_samples_per_second": len(self.lengths) / seconds}
 
+    def postprocess_map(self):
+        """Fitted on the train split's distinct sentences with the weights held now (dev and test never); fitted
+        once per state of the weights (every in-place change of a parameter, a step or a load, bumps its
+        version), so the export right after test scoring reuses test's map."""
+        if self.cfg.postprocess == "none":
+            return None
+        weights = tuple(p._version for p in self.model.parameters())
+        if self._fitted is not None and self._fitted[0] == weights:
+            return self._fitted[1]
+        sentences = list(dict.fromkeys(self.first + self.second))
+        fitted = fit(self.cfg.postprocess, self.embed(sentences), self.cfg.postprocess_dim)
+        self._fitted = (weights, fitted)
+        return fitted
+
     def evaluate(self, split: str):
-        metrics = self.evaluator.evaluate(self.embed, split)
+        metrics = self.evaluator.evaluate(fitted_embed(self.embed, self.postprocess_map()), split)
         return metrics, self.evaluator.last_scores[split]
 
     def sentence_model(self):

@@ -18,7 +18,7 @@ model's `config.json` alone.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -281,10 +281,15 @@ def layer_states(model: nn.Module, inputs: dict[str, torch.Tensor], layers: list
     """The reference: token states of each layer in `layers` from one forward pass of the (uncut or cut
     deeper) model. Layer k is hidden_states[k], with the family's final norm applied for pre-norm stacks;
     k = the model's depth is its `last_hidden_state` (where transformers already put the norm)."""
-    depth = stack_depth(model)
-    if depth == 0:
+    if stack_depth(model) == 0:
         return [token_states(model, **inputs) for _ in layers]
-    out = model(**inputs, output_hidden_states=True)
+    return states_of(model, model(**inputs, output_hidden_states=True), layers)
+
+
+def states_of(model: nn.Module, out: Any, layers: Sequence[int]) -> list[torch.Tensor]:
+    """Layer k's token states (see `layer_states`) from a forward's output that has `hidden_states`, for a
+    caller that needs that output for more (a contrastive step's attentions)."""
+    depth = stack_depth(model)
     norm = final_norm(model)
     return [out.last_hidden_state if k == depth else out.hidden_states[k] if norm is None
             else norm(out.hidden_states[k]) for k in layers]
@@ -297,4 +302,4 @@ def layer_representation(model: nn.Module, inputs: dict[str, torch.Tensor], k: i
 
 __all__ = ["ARCHITECTURES", "Architecture", "UnknownArchitectureError", "architecture", "architecture_of",
            "cut_stack", "cut_view", "is_causal", "layer_representation", "layer_states", "refuse_pooling",
-           "require_architecture", "stack", "stack_depth", "token_states"]
+           "require_architecture", "stack", "stack_depth", "states_of", "token_states"]

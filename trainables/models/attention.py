@@ -14,8 +14,11 @@ for) and only on a CPU: CUDA's fused kernels are fast on short sequences, so the
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 INFERENCE = "sdpa_cpu_inference"
 
@@ -98,18 +101,41 @@ def unfused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return attend(query, key, value, attention_mask, scaling, position_bias).to(query.dtype)
 
 
+# SDPA's backends on CUDA without cuDNN's: cuDNN's kernel (torch's first choice on an H200 with a mask) plans anew
+# for every shape it has not seen, and a sentence batch's padded length changes from batch to batch. Measured on
+# an H200 (benchmarks/sdpa_training.py, torch 2.11, bf16, 64 sentences of 8-60 tokens, forward and backward):
+# 103 ms a batch the first time its shape came, 0.84 ms the second; a decoder's causal 64-512 tokens 264 ms
+# against 0.84. A MiniLM `finetune` step without dropout (benchmarks/fused.py --dropout none) ran 379 pairs/s at
+# batch 32 with torch's choice and 1,058 without cuDNN (1,855 and 4,318 at batch 128). A list: sdpa_kernel
+# refuses a tuple.
+NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def backends(device_type: str) -> contextlib.AbstractContextManager:
+    """The backends SDPA may choose on `device_type`: NO_CUDNN's on CUDA, torch's choice elsewhere."""
+    return sdpa_kernel(NO_CUDNN) if device_type == "cuda" else contextlib.nullcontext()
+
+
+def sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+         attention_mask: torch.Tensor | None, **kwargs):
+    """transformers' SDPA attention; on CUDA among NO_CUDNN's backends."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    with backends(query.device.type):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
 def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
               position_bias: torch.Tensor | None = None, **kwargs):
     """transformers' SDPA attention, unfused in evaluation on a CPU (as above); training, CUDA and
-    anything else (dropout with torch's masks, a decoder, grouped-query heads) call SDPA unchanged."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
+    anything else (dropout with torch's masks, a decoder, grouped-query heads) call SDPA (`sdpa`: on CUDA
+    without cuDNN's backend)."""
     if runs_unfused(module, query, key, dropout, kwargs):
         output = attend(query, key, value, attention_mask, scaling, position_bias)  # rounded once, laid out once:
         return output.transpose(1, 2).to(query.dtype, memory_format=torch.contiguous_format), None
-    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                  position_bias=position_bias, **kwargs)
+    return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                position_bias=position_bias, **kwargs)
 
 
 def use_inference_attention(model: nn.Module) -> bool:

@@ -23,10 +23,18 @@ import torch
 from torch import nn
 
 from trainables.models.attention import attention as inference_attention
+from trainables.models.attention import sdpa
 
 BITS = 15
 LEVELS = 1 << BITS  # 32768
 ATTENTION = "sdpa_fast_dropout"
+# Training attention that drops nothing, on CUDA: the explicit math below (True) or SDPA's kernel (False)
+EXPLICIT_TRAINING_ON_CUDA = False
+
+
+def explicit_without_dropout(module: nn.Module, query: torch.Tensor) -> bool:
+    """Whether a training call that drops nothing takes the explicit math rather than SDPA's kernel."""
+    return EXPLICIT_TRAINING_ON_CUDA and module.training and query.device.type == "cuda"
 
 
 def keep_threshold(p: float) -> int:
@@ -88,16 +96,15 @@ def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
     same order and precision); without dropout, the fused kernel itself. With `output_attentions`
     (miCSE) the probabilities are returned as eager attention returns them (after dropout), so a
     miCSE run draws the same masks as a SimCSE run of the same seed."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     dropout = dropout if module.training else 0.0
-    if dropout == 0.0 and not kwargs.get("output_attentions"):  # evaluation: unfused on a CPU, else SDPA's kernel
+    if dropout == 0.0 and not kwargs.get("output_attentions") and not explicit_without_dropout(module, query):
+        # evaluation: unfused on a CPU, else SDPA's kernel
         return inference_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=scaling,
                                    position_bias=position_bias, **kwargs)
     causal = kwargs.get("is_causal") or (attention_mask is None and getattr(module, "is_causal", False))
     if causal or key.shape[1] != query.shape[1]:  # a decoder, grouped-query heads: SDPA with torch's masks
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      position_bias=position_bias, **kwargs)
+        return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                    position_bias=position_bias, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     dtype = query.dtype
     # SDPA's math path (the one that applies dropout) computes half-precision inputs in fp32 and

@@ -13,7 +13,16 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 from trainables.errors import UserInputError, one_of
-from trainables.models.architectures import architecture_of, cut_stack, refuse_pooling, stack, stack_depth, token_states
+from trainables.models.architectures import (
+    architecture_of,
+    cut_stack,
+    layer_states,
+    refuse_pooling,
+    stack,
+    stack_depth,
+    states_of,
+    token_states,
+)
 from trainables.models.files import (  # noqa: F401 (re-exported)
     encoder_depth,
     refuse_custom_code,
@@ -161,11 +170,12 @@ class SentenceEncoder(nn.Module):
     prompt's and that pooling leaves out (`include_prompt: false`); 0 pools them all."""
 
     def __init__(self, encoder: PreTrainedModel, pooling: str = "mean", projection_dim: int | None = None,
-                 prompt_tokens: int = 0):
+                 prompt_tokens: int = 0, mix: nn.Module | None = None):
         super().__init__()
         refuse_pooling(encoder.config, pooling)
         hidden = encoder.config.hidden_size
         self.encoder, self.pooling, self.prompt_tokens = encoder, pooling, prompt_tokens
+        self.mix = mix  # several layers' token states combined before the pooling (trainables.models.layer_mix)
         self.pool_layer = build_pooling(pooling, hidden)  # no parameters in the built-ins: the weights stay the same
         self.projection = (nn.Sequential(nn.Linear(hidden, projection_dim), nn.Tanh())
                            if projection_dim else None)
@@ -179,40 +189,62 @@ class SentenceEncoder(nn.Module):
         """Sentence vectors from the token states, before the projection."""
         return self.pool_layer(hidden, without_prompt(attention_mask, self.prompt_tokens))
 
+    def mixed_states(self, output) -> torch.Tensor:
+        """The token states it pools, from an encoder output that has `hidden_states` when it mixes layers."""
+        return output.last_hidden_state if self.mix is None else self.mix(states_of(self.encoder, output,
+                                                                                    self.mix.layers))
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = last_hidden_state(self.encoder, input_ids, attention_mask)
+        if self.mix is None:
+            hidden = last_hidden_state(self.encoder, input_ids, attention_mask)
+        else:
+            hidden = self.mix(layer_states(self.encoder, {"input_ids": input_ids, "attention_mask": attention_mask},
+                                           self.mix.layers))
         vectors = self.pool(hidden, attention_mask)
         return self.projection(vectors) if self.projection is not None else vectors
 
 
 def build_sentence_encoder(name: str, layer: int | None = None, pooling: str = "mean",
                            projection_dim: int | None = None, random_init: bool = False,
-                           seed: int = 0, dropout_masks: str = "torch", prompt_tokens: int = 0) -> SentenceEncoder:
-    """Load `name`, truncate it to `layer` blocks (None keeps all) and put a pooling head on it."""
+                           seed: int = 0, dropout_masks: str = "torch", prompt_tokens: int = 0,
+                           pooling_layers: str | list[int] = "last") -> SentenceEncoder:
+    """Load `name`, truncate it to `layer` blocks (None keeps all) and put a pooling head on it, over the
+    cut layer's token states or, with `pooling_layers`, several layers' combined (layer_mix)."""
+    from trainables.models.layer_mix import build_mix
+
     encoder = load_encoder(name, random_init=random_init, seed=seed, dropout_masks=dropout_masks)
     if layer is not None:
         truncate_encoder(encoder, layer)
-    return SentenceEncoder(encoder, pooling, projection_dim, prompt_tokens)
+    mix = build_mix(pooling_layers, stack_depth(encoder)) if pooling_layers != "last" else None
+    return SentenceEncoder(encoder, pooling, projection_dim, prompt_tokens, mix)
 
 
 def save_sentence_transformer(encoder: SentenceEncoder, tokenizer, folder: str | Path, max_seq_length: int,
-                              prompt: str = "") -> Path:
+                              prompt: str = "", postprocess=None) -> Path:
     """`encoder` (truncated, pooled, projected) as a sentence-transformers model folder: a user
     loads it with `SentenceTransformer(folder)` and gets the same vectors the trial scored. A `prompt` is
     saved as the model's `query` and `document` prompt and its default, so `encode` puts it before every
-    sentence as the trial did, and the Pooling module leaves it out where the encoder did."""
+    sentence as the trial did, and the Pooling module leaves it out where the encoder did. A `postprocess`
+    map (an Affine) is the last module, a Dense layer with an identity activation."""
     import tempfile
 
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Dense, Pooling, Transformer
 
     folder = Path(folder)
+    if encoder.mix is not None:
+        raise UserInputError("pooling_layers", encoder.mix.layers, "sentence-transformers has no module that "
+                                                                   "combines layers, so the model cannot be saved "
+                                                                   "in that format: use save: none")
     mode = pooling(encoder.pooling).sentence_transformers
     if mode is None:
         raise UserInputError("pooling", encoder.pooling, "it has no sentence-transformers equivalent, so the model "
                                                          "cannot be saved in that format: use save: none")
-    with tempfile.TemporaryDirectory(prefix="encoder-") as raw:
-        encoder.encoder.save_pretrained(raw, safe_serialization=True)
+    from trainables.models.lora import has_lora, merged
+
+    with tempfile.TemporaryDirectory(prefix="encoder-") as raw:  # LoRA's adapters folded into their layers
+        (merged(encoder.encoder) if has_lora(encoder.encoder) else encoder.encoder).save_pretrained(
+            raw, safe_serialization=True)
         tokenizer.save_pretrained(raw)
         modules = [Transformer(raw, max_seq_length=max_seq_length),
                    Pooling(encoder.encoder.config.hidden_size, pooling_mode=mode,
@@ -222,6 +254,10 @@ def save_sentence_transformer(encoder: SentenceEncoder, tokenizer, folder: str |
             modules.append(Dense(linear.in_features, linear.out_features, activation_function=nn.Tanh(),
                                  init_weight=linear.weight.detach().cpu().clone(),
                                  init_bias=linear.bias.detach().cpu().clone()))
+        if postprocess is not None:  # y = (x - mean) @ matrix: weight matrixᵀ, bias -mean @ matrix
+            linear = postprocess.as_linear()
+            modules.append(Dense(linear.in_features, linear.out_features, activation_function=nn.Identity(),
+                                 init_weight=linear.weight.detach().clone(), init_bias=linear.bias.detach().clone()))
         prompts = {"prompts": {"query": prompt, "document": prompt}, "default_prompt_name": "query"} if prompt else {}
         SentenceTransformer(modules=modules, device="cpu", **prompts).save(str(folder))
     return folder

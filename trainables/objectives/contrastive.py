@@ -99,8 +99,10 @@ class ContrastiveModel(nn.Module):
         attention probabilities of those layers (0-based)."""
         if not attention_layers:
             return self.head(self.sentence_encoder(input_ids, mask)), []
-        output = self.sentence_encoder.encoder(input_ids=input_ids, attention_mask=mask, output_attentions=True)
-        vectors = self.head(self.sentence_encoder.pool(output.last_hidden_state, mask))
+        encoder = self.sentence_encoder
+        output = encoder.encoder(input_ids=input_ids, attention_mask=mask, output_attentions=True,
+                                 output_hidden_states=encoder.mix is not None)
+        vectors = self.head(encoder.pool(encoder.mixed_states(output), mask))
         return vectors, [output.attentions[k] for k in attention_layers]
 
 

@@ -43,7 +43,7 @@ from torch import nn
 from torch.optim.adam import adam
 
 from trainables.models.attention import attention as inference_attention
-from trainables.models.dropout import LEVELS, effective_p, keep_indicator, keep_threshold
+from trainables.models.dropout import LEVELS, effective_p, explicit_without_dropout, keep_indicator, keep_threshold
 
 ATTENTION = "fused_members"
 PairLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -208,7 +208,7 @@ def member_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     (softmax(q kᵀ · scale + mask) in fp32) with the probabilities dropped by the module's MemberDropout,
     each member its own masks; without, trainables.models.attention's (SDPA; unfused evaluation on a CPU)."""
     dropout = dropout if module.training else 0.0
-    if dropout == 0.0:
+    if dropout == 0.0 and not explicit_without_dropout(module, query):
         return inference_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=scaling,
                                    position_bias=position_bias, **kwargs)
     drop = getattr(module, "dropout", None)

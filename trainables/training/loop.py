@@ -134,7 +134,7 @@ def train(kind: TrainingKind, cfg, report: Report, checkpoint_dir: str | None = 
             if round_ == rounds and cfg.export_model:
                 encoder, tokenizer, length = learner.sentence_model()
                 save_sentence_transformer(encoder, tokenizer, Path(folder) / MODEL_DIR, length,
-                                          getattr(cfg, "prompt", ""))
+                                          getattr(cfg, "prompt", ""), learner.postprocess_map())
             report(metrics, checkpoint_dir=folder)
     if best is not None:
         load_weights(learner, best)
