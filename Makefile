@@ -64,13 +64,15 @@ paper-lr: setup
 # in three processes it took 68+ minutes with the load average at 6-10 (trials of three studies on 2 cores)
 # Tests marked `alone` race a clock (a SLURM time limit against training's pace): they run after the others, by
 # themselves, so that the others' load cannot move their timing. --durations: the slowest tests, in CI's log too.
+# --no-loadscope-reorder: the files in the conftest's order, longest first (tests/durations.json; see
+# benchmarks/suite_order.py), not xdist's most-tests-first, which started the ten-minute docs run last.
 WORKERS ?= 3
 test: setup
-	$(ENV) $(BIN)/python -m pytest -m "not alone" -q -n $(WORKERS) --dist loadfile --durations=40
+	$(ENV) $(BIN)/python -m pytest -m "not alone" -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=40
 	$(ENV) $(BIN)/python -m pytest -m "alone" -q --durations=5
 
 test-fast: setup
-	$(ENV) $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile
+	$(ENV) $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: setup
 	$(BIN)/ruff check .

@@ -38,13 +38,14 @@ if TYPE_CHECKING:
     from orchestrator.checks.validate import Plan
     from orchestrator.run.launcher import LaunchResult
     from orchestrator.run.progress import Status
+    from orchestrator.run.ray_session import Stops
     from orchestrator.run.reproduce import Reproduction, Rerun
     from orchestrator.study.config import StudySpec
     from orchestrator.study.folder import StudyFolder
     from reports.build import Report
     from trainables.errors import UserInputError
 
-__all__ = ["LaunchResult", "Plan", "Report", "Reproduction", "Rerun", "Status", "Study", "StudyFolder",
+__all__ = ["LaunchResult", "Plan", "Report", "Reproduction", "Rerun", "Status", "Stops", "Study", "StudyFolder",
            "StudyInterrupted", "StudySpec", "UserInputError", "Verification", "doctor", "launch", "list_studies",
            "load_study", "plan", "probe", "report", "reproduce", "rerun", "results", "resume", "schema", "status",
            "sync", "verify"]
@@ -53,6 +54,7 @@ __all__ = ["LaunchResult", "Plan", "Report", "Reproduction", "Rerun", "Status", 
 HOMES = {"LaunchResult": "orchestrator.run.launcher", "Report": "reports.build",
          "Reproduction": "orchestrator.run.reproduce", "Rerun": "orchestrator.run.reproduce",
          "Plan": "orchestrator.checks.validate", "Status": "orchestrator.run.progress",
+         "Stops": "orchestrator.run.ray_session",
          "StudyFolder": "orchestrator.study.folder", "StudySpec": "orchestrator.study.config",
          "UserInputError": "trainables.errors"}
 

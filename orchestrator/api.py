@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.checks.arguments import PATHLIKE, checked_arguments
 from orchestrator.checks.validate import as_spec, checked_plan, make_plan, read_checked, use_data_dir
+from orchestrator.run.probe import probe as probe  # the verb itself: no second signature to keep in step
 from orchestrator.study.config import StudySpec
 from orchestrator.study.folder import StudyFolder, storage_root, studies_in
 from trainables.errors import UserInputError
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from orchestrator.checks.validate import Plan
     from orchestrator.run.launcher import LaunchResult
     from orchestrator.run.progress import Status
+    from orchestrator.run.ray_session import Stops
     from orchestrator.run.reproduce import Reproduction, Rerun
     from orchestrator.study.config import StudyConfig
     from orchestrator.study.plan import StudyPlan
@@ -109,19 +111,19 @@ class Study:
         return make_plan(spec, self._checked, estimate, self.folder)
 
     def launch(self, *, address: str | None = None, max_concurrent: int | None = None, resume: bool = False,
-               progress: bool = True) -> LaunchResult:
+               progress: bool = True, stops: Stops | None = None) -> LaunchResult:
         """Run it to the end and write its report, as `orchestrator launch` (see `orchestrator.launch`)."""
         from orchestrator.run import launcher
 
         spec = self._loaded("launch")
         return finished(launcher.launch(spec, storage=self._storage, address=address, max_concurrent=max_concurrent,
-                                        resume=resume, progress=progress, checked=self._checked))
+                                        resume=resume, progress=progress, checked=self._checked, stops=stops))
 
     def resume(self, overrides: Sequence[str] = (), *, address: str | None = None, max_concurrent: int | None = None,
-               progress: bool = True, data_dir: str | Path | None = None) -> LaunchResult:
+               progress: bool = True, data_dir: str | Path | None = None, stops: Stops | None = None) -> LaunchResult:
         """Continue it from its folder, as `orchestrator resume` (see `orchestrator.resume`)."""
         return resume(self, overrides, address=address, max_concurrent=max_concurrent, progress=progress,
-                      data_dir=data_dir)
+                      data_dir=data_dir, stops=stops)
 
     def status(self) -> Status:
         """Where it stands, as `orchestrator status`."""
@@ -203,25 +205,27 @@ def schema() -> dict[str, Any]:
 
 def launch(study: Study | StudySpec | str | Path, overrides: Sequence[str] = (), *, name: str | None = None,
            address: str | None = None, storage: Storage = None, max_concurrent: int | None = None,
-           resume: bool = False, progress: bool = True) -> LaunchResult:
+           resume: bool = False, progress: bool = True, stops: Stops | None = None) -> LaunchResult:
     """Run a study (a loaded study, or a study file with `overrides` and a new `name`) on Ray Tune — a
     fresh local Ray unless `address` or RAY_ADDRESS — to the end, then write its report to
     `reports/<name>`: the same study folder, journal, MLflow runs and report as `orchestrator launch`.
     `resume`: continue a study of that name that exists already (changes that extend it run only the new
-    work). Raises `StudyInterrupted` when stopped first."""
+    work). Raises `StudyInterrupted` when stopped first. `stops` (an `orchestrator.Stops`): where the stop
+    signal that ended it early is kept, and what to call when the local Ray is stopped under it."""
     from orchestrator.run import launcher
 
     if isinstance(study, Study) and not overrides and name is None and (
             storage is None or storage_root(storage) == study.folder.storage):
-        return study.launch(address=address, max_concurrent=max_concurrent, resume=resume, progress=progress)
+        return study.launch(address=address, max_concurrent=max_concurrent, resume=resume, progress=progress,
+                            stops=stops)
     spec = as_spec(study._loaded("launch") if isinstance(study, Study) else study, overrides, name)
     return finished(launcher.launch(spec, storage=storage, address=address, max_concurrent=max_concurrent,
-                                    resume=resume, progress=progress))
+                                    resume=resume, progress=progress, stops=stops))
 
 
 def resume(name: Study | str, overrides: Sequence[str] = (), *, storage: Storage = None, address: str | None = None,
            max_concurrent: int | None = None, progress: bool = True,
-           data_dir: str | Path | None = None) -> LaunchResult:
+           data_dir: str | Path | None = None, stops: Stops | None = None) -> LaunchResult:
     """Continue an interrupted study from its folder: finished trials are kept, interrupted ones continue
     from their last checkpoint. `overrides` may extend it (more seeds, trials or axis values); one that
     would invalidate finished work is refused, as an edited study file is."""
@@ -230,7 +234,7 @@ def resume(name: Study | str, overrides: Sequence[str] = (), *, storage: Storage
     name, storage = _named(name, storage)
     use_data_dir(data_dir)
     return finished(launcher.resume(name, storage=storage, address=address, max_concurrent=max_concurrent,
-                                    progress=progress, overrides=overrides))
+                                    progress=progress, overrides=overrides, stops=stops))
 
 
 def finished(result: LaunchResult) -> LaunchResult:
@@ -386,20 +390,6 @@ def verify(folder: str | Path, *, tracking_uri: str | None = None) -> Verificati
 # --- models and machines ----------------------------------------------------------------------------
 
 
-def probe(model: str, *, task: str = "stsb", language: str | None = None, split: str = "test",
-          pooling: str = "mean", layers: Sequence[int] | None = None, data_dir: str | None = None,
-          max_seq_length: int = 128, precision: str = "auto", device: str = "auto", suite: str | None = None,
-          max_eval_samples: int | None = None) -> pd.DataFrame:
-    """Zero-shot layer profile of an encoder, as `orchestrator probe`: every layer (or `layers`) pooled
-    and scored in one forward pass per batch; one row per layer with its scores (Spearman x100) and
-    parameter count. `suite="sts"` scores STS12-16, STS-B and SICK-R (test) and their average instead."""
-    from orchestrator.run.probe import probe as run_probe
-
-    return run_probe(model, task=task, language=language, split=split, pooling=pooling, layers=layers,
-                     data_dir=data_dir, max_seq_length=max_seq_length, precision=precision, device=device,
-                     suite=suite, max_eval_samples=max_eval_samples)
-
-
 def doctor(*, address: str | None = None, study: str | Path | None = None, storage: Storage = None,
            data_dir: str | Path | None = None, tracking_uri: str | None = None) -> list[Check]:
     """Check the cluster (nodes, resources, versions), storage from every node, a tracking server
@@ -451,7 +441,14 @@ _OWN_TYPES: dict[str, tuple[str, Any]] = {  # the API's own annotations, beside 
     "Study | str": ("a Study or a study's name", lambda v: isinstance(v, Study | str)),
     "Study | str | Sequence[str]": ("a Study, a study's name or a list of names", lambda v: isinstance(
         v, Study | str) or (isinstance(v, list | tuple) and all(isinstance(x, str) for x in v))),
+    "Stops | None": ("an orchestrator.Stops or None", lambda v: v is None or isinstance(v, _stops())),
 }
+
+
+def _stops() -> type:
+    from orchestrator.run.ray_session import Stops
+
+    return Stops
 
 for _name in ("load_study", "plan", "launch", "resume", "sync", "status", "list_studies", "results", "report",
               "reproduce", "verify", "probe", "doctor"):

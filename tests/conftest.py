@@ -41,7 +41,12 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """A test marked `gpu` runs where torch sees a CUDA device and is skipped, saying so, elsewhere."""
+    """The files longest first (their seconds in tests/durations.json, measured by
+    benchmarks/suite_order.py), so that under `make test` (each file whole in one worker, xdist told to
+    keep this order) a ten-minute file does not start last while the other workers idle; within a file,
+    the file's own order. A test marked `gpu` runs where torch sees a CUDA device and is skipped, saying
+    so, elsewhere."""
+    items[:] = longest_files_first(items)
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu:
         return
@@ -50,6 +55,22 @@ def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
         for item in gpu:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device (marker gpu); torch sees none here"))
+
+
+def longest_files_first(items: list) -> list:
+    """`items` with their files ordered by recorded seconds, longest first (a file not recorded: the
+    median), each file's tests in their own order; a stable sort, so every worker collects the same."""
+    import json
+
+    recorded = REPO / "tests" / "durations.json"
+    weights = json.loads(recorded.read_text()) if recorded.is_file() else {}
+    known = sorted(weights.values())
+    middle = known[len(known) // 2] if known else 0.0
+
+    def seconds(item) -> float:
+        return -weights.get(Path(str(item.path)).resolve().relative_to(REPO).as_posix(), middle)
+
+    return sorted(items, key=seconds)
 
 
 @pytest.fixture(scope="session")

@@ -649,3 +649,132 @@ def test_the_profile_prints_a_step_floor_below_the_step_and_a_bound_above_its_fr
     # (on a tiny model the matmuls' own times are mostly oneDNN building a kernel for each new shape, so the
     # tighter floor is not below this step; at MiniLM's size it is: docs/benchmarks/speed.md)
     assert least < float(tighter.group(1)) and int(tighter.group(2)) <= int(bound)
+
+
+def test_the_same_seed_benchmark_finds_a_cpu_rerun_identical_and_seeds_apart(tiny_bert, synthetic_data_dir, tmp_path,
+                                                                            monkeypatch, capsys):
+    """On a CPU a trial rerun with its own seed repeats its weights bit for bit (the same code path twice on
+    the same machine), while other seeds land elsewhere: the same-seed range is 0 next to a positive seed SD."""
+    import json
+
+    monkeypatch.syspath_prepend(str(GPU.parent))
+    import same_seed
+
+    out = tmp_path / "same.json"
+    same_seed.main(["--device", "cpu", "--model", tiny_bert, "--data-dir", str(synthetic_data_dir), "--pairs", "48",
+                    "--batch", "8", "--repeats", "2", "--seeds", "3", "--json", str(out)])
+    (row,) = json.loads(out.read_text())["rows"]
+    assert len(row["same_seed_runs"]) == 2 and len(row["seed_runs"]) == 3
+    assert row["same_seed_runs"][0] == row["same_seed_runs"][1] and row["same_seed_weight_difference"] == 0.0
+    assert row["dev_same_seed_range"] == 0.0 and row["dev_seed_sd"] > 0 and row["test_seed_sd"] > 0
+    assert row["seed_runs"][0] == row["same_seed_runs"][0]
+    assert "fp32: dev same-seed range 0.0000 against seed SD" in capsys.readouterr().out
+
+
+def test_the_same_seed_benchmark_refuses_a_single_run(tmp_path):
+    done = subprocess.run([sys.executable, str(GPU.parent / "same_seed.py"), "--device", "cpu", "--repeats", "1"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "at least 2 each" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("dropout", ["member", "shared", "none"])
+def test_the_fused_benchmark_times_one_trial_and_arrays_on_the_cpu(tiny_bert, synthetic_data_dir, tmp_path, dropout,
+                                                                  monkeypatch):
+    import json
+
+    monkeypatch.syspath_prepend(str(GPU.parent))
+    import fused
+
+    out = tmp_path / "fused.json"
+    fused.main(["--device", "cpu", "--model", tiny_bert, "--data-dir", str(synthetic_data_dir), "--members", "1,2",
+                "--batch", "4", "--order", "trial,aligned", "--steps", "2", "--warmup", "1", "--dropout", dropout,
+                "--json", str(out)])
+    (run,) = json.loads(out.read_text())["runs"]
+    assert set(run["sides"]) == {"alone", "fused 1", "fused 2", "fused 2 aligned"}
+    assert all(side["pairs_per_s"] > 0 and 0 <= side["padded_share"] < 1 for side in run["sides"].values())
+
+
+def test_without_dropout_every_training_forward_is_the_same(tiny_bert, monkeypatch):
+    """`--dropout none`: torch's and the fast masks' dropout and a fused array's set to drop nothing, so two
+    forwards in training mode agree (with dropout they differ)."""
+    import torch
+
+    monkeypatch.syspath_prepend(str(GPU.parent))
+    import fused
+
+    from trainables.models.encoder import build_sentence_encoder
+
+    ids = torch.randint(5, 90, (3, 7))
+    mask = torch.ones_like(ids)
+    for masks in ("fast", "torch"):
+        model = build_sentence_encoder(tiny_bert, 2, "mean", dropout_masks=masks).train()
+        assert not torch.equal(model(ids, mask), model(ids, mask))
+        fused.without_dropout(model)
+        assert torch.equal(model(ids, mask), model(ids, mask))
+
+
+def test_the_training_attention_benchmark_times_every_side_and_finds_them_equal_on_the_cpu(tmp_path, monkeypatch):
+    """On a CPU SDPA has no cuDNN or memory-efficient kernel (those sides are refused, not a traceback);
+    torch's choice, its math and the explicit fp32 math time and agree in fp32."""
+    import json
+
+    monkeypatch.syspath_prepend(str(GPU.parent))
+    import sdpa_training
+
+    out = tmp_path / "sdpa.json"
+    sdpa_training.main(["--device", "cpu", "--dtype", "fp32", "--batch", "4", "--steps", "2", "--lengths", "3,9",
+                        "--json", str(out)])
+    (run,) = json.loads(out.read_text())["runs"]
+    sides = run["sides"]
+    assert sides["sdpa cudnn"]["again_ms"] is None
+    for name in ("sdpa", "sdpa math", "explicit fp32"):
+        assert sides[name]["again_ms"] > 0 and sides[name]["max_difference"] < 1e-4
+    assert sides["explicit fp32"]["max_difference"] == 0.0
+
+
+@pytest.mark.parametrize(("options", "message"), [(["--sdpa-backends", "cudnn,fast"], "--sdpa-backends cudnn,fast"),
+                                                  (["--train-attention", "eager"], "invalid choice")])
+def test_the_fused_benchmark_refuses_an_unknown_attention_choice(options, message, tmp_path):
+    done = subprocess.run([sys.executable, str(GPU.parent / "fused.py"), "--device", "cpu", *options], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_report_columns_benchmark_builds_both_sides_and_the_full_one_has_every_column(monkeypatch, tmp_path):
+    import json
+
+    monkeypatch.syspath_prepend(str(GPU.parent))
+    import pandas as pd
+    import report_columns
+
+    runs = report_columns.synthetic_study(2, 3, 3, 40, {"rope": 1.0, "aso": True, "detect": 1.0}, True)
+    from reports.build import build_report
+
+    build_report(runs, tmp_path / "r", ("csv",))
+    stats = pd.read_csv(tmp_path / "r" / "stats.csv")
+    assert len(stats) == 4 and stats.bootstrap_p.notna().all()  # 2 rows x 2 non-baseline layers; ‡ from memory
+    for column in ("p_equivalent", "aso_eps_min", "aso_eps_min_reverse", "seeds_for_detect"):
+        assert stats[column].notna().all(), column
+    out = tmp_path / "figures.json"
+    report_columns.main(["--rows", "2", "--layers", "3", "--seeds", "3", "--pairs", "40", "--json", str(out)])
+    seconds = json.loads(out.read_text())["seconds"]
+    assert set(seconds) == {"always", "every column"} and all(v > 0 for v in seconds.values())
+
+
+def test_the_equivalence_simulation_holds_the_edge_near_five_percent_and_marks_clear_cases(monkeypatch, tmp_path,
+                                                                                         capsys):
+    """On the region's edge (δ = rope) both rules call about 5 % of comparisons equivalent (TOST by
+    construction; the report's Bayesian rule as the simulation shows); far inside, both call nearly all."""
+    import json
+
+    monkeypatch.syspath_prepend(str(GPU.parent))
+    import equivalence
+
+    out = tmp_path / "equivalence.json"
+    equivalence.main(["--comparisons", "4000", "--sigmas", "0.3", "--seeds", "5", "--deltas", "0,1,2", "--json",
+                      str(out)])
+    rows = {row["delta"]: row for row in json.loads(out.read_text())["rows"]}
+    assert rows[0.0]["bayes"] > 0.99 and rows[0.0]["tost"] > 0.99
+    assert 0.03 < rows[1.0]["bayes"] < 0.07 and 0.03 < rows[1.0]["tost"] < 0.07  # 4,000 draws: se 0.35 %
+    assert rows[2.0]["bayes"] == 0.0 and rows[2.0]["tost"] == 0.0
+    assert "false equivalence, the largest at delta >= rope" in capsys.readouterr().out

@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from orchestrator.study.plan import Cell, StudyPlan, covering_values
+from orchestrator.study.plan import Cell, StudyPlan
+from orchestrator.study.plan_checks import covering_values
 from search_spaces.optuna_samplers import hyperband_brackets
 from trainables.errors import UserInputError
 from trainables.kinds.base import TrainingKind

@@ -22,6 +22,17 @@ def parse_layers(value: str) -> list[int] | None:
         raise UserInputError("--layers", value, "use `all` or layer numbers such as 0,3,6") from None
 
 
+def parse_pooling_layers(value: str) -> str | list[int]:
+    """A name (`first_last`) or a comma list of layers (`1,6`)."""
+    if any(ch.isalpha() for ch in value):
+        return value.strip()
+    try:
+        return [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise UserInputError("--pooling-layers", value, "use a name (last, first_last, top2, all) or layer numbers "
+                                                        "such as 1,6") from None
+
+
 @app.command()
 @user_errors
 def probe(
@@ -42,6 +53,19 @@ def probe(
                                                    "and SICK-R (test splits) and their average.")] = None,
     max_eval_samples: Annotated[int | None, typer.Option(min=1, help="Score at most this many pairs per set "
                                                               "(a fixed random subset).")] = None,
+    postprocess: Annotated[str, typer.Option(help="none, whiten, abtt or zscore: each layer's vectors mapped by a "
+                                                  "transform fitted on the task's train sentences.")] = "none",
+    postprocess_dim: Annotated[int | None, typer.Option(min=1, help="whiten: dimensions kept; abtt: top "
+                                                                   "directions removed (d/100).")] = None,
+    max_train_samples: Annotated[int | None, typer.Option(min=1, help="Fit --postprocess on at most this many "
+                                                                     "train pairs.")] = None,
+    pooling_layers: Annotated[str, typer.Option(help="last, first_last (layers 1 and k, SimCSE's), top2 (k-1 and "
+                                                     "k), all (0..k), or a comma list of layers scored as one "
+                                                     "cut at its deepest, such as 1,6.")] = "last",
+    prompt: Annotated[str, typer.Option(help="Text put before every sentence, as a study's prompt: (E5's "
+                                             "'query: ', an instruction).")] = "",
+    no_include_prompt: Annotated[bool, typer.Option("--no-include-prompt", help="Pool without the prompt's tokens "
+                                                    "(sentence-transformers' include_prompt=False).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per layer per line.")] = False,
     debug: bool = DEBUG,
 ) -> None:
@@ -51,14 +75,20 @@ def probe(
     from orchestrator import api
     from trainables.evaluation.sts_suite import LABELS, suite_tasks
 
+    include_prompt = not no_include_prompt
+
     quiet_libraries()
     rows = api.probe(model, task=task, language=language, split=split, pooling=pooling, layers=parse_layers(layers),
                      data_dir=data_dir, max_seq_length=max_seq_length, precision=precision, device=device,
-                     suite=suite, max_eval_samples=max_eval_samples).to_dict("records")
+                     suite=suite, max_eval_samples=max_eval_samples, postprocess=postprocess,
+                     postprocess_dim=postprocess_dim, max_train_samples=max_train_samples, prompt=prompt,
+                     include_prompt=include_prompt, pooling_layers=parse_pooling_layers(pooling_layers)
+                     ).to_dict("records")
     if suite is not None:
         if as_json:
             for row in rows:
-                print(json.dumps({"model": model, "suite": suite, "split": "test", "pooling": pooling, **row}))
+                print(json.dumps({"model": model, "suite": suite, "split": "test", "pooling": pooling,
+                              **({"prompt": prompt, "include_prompt": include_prompt} if prompt else {}), **row}))
             return
         shown = [{"layer": r["layer"], "params": r["params"], **{LABELS[t]: r[t] for t in suite_tasks(suite)},
                   "Avg.": r["avg"]} for r in rows]
@@ -69,9 +99,17 @@ def probe(
         for row in rows:
             clean = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
             print(json.dumps({"model": model, "task": task, "language": language, "split": split,
-                              "pooling": pooling, **clean}))
+                              "pooling": pooling, "postprocess": postprocess,
+                              **({"pooling_layers": parse_pooling_layers(pooling_layers)}
+                                 if pooling_layers != "last" else {}),
+                              **({"prompt": prompt, "include_prompt": include_prompt} if prompt else {}), **clean}))
         return
-    print_layer_table(rows, f"{model} · {task}{'/' + language if language else ''} · {split} · {pooling} pooling")
+    mixed = "" if pooling_layers == "last" else f" · layers {pooling_layers} averaged"
+    fitted = "" if postprocess == "none" else f" · {postprocess}{f' {postprocess_dim}' if postprocess_dim else ''} " \
+                                              f"(fitted on train)"
+    prompted = f" · prompt {prompt!r}{'' if include_prompt else ' (not pooled)'}" if prompt else ""
+    print_layer_table(rows, f"{model} · {task}{'/' + language if language else ''} · {split} · {pooling} pooling"
+                            f"{mixed}{fitted}{prompted}")
 
 
 

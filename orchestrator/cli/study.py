@@ -121,8 +121,8 @@ def launch(study_file: str = STUDY_FILE, overrides: Overrides = None, name: NewN
     study = api.load_study(study_file, overrides or (), name=name, data_dir=data_dir, check=False,  # launch checks
                            storage=storage)
     where = storage or study.config.storage_path  # where the study folder goes, as given, for the lines naming it
-    run_to_end(study.name, where, started, lambda: study.launch(address=address, max_concurrent=max_concurrent,
-                                                                resume=resume_existing))
+    run_to_end(study.name, where, started, lambda stops: study.launch(
+        address=address, max_concurrent=max_concurrent, resume=resume_existing, stops=stops))
 
 
 @app.command()
@@ -136,8 +136,9 @@ def resume(name: str = NAME, overrides: Overrides = None, address: str | None = 
 
     started = time.monotonic()
     quiet_libraries()
-    run_to_end(name, storage, started, lambda: api.resume(name, overrides or (), storage=storage, address=address,
-                                                          max_concurrent=max_concurrent, data_dir=data_dir))
+    run_to_end(name, storage, started, lambda stops: api.resume(
+        name, overrides or (), storage=storage, address=address, max_concurrent=max_concurrent, data_dir=data_dir,
+        stops=stops))
 
 
 @app.command()
@@ -216,12 +217,12 @@ def doctor(address: str | None = ADDRESS, study: Annotated[str | None, typer.Opt
 
 
 def run_to_end(name: str, storage: str | Path | None, started: float, start: Callable) -> None:
-    """A launch or resume: its summary line, where its report went and what to do next, with the command's
-    wall time (MLflow down: how to catch up). Stopped by Ctrl-C or SIGTERM: the summary, how to continue,
-    and exit 130 (143)."""
+    """A launch or resume (`start(stops)`): its summary line, where its report went and what to do next,
+    with the command's wall time (MLflow down: how to catch up). Stopped by Ctrl-C or SIGTERM: the summary,
+    how to continue, and exit 130 (143); the local Ray stopped under it: the one line at once."""
     from orchestrator import api
     from orchestrator.run.progress import duration
-    from orchestrator.run.ray_session import CLUSTER_LOST, TERMINATED, shutdown_ray
+    from orchestrator.run.ray_session import Stops, shutdown_ray
 
     def cluster_lost(code: int) -> None:  # the local Ray stopped under the launch (a stop signal to the group)
         typer.echo(interrupted_line(name, storage), err=True)
@@ -229,21 +230,19 @@ def run_to_end(name: str, storage: str | Path | None, started: float, start: Cal
         sys.stderr.flush()
         os._exit(code)
 
-    CLUSTER_LOST["on_lost"] = cluster_lost
+    stops = Stops(on_lost=cluster_lost)
     try:
-        result = start()
+        result = start(stops)
     except api.StudyInterrupted as stopped:
         shutdown_ray()  # first, with Ctrl-C held off: a second Ctrl-C lands in it otherwise
         summarize(stopped.result)
         typer.echo(f"interrupted: {cli_name()} resume {name}{study_options(stopped.result.study_dir.parent)}",
                    err=True)
-        raise typer.Exit(128 + TERMINATED["signal"] if TERMINATED["signal"] else INTERRUPTED) from None
+        raise typer.Exit(128 + stops.signal if stops.signal else INTERRUPTED) from None
     except KeyboardInterrupt:  # a second Ctrl-C, or one before Tune ran: one line, not a traceback
         shutdown_ray()
         typer.echo(interrupted_line(name, storage), err=True)
-        raise typer.Exit(INTERRUPTED) from None
-    finally:
-        CLUSTER_LOST["on_lost"] = None  # the launch is over: an API launch in this process waits for Ray
+        raise typer.Exit(128 + stops.signal if stops.signal else INTERRUPTED) from None
     shutdown_ray()
     summarize(result)
     cli, options = cli_name(), study_options(result.study_dir.parent)

@@ -20,7 +20,14 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.run.ray_session import check_cluster, connect_ray, graceful_sigterm, no_forwarded_secrets, slots
+from orchestrator.run.ray_session import (
+    Stops,
+    check_cluster,
+    connect_ray,
+    graceful_sigterm,
+    no_forwarded_secrets,
+    slots,
+)
 from orchestrator.study.config import StudyConfig, StudySpec, read_study
 from orchestrator.study.data import check_unchanged
 from orchestrator.study.edits import check_edit
@@ -78,11 +85,14 @@ def tracking_uri(study: StudyConfig, base: Path) -> str:
 
 def launch(study_file: StudySpec | str | Path, storage: str | Path | None = None, address: str | None = None,
            max_concurrent: int | None = None, resume: bool = False, progress: bool = True,
-           executor: Callable | None = None, checked: StudyPlan | None = None) -> LaunchResult:
+           executor: Callable | None = None, checked: StudyPlan | None = None,
+           stops: Stops | None = None) -> LaunchResult:
     """Validate, plan, then run the study (or the rest of it) to the end, as the folder's one writer.
     `executor` replaces Ray Tune as what runs the trials (`run_tuner`'s signature; benchmarks/scale.py
     passes one whose trials take no time, to measure the driver's own costs). `checked`: the plan a
-    loaded study already built for this folder (`orc.load_study`), used by a new launch instead of a second."""
+    loaded study already built for this folder (`orc.load_study`), used by a new launch instead of a second.
+    `stops`: where the stop signal that ends it early is kept, and what to do if the local Ray is stopped
+    under it (`ray_session.Stops`; the CLI's)."""
     spec = study_file if isinstance(study_file, StudySpec) else read_study(study_file)
     study = spec.config
     folder = StudyFolder.of(study, storage)
@@ -117,7 +127,7 @@ def launch(study_file: StudySpec | str | Path, storage: str | Path | None = None
             folder.refuse_taken()  # a launch that got here first, and ended
             folder.clear_unstarted()  # what a first launch that failed before its first trial left
         return run_locked(spec, plan, folder, {**meta, "tracking_uri": uri}, before, changed,
-                          resume, max_concurrent, progress, executor or run_tuner, estimated)
+                          resume, max_concurrent, progress, executor or run_tuner, estimated, stops)
 
 
 def refuse_unwritable_store(uri: str, name: str, resume: bool) -> None:
@@ -133,7 +143,7 @@ def refuse_unwritable_store(uri: str, name: str, resume: bool) -> None:
 
 def run_locked(spec: StudySpec, plan: StudyPlan, folder: StudyFolder, meta: dict, before: BeforeLaunch,
                changed: list[str], resume: bool, max_concurrent, progress: bool, executor: Callable,
-               estimated: dict | None = None) -> LaunchResult:
+               estimated: dict | None = None, stops: Stops | None = None) -> LaunchResult:
     """Everything a launch writes, while it holds the folder's lock."""
     study = spec.config
     base_dir, uri = Path(meta["base_dir"]), meta["tracking_uri"]
@@ -177,8 +187,9 @@ def run_locked(spec: StudySpec, plan: StudyPlan, folder: StudyFolder, meta: dict
             if progress:
                 print("\n".join([*banner, "nothing left to run: every planned trial has finished"]), file=sys.stderr)
         else:
-            executor(plan, state, resilient, folder.ray, f"launch-{launches + 1}",
-                     max_concurrent or study.max_concurrent, progress, banner)
+            with graceful_sigterm(stops):  # SIGTERM and SIGHUP take Ctrl-C's path, kept in `stops`
+                executor(plan, state, resilient, folder.ray, f"launch-{launches + 1}",
+                         max_concurrent or study.max_concurrent, progress, banner)
     except Exception as exc:  # once the disk is full, Tune's own ending fails too (its error files are empty)
         if OUT_OF_MEMORY in str(exc):  # Ray's memory monitor killed a worker, and Tune ends the whole run
             raise OutOfMemory("resources", {"cpu": study.resources.cpu, "gpu": study.resources.gpu},
@@ -288,7 +299,7 @@ def run_tuner(plan: StudyPlan, state: StudyState, tracker, storage: Path, name: 
     )
     from orchestrator.run.driver_log import LAUNCH_LOG, ray_logs_to
 
-    with graceful_sigterm(), no_forwarded_secrets(), ray_logs_to(storage.parent / LAUNCH_LOG, f"{study.name}: {name}"):
+    with no_forwarded_secrets(), ray_logs_to(storage.parent / LAUNCH_LOG, f"{study.name}: {name}"):
         tuner.fit()
 
 
@@ -299,7 +310,7 @@ def trial_folder_name(trial) -> str:
 
 def resume(name: str, storage: str | Path | None = None, address: str | None = None,
            max_concurrent: int | None = None, progress: bool = True, overrides: Iterable[str] = (),
-           executor: Callable | None = None) -> LaunchResult:
+           executor: Callable | None = None, stops: Stops | None = None) -> LaunchResult:
     """Continue a study from its folder's stored study file (with `overrides` that extend it)."""
     study = StudyFolder.named(name, storage).require()
     record = study.record()
@@ -312,7 +323,7 @@ def resume(name: str, storage: str | Path | None = None, address: str | None = N
         raise UserInputError("name", spec.name, f"the study folder {study.folder} is study {name}: resume it under "
                                                 "its own name (--name and name= start a new study with `launch`)")
     return launch(spec, storage=study.storage, address=address, max_concurrent=max_concurrent,
-                  resume=True, progress=progress, executor=executor)
+                  resume=True, progress=progress, executor=executor, stops=stops)
 
 
 def record_cells(journal: Journal, study: StudyFolder, stored: StudyConfig, base_dir: Path) -> None:

@@ -6,6 +6,7 @@ the trials."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -105,10 +106,16 @@ def no_forwarded_secrets():
         class_cache.ENV_VARS_TO_PROPAGATE = forwarded
 
 
-TERMINATED = {"signal": None}  # the stop signal a launch received, for the CLI's exit code
-# What the CLI does when a stop signal stopped the local Ray too (a SIGTERM to the whole process group):
-# a callable that ends the process with the exit code it is given; None (the Python API) waits for Ray.
-CLUSTER_LOST: dict[str, Callable[[int], None] | None] = {"on_lost": None}  # takes the exit code
+@dataclasses.dataclass
+class Stops:
+    """How a launch is stopped and what its caller hears of it. `signal`: the stop signal (SIGTERM,
+    SIGHUP) that stopped it, set by `graceful_sigterm` (None: Ctrl-C, or none); `on_lost(code)`: what to
+    do when a stop signal stopped the local Ray too (a SIGTERM to the whole process group), given the
+    exit code 128 + that signal (the CLI ends there with its one line); None (the Python API's default)
+    waits for Ray as Ray does."""
+
+    on_lost: Callable[[int], None] | None = None
+    signal: int | None = None
 
 
 def shutdown_ray() -> None:
@@ -130,24 +137,30 @@ def shutdown_ray() -> None:
 
 
 @contextlib.contextmanager
-def graceful_sigterm():
+def graceful_sigterm(stops: Stops | None = None):
     """SIGTERM (a scheduler's or `kill`'s stop) and SIGHUP (the terminal closed) take the path of
     Ctrl-C: Tune stops the trials at their last checkpoints and returns, so the runs are closed and
-    `resume` continues. A SIGHUP that is ignored (`nohup`) stays ignored. A SIGINT is remembered too;
-    Tune's own handler does the stopping."""
+    `resume` continues. A SIGHUP that is ignored (`nohup`) stays ignored. The stop goes through Tune's
+    SIGINT handler where one is set, else it is raised as KeyboardInterrupt here, so a launch whose SIGINT
+    is ignored (started in the background by a script) still stops. The signal is kept in `stops`."""
+    stops = stops if stops is not None else Stops()
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     returned = threading.Event()  # Tune returned: Ray's own stop from here on is no loss
-    watch_local_ray(returned)
+    watch_local_ray(returned, stops.on_lost)
 
     def on_term(signum, frame):
-        TERMINATED["signal"] = signum
-        os.kill(os.getpid(), signal.SIGINT)
+        stops.signal = signum
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler) and handler is not signal.default_int_handler:
+            os.kill(os.getpid(), signal.SIGINT)  # Tune's own Ctrl-C path: trials stop at their checkpoints
+        else:  # Python's Ctrl-C, or SIGINT ignored (a launch started with `&` from a script): raised here
+            raise KeyboardInterrupt
 
-    stops = [signal.SIGTERM] + [signal.SIGHUP] * (signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN)
-    previous = {stop: signal.signal(stop, on_term) for stop in stops}
+    caught = [signal.SIGTERM] + [signal.SIGHUP] * (signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN)
+    previous = {stop: signal.signal(stop, on_term) for stop in caught}
     try:
         yield
     finally:
@@ -171,7 +184,8 @@ def local_ray_processes() -> dict[str, list]:
 ESSENTIAL = ("gcs_server", "raylet")  # without either, no trial can run or stop
 
 
-def watch_local_ray(returned: threading.Event, poll_s: float = 0.25) -> None:
+def watch_local_ray(returned: threading.Event, on_lost: Callable[[int], None] | None,
+                    poll_s: float = 0.25) -> None:
     """While Tune runs, watch the local Ray's GCS and raylet. A SIGTERM sent to the whole process group
     (`kill -TERM -PGID`, a scheduler stopping every process) stops them as well as the driver, whose main
     thread then waits inside Ray for 60 s and ends with exit 1 and Ray's C++ log line, its own signal
@@ -180,7 +194,7 @@ def watch_local_ray(returned: threading.Event, poll_s: float = 0.25) -> None:
     one line: the journal holds every finished result, so `resume` continues as after any crash. The
     exit code is 128 + the signal that ended a Ray process (SIGTERM: 143), else 1. The Python API (no
     `on_lost`) keeps Ray's behaviour."""
-    on_lost, processes = CLUSTER_LOST["on_lost"], local_ray_processes()
+    processes = local_ray_processes()
     essential = [p for kind in ESSENTIAL for p in processes.get(kind, [])]
     if on_lost is None or not essential:
         return

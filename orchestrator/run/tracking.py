@@ -10,14 +10,13 @@ import json
 import logging
 import math
 import os
-import re
 import subprocess
 import time
-from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 
 from mlflow.entities import Metric, Param, RunStatus, RunTag
 
+from orchestrator.run.run_names import cell_values, constant_axes, run_name, shared_view
 from orchestrator.run.ui_proxy import SHARED_VIEW, SHARED_VIEW_TAG  # noqa: F401 (SHARED_VIEW: the UI's link to the view)
 from orchestrator.study.config import flatten
 from orchestrator.study.journal import ATTEMPT_S, Outcome, TrialRecord, remove_checkpoint
@@ -44,73 +43,12 @@ STATUS_OF = {Outcome.COMPLETED: "FINISHED", Outcome.PRUNED: "KILLED", Outcome.DI
              Outcome.FAILED: "FAILED"}
 
 
-def run_name(record: TrialRecord, cell_key: str, constant: Collection[str] = ()) -> str:
-    """What the runs table shows first, short enough for its name column: `L2 · s1` (a replicate),
-    `L2 mean · tune 3`, and after a pruned trial ends `L2 · tune 3 · pruned` (the run's tags say
-    everything else: its axes, seed, outcome and epochs). Axes in `constant` (one value in every cell
-    of the study, like `pooling: mean` beside three layers) are left out, as the tables leave them out."""
-    what = f"s{record.seed}" if record.phase == "replicate" else f"tune {record.key.rsplit('-t', 1)[-1]}"
-    name = " · ".join(part for part in (short_cell(cell_key, constant), what) if part)
-    return name + " · pruned" if record.outcome == Outcome.PRUNED else name
-
-
-NAMED_BY_VALUE = ("pooling", "language", "task", "loss", "pretrain", "objective", "mode")
-
-
-def short_cell(cell_key: str, constant: Collection[str] = ()) -> str:
-    """A cell in a few characters: `layer=2 pooling=mean` is `L2 mean`, a model its folder's name;
-    other axes keep their name (`lr=3e-05`), a value's newlines and runs of spaces one space (a prompt's); the
-    one cell of a study without axes is ``."""
-    parts = []
-    for axis, value in _cell_values(cell_key).items():
-        if axis in constant:
-            continue
-        if axis == "layer":
-            parts.append(f"L{value}")
-        elif axis == "model":
-            parts.append(value.rstrip("/").rsplit("/", 1)[-1])
-        elif axis in NAMED_BY_VALUE:
-            parts.append(value)
-        else:
-            parts.append(f"{axis}={value}")
-    return " ".join(" ".join(parts).split())
-
-
-def constant_axes(cells: Iterable[Mapping[str, object]]) -> frozenset[str]:
-    """The axes with one value in every cell of a study of more than one cell (a one-cell study keeps
-    its axes in its run names: they are all that tells its runs from another study's)."""
-    cells = list(cells)
-    if len(cells) < 2:
-        return frozenset()
-    return frozenset(axis for axis in cells[0] if all(str(cell.get(axis)) == str(cells[0][axis]) for cell in cells))
-
-
 def git_commit(folder: Path) -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True, timeout=5)
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-
-
-def shared_view(summary: dict) -> dict:
-    """The runs table a study's `ui` link opens (MLflow's shared view state, stored as an experiment
-    tag): the replicate runs grouped by the ablation axes that vary (each group shows its runs' average),
-    those axes, seed, outcome, best dev and test score as columns; an axis with one value in every cell
-    is in every run's tags but takes no column and no group."""
-    constant = constant_axes(summary["cells"])
-    axes = [axis for axis in summary["cells"][0] if axis not in constant]
-    metric = summary.get("metric", "dev_spearman")
-    test = "test_" + metric.removeprefix("dev_")
-    replicates = summary.get("replicate_trials", 1) != 0
-    return {"searchFilter": "tags.phase = 'replicate'" if replicates else "tags.`orchestrator.role` != 'study'",
-            "orderByKey": "attributes.start_time", "orderByAsc": False, "lifecycleFilter": "Active",
-            "selectedColumns": [*(f"tags.`ablate.{a}`" for a in axes), "tags.`seed`", "tags.`outcome`",
-                                f"metrics.`best_{metric}`", f"metrics.`{test}`"],
-            "groupBy": {"aggregateFunction": "average",
-                        "groupByKeys": [{"mode": "tag", "groupByData": f"ablate.{a}"} for a in axes]}
-            if axes else None,
-            "groupsExpanded": {}, "runListHidden": False, "viewMaximized": False}
 
 
 def _text(value: float) -> str:
@@ -251,7 +189,7 @@ class StudyTracker:
         replay. Returns how many were missing."""
         params, tags = params or {}, tags or {}
         missing = [Param(k, str(v)[:6000]) for k, v in flatten("", record.config, {}).items() if k not in params]
-        labels = [RunTag(f"ablate.{k}", str(v)) for k, v in _cell_values(cell_key).items()
+        labels = [RunTag(f"ablate.{k}", str(v)) for k, v in cell_values(cell_key).items()
                   if f"ablate.{k}" not in tags]
         exact = json.dumps(record.config, sort_keys=True, default=str)
         if CONFIG_TAG not in tags and len(exact) <= MAX_TAG:  # the config as the trial got it, types and all
@@ -404,7 +342,7 @@ class StudyTracker:
         lacks, close the runs of finished trials with their outcome and artifacts."""
         counts = {"runs": 0, "epochs": 0, "closed": 0, "filled": 0}
         if not self.constant:  # attached, not started: the names of the runs it creates as start_parent's
-            self.constant = constant_axes(_cell_values(key) for key in cell_keys.values())
+            self.constant = constant_axes(cell_values(key) for key in cell_keys.values())
         existing = {run.data.tags.get(TRIAL_KEY, ""): run
                     for run in self._runs(f"tags.`mlflow.parentRunId` = '{self.parent_id}'")}
         for key, record in records.items():
@@ -462,12 +400,3 @@ class StudyTracker:
         if self.parent_id:
             self.client.set_terminated(self.parent_id, status="FINISHED" if finished else "KILLED")
         return changed
-
-
-AXIS_START = re.compile(r" (?=[A-Za-z_]\w*=)")  # the space before a cell key's next `axis=`
-
-
-def _cell_values(cell_key: str) -> dict[str, str]:
-    """`layer=2 prompt=query: ` -> {layer: '2', prompt: 'query: '}: a value runs up to the next ` axis=`, so
-    the spaces and newlines of a prompt stay in its `ablate.prompt` tag (the report's cells are read from it)."""
-    return dict(part.split("=", 1) for part in AXIS_START.split(cell_key) if "=" in part)

@@ -146,6 +146,9 @@ class ReportSection(Section):
                                                        "practically equivalent to the baseline: P(better), "
                                                        "P(equivalent), P(worse) from a Bayesian test over seeds, the "
                                                        "equivalence table and the ≈ mark")
+    aso: bool = Field(False, description="Almost Stochastic Order against the baseline (Dror et al. 2019, as deepsig "
+                                         "computes it): each comparison's ε_min both ways in stats.csv and the aso "
+                                         "table, ≻ where one is below τ = 0.2")
     expected_max: Literal["with_replacement", "without_replacement"] = Field(
         "with_replacement", description="the expected best dev score over n tuning trials (Dodge et al. 2019): "
                                         "with_replacement (the paper's empirical-CDF estimator) or "

@@ -17,16 +17,25 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.study.config import StudyConfig
-from orchestrator.study.data import check_task, read_study_data, trial_task
+from orchestrator.study.data import read_study_data, trial_task
 from orchestrator.study.model_check import check_cuts, check_models
+from orchestrator.study.plan_checks import (
+    check_baseline,
+    check_language,
+    check_saved_pooling,
+    check_task_name,
+    check_trials,
+    model_depth_at,
+    tasks_read,
+)
 from orchestrator.study.plugins import plugins_used
 from orchestrator.study.store_check import check_tracking_uri
 from reports.record import DataRecord, KindRecord, PluginRecord, StudyRecord
 from search_spaces.optuna_samplers import space_problems
-from search_spaces.params import Choice, Fixed, Grid, IntRange, LogUniform, Param, Uniform, parse_ablated, parse_tuned
+from search_spaces.params import Fixed, Grid, Param, parse_ablated, parse_tuned
 from search_spaces.presets import expand_language, expand_layer, expand_pooling, expand_seeds, expand_tuned_preset
 from trainables.contract import TrialConfig
-from trainables.errors import Problems, UserInputError, UserInputErrors
+from trainables.errors import Problems, UserInputError
 from trainables.kinds import KINDS, TrainableKind, load_kind
 from trainables.kinds.base import TrainingKind
 
@@ -176,18 +185,6 @@ def _did_you_mean(key: str, name: str, valid: list[str]) -> UserInputError:
     return UserInputError(key, name, f"{hint}valid names: {', '.join(sorted(valid))}")
 
 
-def covering_values(param: Param) -> list[Any]:
-    """Values that together cover what a tuned parameter can take (every choice, both ends of a
-    range), to check each against the trainable before launch."""
-    if isinstance(param, Fixed):
-        return [param.value]
-    if isinstance(param, Grid | Choice):
-        return list(param.values)
-    if isinstance(param, IntRange | Uniform | LogUniform):
-        return [param.low, param.high]
-    raise TypeError(param)
-
-
 def _ablate_axes(study: StudyConfig, schema: type[TrialConfig], found: Problems) -> dict[str, Fixed | Grid]:
     """The ablated axes that parse; the problems of the others go to `found`."""
     valid = [k for k in schema.model_fields if k not in MANAGED or k == "model"]
@@ -231,7 +228,7 @@ def _cells(study: StudyConfig, axes: dict[str, Fixed | Grid], found: Problems | 
     for combo in combos:
         model = combo.get("model", study.model)
         if model not in depths:
-            depths[model] = _depth(model, "ablate.model" if "model" in combo else "model")
+            depths[model] = model_depth_at(model, "ablate.model" if "model" in combo else "model")
         try:
             layers = expand_layer(study.ablate["layer"], depths[model])
         except UserInputError as exc:
@@ -246,15 +243,6 @@ def _cells(study: StudyConfig, axes: dict[str, Fixed | Grid], found: Problems | 
     return cells
 
 
-def _depth(model: str, key: str) -> int:
-    from trainables.models.files import model_depth
-
-    try:
-        return model_depth(model)
-    except UserInputError as exc:
-        raise UserInputError(key, model, exc.fix) from None
-
-
 def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Path | None = None) -> StudyPlan:
     """Resolve and check everything a launch needs. Every problem is a UserInputError naming the YAML key it
     came from; the checks that do not depend on a failed one still run, so all of them are reported at once
@@ -262,14 +250,14 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
     kind = load_kind(KINDS[study.trainable])  # config.py checked the name against the registry
     found = Problems()
     checked = None
-    found.check(_check_task, study)
+    found.check(check_task_name, study)
     task_ok = not found.errors
     seeds = found.check(_replicate_seeds, study, kind)
     before = len(found.errors)
     axes = _ablate_axes(study, kind.Config, found)  # the axes that parse: the checks below go on with them
     axes_ok = len(found.errors) == before
     if task_ok and (axes_ok or "language" not in study.ablate):
-        found.check(_check_language, study, axes)
+        found.check(check_language, study, axes)
     tuned = found.check(_tuned_params, study, kind, axes)
     if tuned and study.tune is not None:  # a sampler that cannot search this space as its name promises
         found.add(*space_problems(study.tune.sampler, study.tune.trials, tuned))
@@ -278,12 +266,13 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
     if task_ok and tuned is not None and based is not None and values is not None:  # each trial names the task
         base, origins = based
         cells = tuple(Cell(i, v) for i, v in enumerate(values))
-        parsed = found.check(_check_trials, kind, cells, base, tuned, origins)
+        parsed = found.check(check_trials, kind, cells, base, tuned, origins)
         if parsed:
             checked = found.check(check_models, study, cells, parsed, origins)
-        data = found.check(read_study_data, _tasks_read(study, cells, base), base.get("data_dir"))
+            found.check(check_saved_pooling, study, parsed, origins)
+        data = found.check(read_study_data, tasks_read(study, cells, base), base.get("data_dir"))
         if axes_ok:
-            found.check(_check_baseline, study, cells)
+            found.check(check_baseline, study, cells)
     found.check(check_tracking_uri, study.tracking.mlflow_uri, study_dir or Path.cwd())
     found.raise_any()
     check_cuts(checked or {})  # the one check that loads weights: when everything else holds
@@ -295,20 +284,6 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
     return StudyPlan(study, cells, tuned, seeds, base, metric, mode, epochs, origins, reports,
                      KINDS[study.trainable], tuple(kind.relative_cost(p) for p in parsed), stages, tables,
                      kind.round_name, data, plugins_used(study.trainable, kind, parsed, tuned))
-
-
-def _check_task(study: StudyConfig) -> None:
-    check_task(study, _task_names())
-
-
-def _check_language(study: StudyConfig, axes: dict) -> None:
-    from trainables.data.tasks import resolve_language, task_spec
-
-    if "language" not in axes and isinstance(study.task, str):
-        try:
-            resolve_language(task_spec(study.task), study.language)
-        except UserInputError as exc:
-            raise UserInputError("language", study.language, exc.fix) from None
 
 
 def _tuned_params(study: StudyConfig, kind: TrainableKind, axes: dict) -> dict[str, Param]:
@@ -396,85 +371,3 @@ def study_data_dir(study: StudyConfig, study_dir: Path | None) -> Path | None:
     return found.resolve() if found is not None else None
 
 
-def _check_trials(kind: TrainableKind, cells: tuple[Cell, ...], base: dict, tuned: dict[str, Param],
-                  origins: dict[str, str]) -> list[TrialConfig]:
-    """Every cell's trial config parsed and deep-checked, with every tuned value it may meet (one
-    parameter at a time); the cells' configs at the first tuned values."""
-    covering = {k: covering_values(p) for k, p in tuned.items()}
-    sample = {k: values[0] for k, values in covering.items()}
-    found = Problems()  # every cell is checked; a problem that every cell shares is said once
-    parsed = [found.check(_check_trial, kind, {**base, **cell.values, **sample}, origins) for cell in cells]
-    for cell in cells:
-        for name, values in covering.items():
-            for value in values[1:]:
-                found.check(_check_trial, kind, {**base, **cell.values, **sample, name: value}, origins)
-    found.raise_any()
-    return parsed
-
-
-def _tasks_read(study: StudyConfig, cells: tuple[Cell, ...], base: dict) -> list[tuple[Any, str | None]]:
-    """Every (task, language) the cells train on, each once, in a stable order."""
-    seen: dict[str, tuple[Any, str | None]] = {}
-    for cell in cells:
-        pair = (cell.values.get("task", base["task"]), cell.values.get("language", study.language))
-        seen.setdefault(json.dumps(pair, sort_keys=True, default=str), pair)
-    return [seen[k] for k in sorted(seen)]
-
-
-def _task_names() -> list[str]:
-    from trainables.data.tasks import TASKS
-
-    return [name for name, spec in TASKS.items() if spec.kind != "unlabeled" and not spec.eval_only]
-
-
-def _check_trial(kind: TrainableKind, config: dict, origins: dict[str, str]) -> TrialConfig:
-    """Parse one trial config with its kind's schema, then the kind's deep checks; errors name the
-    YAML key the offending value came from."""
-    def key_of(name: str) -> str:
-        return origins.get(name, f"train.{name}")
-
-    def rekeyed(exc: UserInputError) -> UserInputError:
-        return UserInputError(origins.get(exc.key, exc.key), exc.value, exc.fix)
-
-    try:
-        parsed = kind.parse(config)
-    except UserInputErrors as exc:
-        raise UserInputErrors([rekeyed(e) for e in exc.errors]) from None
-    except UserInputError as exc:
-        raise rekeyed(exc) from None
-    kind.check(parsed, key_of)
-    return parsed
-
-
-def _check_baseline(study: StudyConfig, cells: tuple[Cell, ...]) -> None:
-    axes = list(cells[0].values) if cells else []
-    for key, names in (("report.rows", study.report.rows or []), ("report.columns", [study.report.columns] if
-                                                                    study.report.columns else [])):
-        for name in names:
-            if name not in axes:
-                raise UserInputError(key, name, f"name an ablated axis: {', '.join(axes) or 'none ablated'}")
-    baseline = study.report.baseline
-    if not baseline:
-        return
-    column = study.report.columns or ("layer" if "layer" in axes else (axes[-1] if axes else None))
-    for name, value in baseline.items():
-        key = f"report.baseline.{name}"
-        axis_values = {c.values.get(name) for c in cells}
-        if name not in axes:
-            raise UserInputError(key, value, "name an ablated axis")
-        if name != column:
-            raise UserInputError(key, value, f"significance compares the cells of a row against the baseline of the "
-                                             f"column axis ({column}); set report.columns: {name} to compare against "
-                                             f"{name}={value}, or give a baseline on {column}")
-        if value == "last":
-            if name != "layer":
-                raise UserInputError(key, value, "last means the model's last layer; name one of the ablated values")
-            for model in sorted({c.values.get("model", study.model) for c in cells}):
-                depth = _depth(model, "model")
-                if depth not in axis_values:
-                    raise UserInputError(key, value, f"last is the model's last layer ({depth}), which the study does "
-                                                     f"not ablate ({', '.join(map(str, sorted(axis_values)))}); add "
-                                                     f"it to ablate.layer or name an ablated layer")
-        elif value not in axis_values:
-            raise UserInputError(key, value,
-                                 f"use one of the ablated values: {', '.join(map(str, sorted(axis_values, key=str)))}")

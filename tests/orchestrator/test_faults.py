@@ -476,31 +476,38 @@ def test_report_during_a_running_launch_shows_what_finished_and_leaves_the_launc
     assert after.exit_code == 0 and "not started" not in shown and "not finished" not in shown
 
 
-def test_sighup_stops_a_launch_like_ctrl_c_unless_nohup_ignores_it():
+def test_sighup_stops_a_launch_like_ctrl_c_unless_nohup_ignores_it_and_sigterm_stops_it_with_sigint_ignored():
     """A closed terminal (SIGHUP) killed the driver mid-step: the runs stayed RUNNING in MLflow until a
     resume. Now it takes Ctrl-C's path (Tune stops at the last checkpoints, the runs are closed, exit
     129); under `nohup` (SIGHUP ignored) the launch goes on."""
     import signal
 
-    from orchestrator.run.ray_session import TERMINATED, graceful_sigterm
+    from orchestrator.run.ray_session import Stops, graceful_sigterm
 
     previous = signal.getsignal(signal.SIGHUP), signal.getsignal(signal.SIGINT)
     try:
         # a terminal's defaults: CI starts the suite under nohup in the background (both signals ignored)
         signal.signal(signal.SIGHUP, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        with pytest.raises(KeyboardInterrupt), graceful_sigterm():  # Tune's SIGINT handler stands in here
+        stops = Stops()
+        with pytest.raises(KeyboardInterrupt), graceful_sigterm(stops):  # Tune's SIGINT handler stands in here
             os.kill(os.getpid(), signal.SIGHUP)
             time.sleep(5)
-        assert TERMINATED["signal"] == signal.SIGHUP
-        TERMINATED["signal"] = None
+        assert stops.signal == signal.SIGHUP
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup
-        with graceful_sigterm():
+        stops = Stops()
+        with graceful_sigterm(stops):
             os.kill(os.getpid(), signal.SIGHUP)
             time.sleep(0.2)
-        assert TERMINATED["signal"] is None and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert stops.signal is None and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        # a launch started in the background by a script has SIGINT ignored: a scheduler's SIGTERM still stops it
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        stops = Stops()
+        with pytest.raises(KeyboardInterrupt), graceful_sigterm(stops):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        assert stops.signal == signal.SIGTERM and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
-        TERMINATED["signal"] = None
         signal.signal(signal.SIGHUP, previous[0])
         signal.signal(signal.SIGINT, previous[1])
 

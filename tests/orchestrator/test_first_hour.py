@@ -298,7 +298,7 @@ def test_a_finished_run_ends_with_its_wall_time_and_what_to_do_next(tmp_path, mo
     monkeypatch.setattr(sys, "argv", [".venv/bin/orchestrator", "launch", "examples/quickstart.yaml"])
     result = finished_result(tmp_path / "studies" / "quickstart")
     monkeypatch.setattr(cli.time, "monotonic", lambda: 1000.0)  # the report's writing takes no time here
-    cli.run_to_end("quickstart", None, 1000.0 - 221, lambda: result)
+    cli.run_to_end("quickstart", None, 1000.0 - 221, lambda stops: result)
     lines = capsys.readouterr().out.splitlines()
     assert lines[-5:] == [
         "report: reports/quickstart/report.md (9 files)",
@@ -317,7 +317,7 @@ def test_the_hints_name_the_storage_folder_when_it_is_not_the_default(tmp_path, 
     result = finished_result(tmp_path / "elsewhere" / "quickstart")
     result.finished = False
 
-    def stopped():
+    def stopped(stops):
         raise StudyInterrupted(result)
 
     with pytest.raises(typer.Exit):

@@ -201,6 +201,41 @@ def test_the_clis_line_after_ctrl_c_names_what_continues_the_study(tiny_bert, sy
     assert resumed.exit_code == 0 and "k: finished: " in resumed.stdout, resumed.output
 
 
+@pytest.mark.parametrize(("stop", "code"), [("SIGTERM", 143), ("SIGHUP", 129)])
+def test_a_stop_signal_mid_study_reaches_the_clis_exit_code_through_the_launch(tiny_bert, synthetic_data_dir, store,
+                                                                              tmp_path, monkeypatch, stop, code):
+    """A SIGTERM (a scheduler's stop) or SIGHUP (the terminal closed) while trials run takes Ctrl-C's path,
+    and the `Stops` the CLI hands the launch keeps which signal it was: exit 128 + the signal, the line
+    naming `resume`, and the resume finishes the study (nothing shared between launches in module state)."""
+    import signal
+
+    monkeypatch.chdir(tmp_path)
+    study = make_study(tmp_path, tiny_bert, synthetic_data_dir, store)
+    monkeypatch.setattr(launcher, "connect_ray", lambda address: None)
+    monkeypatch.setattr(launcher, "check_cluster", lambda ray, study: None)
+    previous = signal.getsignal(signal.SIGHUP)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a terminal's default (CI may run the suite under nohup)
+    found = signal.getsignal(signal.SIGTERM)  # SIG_DFL, or Ray's own when an earlier test in this worker began Ray
+
+    def signalled(count: int) -> None:
+        if count == 3:
+            os.kill(os.getpid(), getattr(signal, stop))
+            time.sleep(5)  # the handler turns it into Ctrl-C's KeyboardInterrupt before this ends
+
+    import time
+    try:
+        monkeypatch.setattr(launcher, "run_tuner", instant_executor(score, slots=2, on_finished=signalled))
+        stopped = CliRunner().invoke(app, ["launch", str(study), "--storage", str(tmp_path / "s")])
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    assert stopped.exit_code == code, stopped.output
+    assert stopped.stderr.strip().splitlines()[-1].endswith(f"orchestrator resume k --storage {tmp_path / 's'}")
+    monkeypatch.setattr(launcher, "run_tuner", instant_executor(score, slots=2))
+    resumed = CliRunner().invoke(app, ["resume", "k", "--storage", str(tmp_path / "s")])
+    assert resumed.exit_code == 0 and "k: finished: " in resumed.stdout, resumed.output
+    assert signal.getsignal(signal.SIGTERM) is found  # the launch put back what it found
+
+
 def test_a_study_folder_being_made_or_left_half_made_is_one_line_that_says_which(tmp_path):
     """`status` or `resume` in the moment a launch makes the folder (its lock held, no study file yet)
     says so; once that launch is gone (Ctrl-C before the study began) it says to launch again."""
@@ -267,9 +302,8 @@ def test_a_local_ray_stopped_under_the_launch_ends_it_with_the_signals_code(monk
     daemons = {kind: [FakeDaemon()] for kind in ("gcs_server", "raylet", "log_monitor", "dashboard")}
     monkeypatch.setattr(ray_session, "local_ray_processes", lambda: daemons)
     lost: list[int] = []
-    monkeypatch.setitem(ray_session.CLUSTER_LOST, "on_lost", lost.append)
     returned = threading.Event()
-    ray_session.watch_local_ray(returned, poll_s=0.01)
+    ray_session.watch_local_ray(returned, lost.append, poll_s=0.01)
     time.sleep(0.1)
     assert lost == []  # all running: nothing to do
     for kind, value in ended.items():
@@ -289,14 +323,12 @@ def test_the_watch_is_over_once_tune_returned_or_without_a_cli(monkeypatch):
     daemons = {kind: [FakeDaemon()] for kind in ("gcs_server", "raylet")}
     monkeypatch.setattr(ray_session, "local_ray_processes", lambda: daemons)
     lost: list[int] = []
-    monkeypatch.setitem(ray_session.CLUSTER_LOST, "on_lost", lost.append)
     returned = threading.Event()
-    ray_session.watch_local_ray(returned, poll_s=0.01)
+    ray_session.watch_local_ray(returned, lost.append, poll_s=0.01)
     returned.set()
     daemons["raylet"][0].returncode = -15
     time.sleep(0.2)
     assert lost == []
-    monkeypatch.setitem(ray_session.CLUSTER_LOST, "on_lost", None)
     before = threading.active_count()
-    ray_session.watch_local_ray(threading.Event(), poll_s=0.01)
+    ray_session.watch_local_ray(threading.Event(), None, poll_s=0.01)
     assert threading.active_count() == before  # no watch started

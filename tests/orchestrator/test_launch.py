@@ -378,6 +378,10 @@ def test_save_best_per_cell_keeps_one_loadable_model_per_cell(tiny_bert, data_di
         assert path.is_dir() and len(list(path.parent.iterdir())) == 1  # the other seed's model was dropped
         model = SentenceTransformer(str(path), device="cpu")
         assert model.encode(["a man plays a guitar"]).shape == (1, 32)
+        card = (path / "README.md").read_text()  # sentence-transformers' card, with how the model was trained
+        assert "## Training (ablation-orchestrator)" in card and "library_name: sentence-transformers" in card
+        assert f"what selection read):** {run.data.metrics['best_dev_spearman']:.4f}" in card
+        assert f"never selected on):** {run.data.metrics['test_spearman']:.4f}" in card
         client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
         assert "model/modules.json" in {a.path for a in client.list_artifacts(run.info.run_id, "model")}
     from reports.build import build_report

@@ -90,6 +90,8 @@ CASES = [
                                                    "tracking server does not answer"),
     ("report.formats", ["pdf"], "report.formats.0: 'pdf' is not valid; use 'markdown', 'latex' or 'csv'"),
     ("report.baseline", {"layer": 5}, "report.baseline.layer: 5 is not valid; use one of the ablated values: 1, 3"),
+    ("report.rows", ["layer"], "report.rows: ['layer'] is not valid; layer is the axis across the tables "
+                               "(report.columns, by default layer); remove it from report.rows"),
     ("data_dir", "/nonexistent/data", "task: 'stsb' has no data here; put stsb/sts-train.csv"),
 ]
 

@@ -33,7 +33,7 @@ def started(tmp_path) -> tuple[str, StudyTracker]:
     ("c0-s2", "replicate", 2, "all", None, "s2"),
 ])
 def test_run_names_are_short_enough_for_the_runs_table(key, phase, seed, cell, outcome, name):
-    from orchestrator.run.tracking import run_name
+    from orchestrator.run.run_names import run_name
 
     record = TrialRecord(key, 0, phase, seed, {}, {})
     record.outcome = outcome
@@ -49,7 +49,7 @@ def test_run_names_are_short_enough_for_the_runs_table(key, phase, seed, cell, o
 def test_an_axis_with_one_value_takes_no_group_no_column_and_no_part_of_a_run_name(cells, constant, groups):
     """The quickstart's runs table grouped by layer and by `pooling: mean` (every group header cut off
     at `Group: ablate...`), and named every run `L2 mean · s1`: the tables put such an axis in the caption."""
-    from orchestrator.run.tracking import constant_axes, run_name, shared_view
+    from orchestrator.run.run_names import constant_axes, run_name, shared_view
 
     assert constant_axes(cells) == constant
     view = shared_view({"cells": cells})

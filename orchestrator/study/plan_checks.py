@@ -1,0 +1,153 @@
+"""The plan's checks across its parts: the task's name and language, every trial config against its kind
+(with each tuned value it may meet), the report's axes and baseline, and a model's depth for `layer`."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.study.config import StudyConfig
+from orchestrator.study.data import check_task
+from search_spaces.params import Choice, Fixed, Grid, IntRange, LogUniform, Param, Uniform
+from trainables.contract import TrialConfig
+from trainables.errors import Problems, UserInputError, UserInputErrors
+from trainables.kinds import TrainableKind
+
+if TYPE_CHECKING:
+    from orchestrator.study.plan import Cell
+
+
+def covering_values(param: Param) -> list[Any]:
+    """Values that together cover what a tuned parameter can take (every choice, both ends of a
+    range), to check each against the trainable before launch."""
+    if isinstance(param, Fixed):
+        return [param.value]
+    if isinstance(param, Grid | Choice):
+        return list(param.values)
+    if isinstance(param, IntRange | Uniform | LogUniform):
+        return [param.low, param.high]
+    raise TypeError(param)
+
+
+def model_depth_at(model: str, key: str) -> int:
+    from trainables.models.files import model_depth
+
+    try:
+        return model_depth(model)
+    except UserInputError as exc:
+        raise UserInputError(key, model, exc.fix) from None
+
+
+def check_task_name(study: StudyConfig) -> None:
+    check_task(study, task_names())
+
+
+def check_language(study: StudyConfig, axes: dict) -> None:
+    from trainables.data.tasks import resolve_language, task_spec
+
+    if "language" not in axes and isinstance(study.task, str):
+        try:
+            resolve_language(task_spec(study.task), study.language)
+        except UserInputError as exc:
+            raise UserInputError("language", study.language, exc.fix) from None
+
+
+def check_trials(kind: TrainableKind, cells: tuple[Cell, ...], base: dict, tuned: dict[str, Param],
+                  origins: dict[str, str]) -> list[TrialConfig]:
+    """Every cell's trial config parsed and deep-checked, with every tuned value it may meet (one
+    parameter at a time); the cells' configs at the first tuned values."""
+    covering = {k: covering_values(p) for k, p in tuned.items()}
+    sample = {k: values[0] for k, values in covering.items()}
+    found = Problems()  # every cell is checked; a problem that every cell shares is said once
+    parsed = [found.check(check_trial, kind, {**base, **cell.values, **sample}, origins) for cell in cells]
+    for cell in cells:
+        for name, values in covering.items():
+            for value in values[1:]:
+                found.check(check_trial, kind, {**base, **cell.values, **sample, name: value}, origins)
+    found.raise_any()
+    return parsed
+
+
+def tasks_read(study: StudyConfig, cells: tuple[Cell, ...], base: dict) -> list[tuple[Any, str | None]]:
+    """Every (task, language) the cells train on, each once, in a stable order."""
+    seen: dict[str, tuple[Any, str | None]] = {}
+    for cell in cells:
+        pair = (cell.values.get("task", base["task"]), cell.values.get("language", study.language))
+        seen.setdefault(json.dumps(pair, sort_keys=True, default=str), pair)
+    return [seen[k] for k in sorted(seen)]
+
+
+def task_names() -> list[str]:
+    from trainables.data.tasks import TASKS
+
+    return [name for name, spec in TASKS.items() if spec.kind != "unlabeled" and not spec.eval_only]
+
+
+def check_trial(kind: TrainableKind, config: dict, origins: dict[str, str]) -> TrialConfig:
+    """Parse one trial config with its kind's schema, then the kind's deep checks; errors name the
+    YAML key the offending value came from."""
+    def key_of(name: str) -> str:
+        return origins.get(name, f"train.{name}")
+
+    def rekeyed(exc: UserInputError) -> UserInputError:
+        return UserInputError(origins.get(exc.key, exc.key), exc.value, exc.fix)
+
+    try:
+        parsed = kind.parse(config)
+    except UserInputErrors as exc:
+        raise UserInputErrors([rekeyed(e) for e in exc.errors]) from None
+    except UserInputError as exc:
+        raise rekeyed(exc) from None
+    kind.check(parsed, key_of)
+    return parsed
+
+
+def check_baseline(study: StudyConfig, cells: tuple[Cell, ...]) -> None:
+    axes = list(cells[0].values) if cells else []
+    for key, names in (("report.rows", study.report.rows or []), ("report.columns", [study.report.columns] if
+                                                                    study.report.columns else [])):
+        for name in names:
+            if name not in axes:
+                raise UserInputError(key, name, f"name an ablated axis: {', '.join(axes) or 'none ablated'}")
+    column = study.report.columns or ("layer" if "layer" in axes else (axes[-1] if axes else None))
+    if column in (study.report.rows or []):  # a table with one axis both down and across: a diagonal of dashes
+        given = "report.columns" if study.report.columns else "report.columns, by default layer"
+        raise UserInputError("report.rows", study.report.rows, f"{column} is the axis across the tables ({given}); "
+                                                               f"remove it from report.rows, or set report.columns "
+                                                               f"to another ablated axis")
+    baseline = study.report.baseline
+    if not baseline:
+        return
+    for name, value in baseline.items():
+        key = f"report.baseline.{name}"
+        axis_values = {c.values.get(name) for c in cells}
+        if name not in axes:
+            raise UserInputError(key, value, "name an ablated axis")
+        if name != column:
+            raise UserInputError(key, value, f"significance compares the cells of a row against the baseline of the "
+                                             f"column axis ({column}); set report.columns: {name} to compare against "
+                                             f"{name}={value}, or give a baseline on {column}")
+        if value == "last":
+            if name != "layer":
+                raise UserInputError(key, value, "last means the model's last layer; name one of the ablated values")
+            for model in sorted({c.values.get("model", study.model) for c in cells}):
+                depth = model_depth_at(model, "model")
+                if depth not in axis_values:
+                    raise UserInputError(key, value, f"last is the model's last layer ({depth}), which the study does "
+                                                     f"not ablate ({', '.join(map(str, sorted(axis_values)))}); add "
+                                                     f"it to ablate.layer or name an ablated layer")
+        elif value not in axis_values:
+            raise UserInputError(key, value,
+                                 f"use one of the ablated values: {', '.join(map(str, sorted(axis_values, key=str)))}")
+
+
+def check_saved_pooling(study: StudyConfig, parsed: list[TrialConfig], origins: dict[str, str]) -> None:
+    """`save:` keeps a sentence-transformers folder, which has no module that combines layers: a study that
+    pools several layers (`pooling_layers` other than last) in any cell is refused before it runs."""
+    if study.save == "none":
+        return
+    mixed = [p.pooling_layers for p in parsed if getattr(p, "pooling_layers", "last") != "last"]
+    if mixed:
+        raise UserInputError(origins.get("pooling_layers", "train.pooling_layers"), mixed[0],
+                             f"save: {study.save} writes sentence-transformers folders, which have no module that "
+                             f"combines layers: use save: none, or pooling_layers: last")
