@@ -115,6 +115,23 @@ def test_on_cuda_sdpa_chooses_among_every_backend_but_cudnns():
         assert torch.backends.cuda.cudnn_sdp_enabled() == before
 
 
+def test_a_trial_on_cuda_turns_cudnns_attention_off_for_its_whole_process():
+    """What does not call SDPA through `sdpa` (a model in another attention, a plugin's module) is covered
+    by the trial's process setting: a CUDA trial turns cuDNN's SDPA off; a CPU trial leaves it as it was."""
+    from trainables.training.runtime import without_cudnn_attention
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        without_cudnn_attention(torch.device("cpu"))
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        without_cudnn_attention(torch.device("cuda", 0))
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
 def test_an_encoder_evaluates_as_with_sdpa_and_trains_through_it(tiny_bert):
     ours = load_encoder(tiny_bert)
     sdpa = load_encoder(tiny_bert)

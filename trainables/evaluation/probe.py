@@ -33,7 +33,7 @@ from trainables.models.encoder import (
 from trainables.models.layer_mix import mixed
 from trainables.models.pooling_layers import mixed_layers
 from trainables.poolings import POOLINGS, build_pooling
-from trainables.training.runtime import resolve_device, resolve_precision
+from trainables.training.runtime import resolve_device, resolve_precision, without_cudnn_attention
 
 if TYPE_CHECKING:  # the config is the probe kind's declaration
     from trainables.kinds.probe import ProbeConfig
@@ -79,6 +79,7 @@ class LayerTable:
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         device = resolve_device(cfg.device)
+        without_cudnn_attention(device)
         dtype = resolve_precision(cfg.precision, device)
         encoder = load_encoder(cfg.model)
         self.layers = resolve_layers(cfg.layers, stack_depth(encoder))

@@ -34,7 +34,13 @@ from trainables.stages.fields import (  # noqa: F401 (re-exported)
     stage_seed_of,
     uses_stage,
 )
-from trainables.training.runtime import clip_gradients, linear_schedule, resolve_device, seed_everything
+from trainables.training.runtime import (
+    clip_gradients,
+    linear_schedule,
+    resolve_device,
+    seed_everything,
+    without_cudnn_attention,
+)
 
 
 def schedule(optimizer: torch.optim.Optimizer, steps: int, warmup_ratio: float):
@@ -107,6 +113,7 @@ def pretrain(cfg, seed: int, sentences: list[str], folder: Path) -> dict:
     """Continue pretraining with MLM or RTD; save the encoder (safetensors) and tokenizer to `folder`."""
     seed_everything(seed)
     device = resolve_device(cfg.device)
+    without_cudnn_attention(device)
     tokenizer = load_tokenizer(cfg.model)
     objective = (RTDObjective(cfg) if cfg.pretrain == "rtd" else MLMObjective(cfg)).to(device).train()
     from transformers import DataCollatorForLanguageModeling

@@ -132,9 +132,20 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def without_cudnn_attention(device: torch.device) -> None:
+    """On CUDA, SDPA never chooses cuDNN's attention in this process: cuDNN plans anew for every batch shape
+    it has not seen (102.7 ms against 0.84 ms a batch on an H200, docs/benchmarks/speed.md), and a sentence
+    batch's padded length changes nearly every step. `trainables.models.attention.sdpa` already calls SDPA
+    without it; this covers what does not run through it (a model in eager or another attention, a plugin's
+    module). Elsewhere nothing changes."""
+    if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def prepare(device: str, precision: str, num_threads: int | None) -> tuple[torch.device, torch.dtype]:
-    """A trial's torch threads (the CPUs Ray granted), device and autocast dtype."""
+    """A trial's torch threads (the CPUs Ray granted), device and autocast dtype; on CUDA, no cuDNN attention."""
     if num_threads:
         torch.set_num_threads(num_threads)
     resolved = resolve_device(device)
+    without_cudnn_attention(resolved)
     return resolved, resolve_precision(precision, resolved)
