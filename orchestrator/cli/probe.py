@@ -66,6 +66,8 @@ def probe(
                                              "'query: ', an instruction).")] = "",
     no_include_prompt: Annotated[bool, typer.Option("--no-include-prompt", help="Pool without the prompt's tokens "
                                                     "(sentence-transformers' include_prompt=False).")] = False,
+    append_eos: Annotated[bool, typer.Option("--append-eos", help="End every input with the tokenizer's EOS token "
+                                             "(a decoder's recipe: last_token pools it).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per layer per line.")] = False,
     debug: bool = DEBUG,
 ) -> None:
@@ -82,13 +84,14 @@ def probe(
                      data_dir=data_dir, max_seq_length=max_seq_length, precision=precision, device=device,
                      suite=suite, max_eval_samples=max_eval_samples, postprocess=postprocess,
                      postprocess_dim=postprocess_dim, max_train_samples=max_train_samples, prompt=prompt,
-                     include_prompt=include_prompt, pooling_layers=parse_pooling_layers(pooling_layers)
-                     ).to_dict("records")
+                     include_prompt=include_prompt, pooling_layers=parse_pooling_layers(pooling_layers),
+                     append_eos=append_eos).to_dict("records")
     if suite is not None:
         if as_json:
             for row in rows:
                 print(json.dumps({"model": model, "suite": suite, "split": "test", "pooling": pooling,
-                              **({"prompt": prompt, "include_prompt": include_prompt} if prompt else {}), **row}))
+                              **({"prompt": prompt, "include_prompt": include_prompt} if prompt else {}),
+                              **({"append_eos": True} if append_eos else {}), **row}))
             return
         shown = [{"layer": r["layer"], "params": r["params"], **{LABELS[t]: r[t] for t in suite_tasks(suite)},
                   "Avg.": r["avg"]} for r in rows]
@@ -102,12 +105,14 @@ def probe(
                               "pooling": pooling, "postprocess": postprocess,
                               **({"pooling_layers": parse_pooling_layers(pooling_layers)}
                                  if pooling_layers != "last" else {}),
-                              **({"prompt": prompt, "include_prompt": include_prompt} if prompt else {}), **clean}))
+                              **({"prompt": prompt, "include_prompt": include_prompt} if prompt else {}),
+                              **({"append_eos": True} if append_eos else {}), **clean}))
         return
     mixed = "" if pooling_layers == "last" else f" · layers {pooling_layers} averaged"
     fitted = "" if postprocess == "none" else f" · {postprocess}{f' {postprocess_dim}' if postprocess_dim else ''} " \
                                               f"(fitted on train)"
     prompted = f" · prompt {prompt!r}{'' if include_prompt else ' (not pooled)'}" if prompt else ""
+    prompted += " · EOS appended" if append_eos else ""
     print_layer_table(rows, f"{model} · {task}{'/' + language if language else ''} · {split} · {pooling} pooling"
                             f"{mixed}{fitted}{prompted}")
 

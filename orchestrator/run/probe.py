@@ -17,14 +17,15 @@ def probe(model: str, *, task: str = "stsb", language: str | None = None, split:
           max_seq_length: int = 128, precision: str = "auto", device: str = "auto", suite: str | None = None,
           max_eval_samples: int | None = None, postprocess: str = "none", postprocess_dim: int | None = None,
           max_train_samples: int | None = None, prompt: str = "", include_prompt: bool = True,
-          pooling_layers: str | Sequence[int] = "last") -> pd.DataFrame:
+          pooling_layers: str | Sequence[int] = "last", append_eos: bool = False) -> pd.DataFrame:
     """Zero-shot layer profile of an encoder, as `orchestrator probe`: every layer (or `layers`) pooled
     and scored in one forward pass per batch; one row per layer with its scores (Spearman x100) and
     parameter count. `suite="sts"` scores STS12-16, STS-B and SICK-R (test) and their average instead.
     `postprocess` (whiten, abtt, zscore): each layer's vectors mapped by a transform fitted on the task's
     train sentences (at most `max_train_samples` pairs) before the cosine. `prompt`: text put before every
     sentence (E5's 'query: ', an instruction), as a study's `prompt:`; `include_prompt=False` pools
-    without its tokens. `pooling_layers` (first_last, top2, all, or a list ending at the one layer scored):
+    without its tokens; `append_eos` ends every input with the tokenizer's EOS token (a decoder's recipe).
+    `pooling_layers` (first_last, top2, all, or a list ending at the one layer scored):
     each layer's vector from several layers' token states averaged (trainables.models.pooling_layers)."""
     import pandas as pd
 
@@ -45,6 +46,7 @@ def probe(model: str, *, task: str = "stsb", language: str | None = None, split:
         pooling=pooling, splits=[split], max_seq_length=max_seq_length, precision=precision, device=device,
         data_dir=data_dir, max_eval_samples=max_eval_samples, max_train_samples=max_train_samples,
         postprocess=postprocess, postprocess_dim=postprocess_dim, prompt=prompt, include_prompt=include_prompt,
+        append_eos=append_eos,
         pooling_layers=pooling_layers if isinstance(pooling_layers, str) else list(pooling_layers)))
     from trainables.kinds.base import check_pooling_layers, check_postprocess
 
@@ -57,6 +59,10 @@ def probe(model: str, *, task: str = "stsb", language: str | None = None, split:
         cfg = cfg.model_copy(update={"layers": layers})
     check_pooling_layers(cfg, option, sorted(set(layers)) if layers is not None else [])
     check_probed_model(model, pooling, layers)
+    if append_eos:
+        from trainables.models.files import refuse_append_eos
+
+        refuse_append_eos(model, "--append-eos")
     try:
         if suite is not None:
             return pd.DataFrame(probe_suite(cfg, suite))

@@ -74,7 +74,8 @@ CARD_SECTION = "## Training (ablation-orchestrator)"
 CARD_TAG = "ablation-orchestrator"
 SHOWN = ("layer", "pooling", "pooling_layers", "loss", "lr", "epochs", "batch_size", "max_seq_length", "warmup_ratio",
          "weight_decay", "layer_lr_decay", "lora_rank", "lora_alpha", "postprocess", "postprocess_dim", "prompt",
-         "include_prompt", "projection_dim", "max_train_samples", "max_eval_samples", "precision", "device")
+         "include_prompt", "append_eos", "projection_dim", "max_train_samples", "max_eval_samples", "precision",
+         "device")
 
 
 def write_card(folder: Path, plan: Any, record: TrialRecord, best_dev: float | None) -> Path:

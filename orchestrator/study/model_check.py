@@ -18,7 +18,7 @@ def check_models(study: StudyConfig, cells: tuple, parsed: list,
     the poolings asked of it (no `cls` for a causal model), from its config.json alone; the layers each
     model is cut at (None: the whole model), for `check_cuts`."""
     from trainables.models.architectures import refuse_pooling, require_architecture
-    from trainables.models.files import model_config
+    from trainables.models.files import model_config, refuse_append_eos
 
     found = Problems()
     layers: dict[str, set[int | None]] = {}
@@ -31,6 +31,8 @@ def check_models(study: StudyConfig, cells: tuple, parsed: list,
         pooling = getattr(cfg, "pooling", None)
         if isinstance(pooling, str):
             found.check(refuse_pooling, model_config(model), pooling, origins.get("pooling", "train.pooling"))
+        if getattr(cfg, "append_eos", False) is True:
+            found.check(refuse_append_eos, model, origins.get("append_eos", "train.append_eos"))
         layers.setdefault(model, set()).add(cfg.layer)
     found.raise_any()
     return layers

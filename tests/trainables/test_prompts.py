@@ -321,3 +321,71 @@ def test_the_probe_verb_takes_the_prompt_as_the_probe_kind_does(tiny_bert, synth
     assert long.stderr.strip().splitlines() == [
         "error: --prompt: 'query: a cat plays' is not valid; its tokens alone fill --max-seq-length 5, so no "
         "sentence would be left: shorten it or raise the length"]
+
+
+def test_append_eos_ends_every_input_with_eos_within_the_length_as_e5_mistrals_tokenizer_does(tiny_llama):
+    """`append_eos`: the sentence's ids (BOS first, cut to one token short of the length) and then EOS, for every
+    sentence, the long one too; a prompt's length is unchanged (its own trailing EOS is not counted); appending
+    twice is appending once; the token cache keeps ids with and without EOS apart."""
+    from trainables.models.encoder import with_eos
+
+    plain, ending = load_tokenizer(tiny_llama), load_tokenizer(tiny_llama, append_eos=True)
+    eos = ending.eos_token_id
+    assert eos == 2 and plain(SENTENCES[0])["input_ids"][-1] != eos
+    tokens = TokenCache(ending, MAX_LENGTH)
+    for sentence in SENTENCES:
+        cut = plain(sentence, truncation=True, max_length=MAX_LENGTH - 1)["input_ids"]
+        assert tokens.lookup([sentence])[0] == [*cut, eos]
+    assert len(tokens.lookup(SENTENCES[-1:])[0]) == MAX_LENGTH
+    assert with_eos(ending)(SENTENCES[0])["input_ids"] == tokens.lookup(SENTENCES[:1])[0]  # no second EOS
+    assert TokenCache(ending, MAX_LENGTH, INSTRUCTION).prompt_length == 8  # <s> and 7 words, as without EOS
+    assert TokenCache(plain, MAX_LENGTH).lookup(SENTENCES[:1])[0][-1] != eos
+
+
+def test_with_eos_last_token_pools_the_eos_and_a_saved_model_gives_the_same_vectors(tiny_llama, tmp_path):
+    """The vectors of `last_token` with EOS appended are the EOS's states (not the last word's), and the model
+    saved as sentence-transformers (its tokenizer.json carries the EOS step) encodes the sentences to them."""
+    from sentence_transformers import SentenceTransformer
+
+    from trainables.models.encoder import save_sentence_transformer
+
+    encoder = build_sentence_encoder(tiny_llama, None, "last_token").eval()
+    tokens = TokenCache(load_tokenizer(tiny_llama, append_eos=True), MAX_LENGTH)
+    with_eos = Embedder(encoder, tokens, torch.device("cpu"))(SENTENCES)
+    without = Embedder(encoder, TokenCache(load_tokenizer(tiny_llama), MAX_LENGTH), torch.device("cpu"))(SENTENCES)
+    assert (with_eos - without).abs().max() > 1e-2
+    folder = save_sentence_transformer(encoder, tokens.tokenizer, tmp_path / "model", MAX_LENGTH)
+    saved = SentenceTransformer(str(folder), device="cpu")
+    assert saved.tokenizer(SENTENCES[0])["input_ids"] == tokens.lookup(SENTENCES[:1])[0]
+    torch.testing.assert_close(saved.encode(SENTENCES, convert_to_tensor=True), with_eos, atol=1e-5, rtol=0)
+
+
+def test_append_eos_reaches_the_probes_score(tiny_llama, synthetic_data_dir):
+    def probe(**changes) -> float:
+        return get_kind("probe").run({"model": tiny_llama, "data_dir": str(synthetic_data_dir), "layers": [2],
+                                      "pooling": "last_token", "max_eval_samples": 40, "precision": "fp32",
+                                      "device": "cpu", **changes}, collect([]))["dev_spearman"]
+
+    assert probe(append_eos=False) == probe()
+    assert probe(append_eos=True) != probe()
+
+
+def test_append_eos_for_a_tokenizer_without_eos_is_one_line_in_validate_the_probe_and_a_trial(
+        tmp_path, tiny_bert, synthetic_data_dir, monkeypatch):
+    """BERT's tokenizer names no EOS token: `validate` says so in one line, exit 2, before any trial; so does
+    `probe --append-eos`; a trial started anyway (the Python API without checks) refuses in the same words."""
+    monkeypatch.chdir(tmp_path)
+    path = study(tmp_path, tiny_bert, synthetic_data_dir, ablate={"layer": [1]},
+                 train={"epochs": 1, "append_eos": True})
+    result = runner.invoke(app, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert lines == [f"error: train.append_eos: True is not valid; the tokenizer of {tiny_bert} has no EOS token to "
+                     "append: leave it false"], lines
+    result = runner.invoke(app, ["probe", "--model", tiny_bert, "--append-eos", "--data-dir", str(synthetic_data_dir)])
+    assert result.exit_code == 2 and result.stderr.strip().splitlines() == [
+        f"error: --append-eos: True is not valid; the tokenizer of {tiny_bert} has no EOS token to append: leave "
+        "it false"], result.output
+    with pytest.raises(UserInputError, match="append_eos: True is not valid; the tokenizer of .* has no EOS token"):
+        load_tokenizer(tiny_bert, append_eos=True)
+    assert list(tmp_path.iterdir()) == [path]  # nothing written

@@ -85,7 +85,7 @@ class LayerTable:
         self.layers = resolve_layers(cfg.layers, stack_depth(encoder))
         self.params = {k: truncated_parameter_count(encoder, k) for k in self.layers}
         truncate_encoder(encoder, max(self.layers))
-        tokens = TokenCache(load_tokenizer(cfg.model), cfg.max_seq_length, cfg.prompt)
+        tokens = TokenCache(load_tokenizer(cfg.model, cfg.append_eos), cfg.max_seq_length, cfg.prompt)
         model = AllLayers(encoder, self.layers, cfg.pooling, 0 if cfg.include_prompt else tokens.prompt_length,
                           cfg.pooling_layers)
         embed_all = Embedder(model.to(device), tokens, device, dtype)

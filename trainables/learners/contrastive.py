@@ -59,7 +59,7 @@ class ContrastiveLearner(Learner):
         if len(sentences) < 2:
             raise UserInputError("corpus", cfg.corpus, "the corpus has fewer than 2 sentences")
         self.sentences = sentences
-        tokenizer = load_tokenizer(cfg.model)
+        tokenizer = load_tokenizer(cfg.model, cfg.append_eos)
         self.tokens = TokenCache(tokenizer, cfg.max_seq_length, cfg.prompt)
         self.tokens.add(sentences)
         self.eval_tokens = TokenCache(tokenizer, evaluation_length(cfg, tokenizer), cfg.prompt)

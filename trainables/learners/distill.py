@@ -47,7 +47,7 @@ class Side:
 
 def build_side(cfg: DistillConfig, prefix: str, bi_name: str, bi_layer: int | None, cross_name: str, device) -> Side:
     """The bi-encoder takes the prompt; the cross-encoder reads each pair as it is."""
-    bi_tokens = TokenCache(load_tokenizer(bi_name), cfg.bi_max_seq_length, cfg.prompt)
+    bi_tokens = TokenCache(load_tokenizer(bi_name, cfg.append_eos), cfg.bi_max_seq_length, cfg.prompt)
     bi = build_sentence_encoder(bi_name, bi_layer, cfg.pooling, seed=cfg.seed, dropout_masks=cfg.dropout_masks,
                                 prompt_tokens=0 if cfg.include_prompt else bi_tokens.prompt_length,
                                 pooling_layers=cfg.pooling_layers).to(device)

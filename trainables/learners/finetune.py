@@ -36,7 +36,7 @@ class FinetuneLearner(Learner):
         if data.kind == "unlabeled":
             raise UserInputError("task", data.name, "finetune needs a labeled pair task (stsb, sick, mrpc, ...)")
         start, stage = pretrained_start(cfg, cfg.pooling)
-        self.tokens = TokenCache(load_tokenizer(start), cfg.max_seq_length, cfg.prompt)
+        self.tokens = TokenCache(load_tokenizer(start, cfg.append_eos), cfg.max_seq_length, cfg.prompt)
         self.model = build_sentence_encoder(start, cfg.layer, cfg.pooling, cfg.projection_dim, cfg.random_init,
                                             cfg.seed, cfg.dropout_masks,
                                             0 if cfg.include_prompt else self.tokens.prompt_length,

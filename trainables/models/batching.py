@@ -179,8 +179,9 @@ class TokenCache:
             raise UserInputError("prompt", prompt, f"its tokens alone fill max_seq_length {max_length}, so no "
                                                    "sentence would be left: shorten it or raise the length")
         name = str(getattr(tokenizer, "name_or_path", "") or "")
+        steps = str(getattr(getattr(tokenizer, "_tokenizer", None), "post_processor", ""))  # append_eos's EOS
         self._ids: dict[str, list[int]] = _SHARED.setdefault(
-            (type(tokenizer).__name__, name, len(tokenizer), max_length, prompt), {}) if name else {}
+            (type(tokenizer).__name__, name, len(tokenizer), max_length, prompt, steps), {}) if name else {}
 
     def add(self, sentences: Iterable[str]) -> None:
         new = list(dict.fromkeys(s for s in sentences if s not in self._ids))

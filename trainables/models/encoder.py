@@ -41,8 +41,33 @@ def load_config(name: str) -> PretrainedConfig:
         raise UserInputError("model", name, install_hint(name)) from exc
 
 
-def load_tokenizer(name: str):
-    return AutoTokenizer.from_pretrained(resolve_model_path(name), trust_remote_code=False)
+def load_tokenizer(name: str, append_eos: bool = False):
+    """The model's tokenizer; `append_eos`: ending every input with its EOS token (`with_eos`)."""
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(name), trust_remote_code=False)
+    return with_eos(tokenizer, name) if append_eos else tokenizer
+
+
+def with_eos(tokenizer, name: str = "the model"):
+    """`tokenizer`, its inputs ending with its EOS token, as decoder embedding recipes ask (E5-Mistral's
+    tokenizer with `add_eos_token`, LLM2Vec; `last_token` then pools the EOS's state): a step added to its
+    post-processor, so truncation keeps room for the EOS, every kind and the probe tokenize alike, and a saved
+    model's tokenizer.json does the same in sentence-transformers. A tokenizer whose inputs end with EOS already
+    (Qwen3-Embedding's) is returned as it is; one without an EOS token, or without a fast backend, is one line."""
+    eos, eos_id, backend = tokenizer.eos_token, tokenizer.eos_token_id, getattr(tokenizer, "_tokenizer", None)
+    if eos is None or eos_id is None:
+        raise UserInputError("append_eos", True, f"the tokenizer of {name} has no EOS token to append: "
+                                                 "leave append_eos false")
+    if backend is None:
+        raise UserInputError("append_eos", True, f"the tokenizer of {name} is not a fast (tokenizers) one, whose "
+                                                 "post-processor appending takes: leave append_eos false")
+    if tokenizer("a")["input_ids"][-1:] == [eos_id]:
+        return tokenizer
+    from tokenizers import processors
+
+    steps = [backend.post_processor] if backend.post_processor is not None else []
+    backend.post_processor = processors.Sequence([*steps, processors.TemplateProcessing(
+        single=f"$A {eos}", pair=f"$A $B:1 {eos}:1", special_tokens=[(eos, eos_id)])])
+    return tokenizer
 
 
 def load_encoder(name: str, random_init: bool = False, seed: int = 0,

@@ -156,3 +156,36 @@ def encoder_depth(config) -> int:
 
 def model_type(name: str) -> str | None:
     return model_config(name).get("model_type")
+
+
+def declares_eos(name: str) -> bool | None:
+    """Whether the model's tokenizer names an EOS token (`tokenizer_config.json`, else
+    `special_tokens_map.json`), for `append_eos` before any trial; None when neither file can be read
+    (the trial's tokenizer then decides, in its one line)."""
+    path = resolve_model_path(name)
+    said = None
+    for file in ("tokenizer_config.json", "special_tokens_map.json"):
+        try:
+            if Path(path).is_dir():
+                found = Path(path) / file
+            else:
+                from huggingface_hub import hf_hub_download
+
+                found = Path(hf_hub_download(name, file))
+            values = json.loads(found.read_text(encoding="utf-8"))
+        except Exception:  # noqa: BLE001 (absent, not cached or damaged: the next file, else unknown)
+            continue
+        if not isinstance(values, dict):
+            continue
+        eos = values.get("eos_token")
+        eos = eos.get("content") if isinstance(eos, dict) else eos
+        if isinstance(eos, str) and eos:
+            return True
+        said = False
+    return said
+
+
+def refuse_append_eos(name: str, key: str = "append_eos") -> None:
+    """One line before any trial when `append_eos` asks for an EOS token the model's tokenizer does not name."""
+    if declares_eos(name) is False:
+        raise UserInputError(key, True, f"the tokenizer of {name} has no EOS token to append: leave it false")
