@@ -62,6 +62,9 @@ class PromptFields(BaseModel):
     include_prompt: bool = Field(True, description="false: the prompt's tokens (and the first special token) are "
                                                    "left out of the pooling but still attended to, as "
                                                    "sentence-transformers' Pooling(include_prompt=False) (INSTRUCTOR)")
+    bidirectional: bool = Field(False, description="true: a causal decoder attends both ways, every token seeing the "
+                                                   "whole sentence (LLM2Vec's first step; Gemma 3's own "
+                                                   "use_bidirectional_attention); an encoder already does")
     append_eos: bool = Field(False, description="true: every input ends with the tokenizer's EOS token (within "
                                                 "the max sequence length), as decoder embedding recipes ask "
                                                 "(E5-Mistral, LLM2Vec): last_token then pools the EOS; a tokenizer "

@@ -17,14 +17,16 @@ def probe(model: str, *, task: str = "stsb", language: str | None = None, split:
           max_seq_length: int = 128, precision: str = "auto", device: str = "auto", suite: str | None = None,
           max_eval_samples: int | None = None, postprocess: str = "none", postprocess_dim: int | None = None,
           max_train_samples: int | None = None, prompt: str = "", include_prompt: bool = True,
-          pooling_layers: str | Sequence[int] = "last", append_eos: bool = False) -> pd.DataFrame:
+          pooling_layers: str | Sequence[int] = "last", append_eos: bool = False,
+          bidirectional: bool = False) -> pd.DataFrame:
     """Zero-shot layer profile of an encoder, as `orchestrator probe`: every layer (or `layers`) pooled
     and scored in one forward pass per batch; one row per layer with its scores (Spearman x100) and
     parameter count. `suite="sts"` scores STS12-16, STS-B and SICK-R (test) and their average instead.
     `postprocess` (whiten, abtt, zscore): each layer's vectors mapped by a transform fitted on the task's
     train sentences (at most `max_train_samples` pairs) before the cosine. `prompt`: text put before every
     sentence (E5's 'query: ', an instruction), as a study's `prompt:`; `include_prompt=False` pools
-    without its tokens; `append_eos` ends every input with the tokenizer's EOS token (a decoder's recipe).
+    without its tokens; `append_eos` ends every input with the tokenizer's EOS token (a decoder's recipe);
+    `bidirectional` makes a causal decoder attend both ways (LLM2Vec's first step).
     `pooling_layers` (first_last, top2, all, or a list ending at the one layer scored):
     each layer's vector from several layers' token states averaged (trainables.models.pooling_layers)."""
     import pandas as pd
@@ -46,7 +48,7 @@ def probe(model: str, *, task: str = "stsb", language: str | None = None, split:
         pooling=pooling, splits=[split], max_seq_length=max_seq_length, precision=precision, device=device,
         data_dir=data_dir, max_eval_samples=max_eval_samples, max_train_samples=max_train_samples,
         postprocess=postprocess, postprocess_dim=postprocess_dim, prompt=prompt, include_prompt=include_prompt,
-        append_eos=append_eos,
+        append_eos=append_eos, bidirectional=bidirectional,
         pooling_layers=pooling_layers if isinstance(pooling_layers, str) else list(pooling_layers)))
     from trainables.kinds.base import check_pooling_layers, check_postprocess
 
@@ -58,7 +60,7 @@ def probe(model: str, *, task: str = "stsb", language: str | None = None, split:
         layers = [max(pooling_layers)] if pooling_layers else []  # a list is one cut: the layer it ends at
         cfg = cfg.model_copy(update={"layers": layers})
     check_pooling_layers(cfg, option, sorted(set(layers)) if layers is not None else [])
-    check_probed_model(model, pooling, layers)
+    check_probed_model(model, pooling, layers, bidirectional)
     if append_eos:
         from trainables.models.files import refuse_append_eos
 
@@ -73,14 +75,19 @@ def probe(model: str, *, task: str = "stsb", language: str | None = None, split:
         raise UserInputError("--prompt", exc.value, exc.fix.replace("max_seq_length", "--max-seq-length")) from None
 
 
-def check_probed_model(model: str, pooling: str, layers: Sequence[int] | None) -> None:
+def check_probed_model(model: str, pooling: str, layers: Sequence[int] | None, bidirectional: bool = False) -> None:
     """The probe's model checked as a study's is, before any data is read: its architecture in the layer
-    table, the pooling one it can take, its layers its entry's (cached once per model files)."""
-    from trainables.models.architectures import refuse_pooling, require_architecture
+    table, the pooling one it can take (attending both ways, a decoder takes `cls`), its layers its entry's
+    (cached once per model files)."""
+    from trainables.models.architectures import refuse_bidirectional, refuse_pooling, require_architecture
     from trainables.models.files import model_config, model_depth
     from trainables.models.layer_check import check_model_layers
 
     require_architecture(model, "--model")
-    refuse_pooling(model_config(model), pooling, "--pooling")
+    config = model_config(model)
+    if bidirectional:
+        refuse_bidirectional(config, "--bidirectional")
+        config = {**config, "is_causal": False}
+    refuse_pooling(config, pooling, "--pooling")
     depth = model_depth(model)  # a layer the model lacks is the probe's own one line, after this
     check_model_layers(model, [k for k in layers if 0 <= k <= depth] if layers is not None else None)

@@ -17,7 +17,7 @@ def check_models(study: StudyConfig, cells: tuple, parsed: list,
     """Every model the cells cut has an entry in the layer table (trainables.models.architectures) and takes
     the poolings asked of it (no `cls` for a causal model), from its config.json alone; the layers each
     model is cut at (None: the whole model), for `check_cuts`."""
-    from trainables.models.architectures import refuse_pooling, require_architecture
+    from trainables.models.architectures import refuse_bidirectional, refuse_pooling, require_architecture
     from trainables.models.files import model_config, refuse_append_eos
 
     found = Problems()
@@ -28,9 +28,13 @@ def check_models(study: StudyConfig, cells: tuple, parsed: list,
             continue
         if found.check(require_architecture, model, "ablate.model" if "model" in cell.values else "model") is None:
             continue
+        config = model_config(model)
+        if getattr(cfg, "bidirectional", False) is True:
+            found.check(refuse_bidirectional, config, origins.get("bidirectional", "train.bidirectional"))
+            config = {**config, "is_causal": False}  # `cls` then reads a first token that sees the sentence
         pooling = getattr(cfg, "pooling", None)
         if isinstance(pooling, str):
-            found.check(refuse_pooling, model_config(model), pooling, origins.get("pooling", "train.pooling"))
+            found.check(refuse_pooling, config, pooling, origins.get("pooling", "train.pooling"))
         if getattr(cfg, "append_eos", False) is True:
             found.check(refuse_append_eos, model, origins.get("append_eos", "train.append_eos"))
         layers.setdefault(model, set()).add(cfg.layer)

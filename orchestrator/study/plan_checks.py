@@ -146,6 +146,10 @@ def check_saved_pooling(study: StudyConfig, parsed: list[TrialConfig], origins: 
     pools several layers (`pooling_layers` other than last) in any cell is refused before it runs."""
     if study.save == "none":
         return
+    if any(getattr(p, "bidirectional", False) is True for p in parsed):
+        raise UserInputError(origins.get("bidirectional", "train.bidirectional"), True,
+                             f"save: {study.save} writes sentence-transformers folders, which build a decoder causal "
+                             "again when loaded: use save: none, or bidirectional: false")
     mixed = [p.pooling_layers for p in parsed if getattr(p, "pooling_layers", "last") != "last"]
     if mixed:
         raise UserInputError(origins.get("pooling_layers", "train.pooling_layers"), mixed[0],

@@ -81,7 +81,7 @@ class LayerTable:
         device = resolve_device(cfg.device)
         without_cudnn_attention(device)
         dtype = resolve_precision(cfg.precision, device)
-        encoder = load_encoder(cfg.model)
+        encoder = load_encoder(cfg.model, bidirectional=cfg.bidirectional)
         self.layers = resolve_layers(cfg.layers, stack_depth(encoder))
         self.params = {k: truncated_parameter_count(encoder, k) for k in self.layers}
         truncate_encoder(encoder, max(self.layers))

@@ -66,7 +66,7 @@ class ContrastiveLearner(Learner):
         encoder = build_sentence_encoder(cfg.model, cfg.layer, cfg.pooling, seed=cfg.seed,
                                          dropout_masks=cfg.dropout_masks,
                                          prompt_tokens=0 if cfg.include_prompt else self.tokens.prompt_length,
-                                         pooling_layers=cfg.pooling_layers)
+                                         pooling_layers=cfg.pooling_layers, bidirectional=cfg.bidirectional)
         if cfg.lora_rank is not None:  # after the cut: adapters on the blocks kept, the encoder's weights frozen
             add_lora(encoder.encoder, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
         self.attention_layers = resolve_attention_layers(cfg.method, cfg.attention_layers,

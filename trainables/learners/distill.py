@@ -50,7 +50,7 @@ def build_side(cfg: DistillConfig, prefix: str, bi_name: str, bi_layer: int | No
     bi_tokens = TokenCache(load_tokenizer(bi_name, cfg.append_eos), cfg.bi_max_seq_length, cfg.prompt)
     bi = build_sentence_encoder(bi_name, bi_layer, cfg.pooling, seed=cfg.seed, dropout_masks=cfg.dropout_masks,
                                 prompt_tokens=0 if cfg.include_prompt else bi_tokens.prompt_length,
-                                pooling_layers=cfg.pooling_layers).to(device)
+                                pooling_layers=cfg.pooling_layers, bidirectional=cfg.bidirectional).to(device)
     cross = CrossEncoder(cross_name, cfg.cross_layer, cfg.cross_pooling, cfg.dropout_masks, cfg.cross_head).to(device)
     return Side(prefix, bi_name, bi_layer, cross_name, bi, cross, bi_tokens,
                 PairTokens(load_tokenizer(cross_name), cfg.cross_max_seq_length))
@@ -58,7 +58,7 @@ def build_side(cfg: DistillConfig, prefix: str, bi_name: str, bi_layer: int | No
 
 def restart_bi(side: Side, cfg: DistillConfig) -> None:
     fresh = build_sentence_encoder(side.bi_name, side.bi_layer, cfg.pooling, seed=cfg.seed,
-                                   pooling_layers=cfg.pooling_layers)
+                                   pooling_layers=cfg.pooling_layers, bidirectional=cfg.bidirectional)
     side.bi.load_state_dict(fresh.state_dict())
 
 

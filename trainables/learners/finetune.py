@@ -40,7 +40,7 @@ class FinetuneLearner(Learner):
         self.model = build_sentence_encoder(start, cfg.layer, cfg.pooling, cfg.projection_dim, cfg.random_init,
                                             cfg.seed, cfg.dropout_masks,
                                             0 if cfg.include_prompt else self.tokens.prompt_length,
-                                            cfg.pooling_layers).to(device)
+                                            cfg.pooling_layers, cfg.bidirectional).to(device)
         if cfg.lora_rank is not None:  # after the cut: adapters on the blocks kept, the encoder's weights frozen
             add_lora(self.model.encoder, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
         dim = self.model.projection[0].out_features if self.model.projection else self.model.encoder.config.hidden_size

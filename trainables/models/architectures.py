@@ -160,8 +160,41 @@ def require_architecture(name: str, key: str = "model") -> Architecture:
 
 def is_causal(config: Any) -> bool:
     """Whether the model (or config, or `config.json` dict) attends causally: a decoder not switched to
-    bidirectional attention, as EmbeddingGemma is with `use_bidirectional_attention`."""
-    return architecture_of(config).causal and not _config_value(config, "use_bidirectional_attention", False)
+    bidirectional attention, as EmbeddingGemma is with `use_bidirectional_attention` and any decoder is by
+    `bidirectional: true` (`attend_both_ways`)."""
+    return (architecture_of(config).causal and not _config_value(config, "use_bidirectional_attention", False)
+            and _config_value(config, "is_causal", True) is not False)
+
+
+def native_bidirectional(config: Any) -> bool:
+    """Whether the model's config has a switch of its own to bidirectional attention (Gemma 3's and
+    EmbeddingGemma's `use_bidirectional_attention`): set before the model is built, it is saved with it."""
+    config = getattr(config, "config", config)
+    return ("use_bidirectional_attention" in config if isinstance(config, dict)
+            else hasattr(config, "use_bidirectional_attention"))
+
+
+def refuse_bidirectional(config: Any, key: str = "bidirectional") -> None:
+    """One line for `bidirectional: true` on a model that attends both ways already (an encoder, or a decoder
+    whose config switched it, as EmbeddingGemma's does)."""
+    if not is_causal(config):
+        why = "an encoder" if not architecture_of(config, key).causal else "its config says so"
+        raise UserInputError(key, True, f"{_config_value(config, 'model_type')} attends both ways already "
+                                        f"({why}): leave it false")
+
+
+def attend_both_ways(model: Any) -> Any:
+    """A causal decoder made to attend both ways, as LLM2Vec's first step does: every token sees the whole
+    sentence, padding still masked. transformers 5 builds a bidirectional mask for a config whose `is_causal`
+    is false (`create_causal_mask` and its sliding-window twin hand over to `create_bidirectional_mask`), and
+    SDPA, given no mask (a batch without padding), reads each attention module's own `is_causal`: both are
+    turned off. A model with a switch of its own (`native_bidirectional`) is built with it instead."""
+    refuse_bidirectional(model)
+    model.config.is_causal = False
+    for module in model.modules():
+        if getattr(module, "is_causal", None) is True:
+            module.is_causal = False
+    return model
 
 
 def refuse_pooling(config: Any, pooling_name: str, key: str = "pooling") -> None:

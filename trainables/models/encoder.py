@@ -15,8 +15,11 @@ if TYPE_CHECKING:
 from trainables.errors import UserInputError, one_of
 from trainables.models.architectures import (
     architecture_of,
+    attend_both_ways,
     cut_stack,
     layer_states,
+    native_bidirectional,
+    refuse_bidirectional,
     refuse_pooling,
     stack,
     stack_depth,
@@ -71,19 +74,28 @@ def with_eos(tokenizer, name: str = "the model"):
 
 
 def load_encoder(name: str, random_init: bool = False, seed: int = 0,
-                 dropout_masks: str = "torch") -> PreTrainedModel:
+                 dropout_masks: str = "torch", bidirectional: bool = False) -> PreTrainedModel:
     """The bare encoder (no task head); `random_init` keeps the architecture with fresh weights;
-    `dropout_masks`: "fast" draws training's dropout masks with trainables.models.dropout."""
+    `dropout_masks`: "fast" draws training's dropout masks with trainables.models.dropout; `bidirectional`:
+    a causal decoder attends both ways (`attend_both_ways`; the model's own switch where it has one)."""
     from transformers import AutoModel  # its modeling code costs ~1.5 s: only when an encoder is built
 
     if dropout_masks not in DROPOUT_MASKS:
         raise one_of("dropout_masks", dropout_masks, DROPOUT_MASKS)
     config = load_config(name)
+    native = bidirectional and native_bidirectional(config)
+    if bidirectional:
+        refuse_bidirectional(config)
+    if native:  # built from the switched dict, as a config file saying so is (Gemma 3 then halves its window)
+        config = type(config).from_dict({**config.to_dict(), "use_bidirectional_attention": True})
     if random_init:
         torch.manual_seed(seed)
         model = AutoModel.from_config(config)
     else:
-        model = AutoModel.from_pretrained(resolve_model_path(name), trust_remote_code=False)
+        model = AutoModel.from_pretrained(resolve_model_path(name), config=config, trust_remote_code=False)
+    if bidirectional and not native:
+        attend_both_ways(model)
+    model.attends_both_ways = bidirectional  # switched here: sentence-transformers would build it causal again
     return prepare_for_training(model, dropout_masks)
 
 
@@ -232,12 +244,13 @@ class SentenceEncoder(nn.Module):
 def build_sentence_encoder(name: str, layer: int | None = None, pooling: str = "mean",
                            projection_dim: int | None = None, random_init: bool = False,
                            seed: int = 0, dropout_masks: str = "torch", prompt_tokens: int = 0,
-                           pooling_layers: str | list[int] = "last") -> SentenceEncoder:
+                           pooling_layers: str | list[int] = "last", bidirectional: bool = False) -> SentenceEncoder:
     """Load `name`, truncate it to `layer` blocks (None keeps all) and put a pooling head on it, over the
     cut layer's token states or, with `pooling_layers`, several layers' combined (layer_mix)."""
     from trainables.models.layer_mix import build_mix
 
-    encoder = load_encoder(name, random_init=random_init, seed=seed, dropout_masks=dropout_masks)
+    encoder = load_encoder(name, random_init=random_init, seed=seed, dropout_masks=dropout_masks,
+                           bidirectional=bidirectional)
     if layer is not None:
         truncate_encoder(encoder, layer)
     mix = build_mix(pooling_layers, stack_depth(encoder)) if pooling_layers != "last" else None
@@ -261,6 +274,10 @@ def save_sentence_transformer(encoder: SentenceEncoder, tokenizer, folder: str |
         raise UserInputError("pooling_layers", encoder.mix.layers, "sentence-transformers has no module that "
                                                                    "combines layers, so the model cannot be saved "
                                                                    "in that format: use save: none")
+    if getattr(encoder.encoder, "attends_both_ways", False):
+        raise UserInputError("bidirectional", True, "sentence-transformers would build the decoder causal again "
+                                                    "when it loads the folder, so the model cannot be saved in that "
+                                                    "format: use save: none")
     mode = pooling(encoder.pooling).sentence_transformers
     if mode is None:
         raise UserInputError("pooling", encoder.pooling, "it has no sentence-transformers equivalent, so the model "
