@@ -224,3 +224,45 @@ def test_a_contrastive_trial_with_lora_trains_the_adapters_and_its_head_only(tin
         assert torch.equal(own[key], value), key
     assert any(p.abs().sum() > 0 for n, p in encoder.named_parameters() if "lora_B" in n)
     assert final["dev_spearman"] != plain["dev_spearman"]
+
+
+def test_a_distill_trial_with_lora_trains_the_bi_encoders_adapters_and_restarts_them_as_they_began(
+        tiny_bert, synthetic_data_dir, tmp_path):
+    """Trans-Encoder with lora_rank: the bi-encoder's own weights stay as loaded and its adapters move, the
+    cross-encoder trains whole; `params` is the plain cut bi-encoder's and `trained_params` its adapters' 1,024;
+    with restart_each_cycle the restarted bi-encoder gets the adapters it started with (seeded apart from the
+    global generator, which the adapters leave as it was)."""
+    from trainables.learners import distill as distill_module
+    from trainables.learners.distill import DistillLearner, restart_bi
+
+    config = {"model": tiny_bert, "task": "stsb", "data_dir": str(synthetic_data_dir), "layer": 2, "cycles": 2,
+              "bi_epochs": 1, "bi_lr": 1e-3, "bi_batch_size": 32, "cross_epochs": 1, "cross_lr": 1e-3,
+              "cross_batch_size": 32, "bi_max_seq_length": 24, "cross_max_seq_length": 48, "max_train_samples": 96,
+              "num_threads": 1, "device": "cpu", "precision": "fp32", "cache_dir": str(tmp_path / "stages")}
+    distill = get_kind("distill")
+    plain = distill.run(config, collect([]))
+    learners = []
+    original_init = DistillLearner.__init__
+
+    def keep(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        learners.append(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DistillLearner, "__init__", keep)
+        final = distill.run({**config, "lora_rank": 4}, collect([]))
+    assert final["params"] == plain["params"] and final["trained_params"] == 1024
+    side = learners[0].sides[0]
+    own = {k.replace(".base_layer.", "."): v for k, v in side.bi.encoder.state_dict().items() if "lora_" not in k}
+    for key, value in build_sentence_encoder(tiny_bert, 2, "mean").encoder.state_dict().items():
+        assert torch.equal(own[key], value), key
+    assert any(p.abs().sum() > 0 for n, p in side.bi.encoder.named_parameters() if "lora_B" in n)
+    assert final["dev_spearman"] != plain["dev_spearman"]
+    trained = {k: v.clone() for k, v in side.bi.state_dict().items() if "lora_A" in k}
+    state = torch.random.get_rng_state()
+    restart_bi(side, learners[0].cfg)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    began = distill_module.with_adapters(build_sentence_encoder(tiny_bert, 2, "mean"), learners[0].cfg).state_dict()
+    restarted = side.bi.state_dict()
+    assert all(torch.equal(restarted[k], began[k]) and not torch.equal(restarted[k], trained[k]) for k in trained)
+    assert all(not p.abs().sum() for n, p in side.bi.named_parameters() if "lora_B" in n)  # B back at zero

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from trainables.contract import PoolingLayersFields, PromptFields, TrainingConfig
+from trainables.contract import LoraFields, PoolingLayersFields, PromptFields, TrainingConfig
 from trainables.data.declaration import TaskRef
 from trainables.errors import UserInputError
-from trainables.kinds.base import PilotSpec, TrainingKind, check_head_pooling, check_pooling_layers
+from trainables.kinds.base import PilotSpec, TrainingKind, check_head_pooling, check_lora, check_pooling_layers
 from trainables.models.files import model_depth
 from trainables.names import CROSS_HEADS, CROSS_LOSSES
 from trainables.poolings import POOLINGS
@@ -29,7 +29,7 @@ from trainables.stages.fields import PretrainFields, stage_seed_of
 MODES = ("self", "mutual", "teacher")
 
 
-class DistillConfig(TrainingConfig, PretrainFields, PromptFields, PoolingLayersFields):
+class DistillConfig(TrainingConfig, PretrainFields, PromptFields, PoolingLayersFields, LoraFields):
     model: str = Field(description="the bi-encoder to start from (Trans-Encoder: an unsupervised SimCSE model)")
     mode: str = Field("self", description="self, mutual (two encoder pairs, averaged labels) or teacher")
     cross_model: str | None = Field(None, description="the cross-encoder's backbone; null is the bi-encoder's start "
@@ -106,6 +106,7 @@ class DistillKind(TrainingKind):
         check_head_pooling(cfg.cross_head, cfg.cross_pooling, key_of("cross_pooling"), "cross_head")
         stage_seed_of(cfg)
         check_pooling_layers(cfg, key_of)  # the bi-encoder's cut
+        check_lora(cfg, key_of)  # the bi-encoder's adapters (both bi-encoders' in mutual mode)
         if cfg.mode == "mutual" and not isinstance(cfg.pooling_layers, str):  # a list is one cut: the partner's too
             from trainables.models.pooling_layers import problem
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
 from trainables.data.tasks import load_sts_task, unlabeled_pairs
 from trainables.errors import one_of
@@ -15,6 +16,7 @@ from trainables.kinds.distill import MODES, DistillConfig
 from trainables.learners.base import Learner
 from trainables.models.batching import TokenCache
 from trainables.models.encoder import SentenceEncoder, build_sentence_encoder, load_tokenizer, used_parameter_count
+from trainables.models.lora import adapter_parameter_count, add_lora
 from trainables.stages.pretrain import pretrained_start
 from trainables.stages.teacher import teacher_labels
 from trainables.training.bi_encoder import fit_bi_encoder
@@ -46,20 +48,34 @@ class Side:
 
 
 def build_side(cfg: DistillConfig, prefix: str, bi_name: str, bi_layer: int | None, cross_name: str, device) -> Side:
-    """The bi-encoder takes the prompt; the cross-encoder reads each pair as it is."""
+    """The bi-encoder takes the prompt and LoRA's adapters (`lora_rank`: after the cut, its weights frozen);
+    the cross-encoder reads each pair as it is and trains whole."""
     bi_tokens = TokenCache(load_tokenizer(bi_name, cfg.append_eos), cfg.bi_max_seq_length, cfg.prompt)
     bi = build_sentence_encoder(bi_name, bi_layer, cfg.pooling, seed=cfg.seed, dropout_masks=cfg.dropout_masks,
                                 prompt_tokens=0 if cfg.include_prompt else bi_tokens.prompt_length,
-                                pooling_layers=cfg.pooling_layers, bidirectional=cfg.bidirectional).to(device)
+                                pooling_layers=cfg.pooling_layers, bidirectional=cfg.bidirectional)
+    with_adapters(bi, cfg)
+    bi = bi.to(device)
     cross = CrossEncoder(cross_name, cfg.cross_layer, cfg.cross_pooling, cfg.dropout_masks, cfg.cross_head).to(device)
     return Side(prefix, bi_name, bi_layer, cross_name, bi, cross, bi_tokens,
                 PairTokens(load_tokenizer(cross_name), cfg.cross_max_seq_length))
 
 
+def with_adapters(bi: SentenceEncoder, cfg: DistillConfig) -> SentenceEncoder:
+    """LoRA's adapters on the bi-encoder's cut encoder when `lora_rank` is set. peft draws lora_A from torch's
+    global generator: drawn here from the trial's seed on a generator of their own (the global one is left as
+    it was), so a restarted bi-encoder gets the adapters it started with."""
+    if cfg.lora_rank is not None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            add_lora(bi.encoder, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
+    return bi
+
+
 def restart_bi(side: Side, cfg: DistillConfig) -> None:
     fresh = build_sentence_encoder(side.bi_name, side.bi_layer, cfg.pooling, seed=cfg.seed,
                                    pooling_layers=cfg.pooling_layers, bidirectional=cfg.bidirectional)
-    side.bi.load_state_dict(fresh.state_dict())
+    side.bi.load_state_dict(with_adapters(fresh, cfg).state_dict())
 
 
 def restart_cross(side: Side, cfg: DistillConfig) -> None:
@@ -99,8 +115,10 @@ class DistillLearner(Learner):
         self.history = pd.DataFrame(columns=["cycle", "step", "pair", "label"])
         self.test_frame = self.data.test
         self.info = {**stage, "pairs": len(self.pairs), "transductive": int(cfg.transductive),
-                     "params": used_parameter_count(self.sides[0].bi),
+                     "params": used_parameter_count(self.sides[0].bi) - adapter_parameter_count(self.sides[0].bi),
                      "cross_params": used_parameter_count(self.sides[0].cross)}
+        if cfg.lora_rank is not None:  # the bi-encoder's size is the merged one's; what trained in it, beside it
+            self.info["trained_params"] = sum(p.numel() for p in self.sides[0].bi.parameters() if p.requires_grad)
 
     def modules(self):
         return {f"{s.prefix}{part}": module for s in self.sides for part, module in (("bi", s.bi), ("cross", s.cross))}

@@ -114,7 +114,7 @@ def fit_bi_encoder(model, tokens: TokenCache, frame: pd.DataFrame, epochs: int, 
     targets = torch.as_tensor(frame["score"].to_numpy(dtype=np.float32).copy())
     lengths = pair_lengths(tokens, first, second)
     loss_fn = CosineMSELoss()
-    optimizer = build_optimizer(list(model.named_parameters()), lr, 0.01)
+    optimizer = build_optimizer([(n, p) for n, p in model.named_parameters() if p.requires_grad], lr, 0.01)  # LoRA
     total = math.ceil(len(frame) / batch_size) * epochs
     scheduler = linear_schedule(optimizer, round(warmup_ratio * total), total)
     model.train()
