@@ -164,7 +164,7 @@ def test_a_finetune_trial_scores_through_the_map_and_its_saved_model_carries_it(
     sentence-transformers, gives the cosines the trial scored test on."""
     from sentence_transformers import SentenceTransformer
 
-    import trainables.learners.finetune as learner_module
+    import trainables.evaluation.postprocess as learner_module
     from trainables.contract import collect
     from trainables.kinds import get_kind
     from trainables.models.encoder import save_sentence_transformer
@@ -201,3 +201,46 @@ def test_a_finetune_trial_scores_through_the_map_and_its_saved_model_carries_it(
     first, second = vectors[: len(test)], vectors[len(test):]
     cosines = (first * second).sum(1) / np.linalg.norm(first, axis=1) / np.linalg.norm(second, axis=1)
     np.testing.assert_allclose(cosines, learner.evaluator.last_scores["test"], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["contrastive", "distill"])
+def test_contrastive_and_distill_fit_the_map_on_what_they_train_on_and_score_through_it(
+        kind, tiny_bert, synthetic_data_dir, tmp_path, monkeypatch):
+    """SimCSE fits `postprocess` on its corpus's sentences, Trans-Encoder on its unlabeled pairs' (never dev or
+    test), once per state of the bi-encoder's weights; dev and test are scored through the map (the same cosines
+    as the map applied by hand to the encoder's vectors), and the map is what `save:` stores."""
+    import trainables.evaluation.postprocess as postprocess
+    from tests.trainables.test_contrastive import short_simcse
+    from trainables.contract import collect
+    from trainables.kinds import get_kind
+    from trainables.training.loop import train
+
+    config = short_simcse(tiny_bert, synthetic_data_dir, tmp_path) if kind == "contrastive" else {
+        "model": tiny_bert, "task": "stsb", "data_dir": str(synthetic_data_dir), "layer": 2, "cycles": 1,
+        "bi_epochs": 1, "bi_lr": 1e-3, "bi_batch_size": 32, "cross_epochs": 1, "cross_lr": 1e-3,
+        "cross_batch_size": 32, "bi_max_seq_length": 24, "cross_max_seq_length": 48, "max_train_samples": 96,
+        "num_threads": 1, "device": "cpu", "precision": "fp32", "cache_dir": str(tmp_path / "stages")}
+    config = {**config, "postprocess": "zscore"}
+    fitted = []
+    real_fit = postprocess.fit
+    monkeypatch.setattr(postprocess, "fit", lambda method, x, dim: fitted.append(len(x)) or real_fit(method, x, dim))
+    trainable = get_kind(kind)
+    learner, metrics = train(trainable, trainable.parse(config), collect([]))
+    if kind == "contrastive":
+        sentences, embed, scores = learner.sentences, learner.embed, learner.evaluator.last_scores
+    else:
+        sentences = list(learner.pairs["sentence1"]) + list(learner.pairs["sentence2"])
+        side = learner.sides[0]
+        embed = side.postprocess.embed
+        _, last = learner.evaluate("test")
+        scores = {"test": last}
+    assert fitted and set(fitted) == {len(set(sentences))}  # the train sentences, each once
+    affine = real_fit("zscore", embed(list(dict.fromkeys(sentences))))
+    test = learner.test_frame
+    first = affine(embed(list(test["sentence1"]))).numpy().astype(np.float64)
+    second = affine(embed(list(test["sentence2"]))).numpy().astype(np.float64)
+    cosines = (first * second).sum(1) / np.linalg.norm(first, axis=1) / np.linalg.norm(second, axis=1)
+    np.testing.assert_allclose(cosines, scores["test"], atol=1e-5, rtol=0)
+    assert learner.postprocess_map() is learner.postprocess_map()  # the same weights: one fit
+    plain = trainable.run({**config, "postprocess": "none"}, collect([]))
+    assert plain["test_spearman"] != metrics["test_spearman"]

@@ -110,3 +110,26 @@ def fitted_embed(embed, affine: Affine | None):
         return affine(embed(sentences))
 
     return post
+
+
+class FittedOnTrain:
+    """A run's `postprocess` map: fitted on its train sentences (dev and test never) with the weights `model`
+    holds now, once per state of those weights (every in-place change of a parameter, a step or a load, bumps
+    its version), so scoring dev, test and the export right after test reuse one map. None for `none`."""
+
+    def __init__(self, method: str, dim: int | None, model: torch.nn.Module, embed, sentences: list[str]):
+        self.method, self.dim, self.model, self.embed = method, dim, model, embed
+        self.sentences = list(dict.fromkeys(sentences))
+        self._fitted: tuple | None = None  # (the weights' versions, the map fitted for them)
+
+    def __call__(self) -> Affine | None:
+        if self.method == "none":
+            return None
+        weights = tuple(p._version for p in self.model.parameters())
+        if self._fitted is None or self._fitted[0] != weights:
+            self._fitted = (weights, fit(self.method, self.embed(self.sentences), self.dim))
+        return self._fitted[1]
+
+    def embedder(self):
+        """`embed` followed by the map fitted for the weights held now."""
+        return fitted_embed(self.embed, self())

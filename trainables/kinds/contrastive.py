@@ -11,10 +11,17 @@ import math
 
 from pydantic import Field
 
-from trainables.contract import LoraFields, PoolingLayersFields, PromptFields, TrainingConfig
+from trainables.contract import LoraFields, PoolingLayersFields, PostprocessFields, PromptFields, TrainingConfig
 from trainables.data.declaration import TaskRef
 from trainables.errors import UserInputError, one_of
-from trainables.kinds.base import PILOT_STEPS, PilotSpec, TrainingKind, check_lora, check_pooling_layers
+from trainables.kinds.base import (
+    PILOT_STEPS,
+    PilotSpec,
+    TrainingKind,
+    check_lora,
+    check_pooling_layers,
+    check_postprocess,
+)
 from trainables.models.files import model_depth
 from trainables.names import ATTENTION_LOSSES, METHODS
 from trainables.poolings import POOLINGS
@@ -22,7 +29,7 @@ from trainables.poolings import POOLINGS
 MODEL_MAX_LENGTH = 512
 
 
-class ContrastiveConfig(TrainingConfig, PromptFields, PoolingLayersFields, LoraFields):
+class ContrastiveConfig(TrainingConfig, PromptFields, PoolingLayersFields, LoraFields, PostprocessFields):
     model: str
     method: str = Field("simcse", description="simcse, or micse (plus attention alignment of the two views)")
     task: TaskRef = Field("stsb", description="the STS task whose dev split selects steps, trials and layers")
@@ -106,4 +113,5 @@ class ContrastiveKind(TrainingKind):
         except UserInputError as exc:
             raise UserInputError(key_of(exc.key), exc.value, exc.fix) from None
         check_pooling_layers(cfg, key_of)
+        check_postprocess(cfg, key_of)
         check_lora(cfg, key_of)

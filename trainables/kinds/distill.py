@@ -17,10 +17,17 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from trainables.contract import LoraFields, PoolingLayersFields, PromptFields, TrainingConfig
+from trainables.contract import LoraFields, PoolingLayersFields, PostprocessFields, PromptFields, TrainingConfig
 from trainables.data.declaration import TaskRef
 from trainables.errors import UserInputError
-from trainables.kinds.base import PilotSpec, TrainingKind, check_head_pooling, check_lora, check_pooling_layers
+from trainables.kinds.base import (
+    PilotSpec,
+    TrainingKind,
+    check_head_pooling,
+    check_lora,
+    check_pooling_layers,
+    check_postprocess,
+)
 from trainables.models.files import model_depth
 from trainables.names import CROSS_HEADS, CROSS_LOSSES
 from trainables.poolings import POOLINGS
@@ -29,7 +36,7 @@ from trainables.stages.fields import PretrainFields, stage_seed_of
 MODES = ("self", "mutual", "teacher")
 
 
-class DistillConfig(TrainingConfig, PretrainFields, PromptFields, PoolingLayersFields, LoraFields):
+class DistillConfig(TrainingConfig, PretrainFields, PromptFields, PoolingLayersFields, LoraFields, PostprocessFields):
     model: str = Field(description="the bi-encoder to start from (Trans-Encoder: an unsupervised SimCSE model)")
     mode: str = Field("self", description="self, mutual (two encoder pairs, averaged labels) or teacher")
     cross_model: str | None = Field(None, description="the cross-encoder's backbone; null is the bi-encoder's start "
@@ -107,6 +114,7 @@ class DistillKind(TrainingKind):
         stage_seed_of(cfg)
         check_pooling_layers(cfg, key_of)  # the bi-encoder's cut
         check_lora(cfg, key_of)  # the bi-encoder's adapters (both bi-encoders' in mutual mode)
+        check_postprocess(cfg, key_of)  # each bi-encoder's map, fitted on the pairs it trains on
         if cfg.mode == "mutual" and not isinstance(cfg.pooling_layers, str):  # a list is one cut: the partner's too
             from trainables.models.pooling_layers import problem
 

@@ -7,6 +7,7 @@ import torch
 from trainables.data.tasks import corpus_sentences, load_sts_task
 from trainables.errors import UserInputError, one_of
 from trainables.evaluation.evaluators import Embedder, make_evaluator
+from trainables.evaluation.postprocess import FittedOnTrain
 from trainables.evaluation.sts_suite import load_suite, score_suite, suite_metrics
 from trainables.kinds.contrastive import (
     MODEL_MAX_LENGTH,
@@ -77,6 +78,8 @@ class ContrastiveLearner(Learner):
         self.evaluator = make_evaluator("sts", {"dev": self.data.dev, "test": self.data.test})
         self.embed = Embedder(self.model.sentence_encoder, self.eval_tokens, device,  # the head: training only
                               scoring_dtype(cfg.eval_precision, dtype))
+        self.postprocess = FittedOnTrain(cfg.postprocess, cfg.postprocess_dim, self.model.sentence_encoder,
+                                         self.embed, sentences)  # the corpus it trains on
         batch_size = min(cfg.batch_size, len(sentences))
         self.batches = step_batches(len(sentences), batch_size, cfg.seed, cfg.steps)
         trained = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]  # LoRA: adapters, head
@@ -121,14 +124,17 @@ class ContrastiveLearner(Learner):
                 **{k: v / len(losses) for k, v in parts_sum.items()}}
 
     def evaluate(self, split: str):
-        metrics = self.evaluator.evaluate(self.embed, split)
+        metrics = self.evaluator.evaluate(self.postprocess.embedder(), split)
         return metrics, self.evaluator.last_scores[split]
+
+    def postprocess_map(self):
+        return self.postprocess()
 
     def test_extras(self) -> dict[str, float]:
         if not self.cfg.suite:
             return {}
         frames = load_suite("sts", self.cfg.data_dir, self.cfg.max_eval_samples)
-        return suite_metrics(score_suite(self.embed, frames))
+        return suite_metrics(score_suite(self.postprocess.embedder(), frames))
 
     def sentence_model(self):
         return self.model.sentence_encoder, self.tokens.tokenizer, self.eval_tokens.max_length

@@ -12,6 +12,7 @@ import torch
 from trainables.data.tasks import load_sts_task, unlabeled_pairs
 from trainables.errors import one_of
 from trainables.evaluation.evaluators import Embedder, STSEvaluator, pair_cosines
+from trainables.evaluation.postprocess import FittedOnTrain
 from trainables.kinds.distill import MODES, DistillConfig
 from trainables.learners.base import Learner
 from trainables.models.batching import TokenCache
@@ -45,6 +46,7 @@ class Side:
     cross: CrossEncoder
     bi_tokens: TokenCache
     cross_tokens: PairTokens
+    postprocess: FittedOnTrain | None = None  # the bi-encoder's `postprocess` map (set by the learner)
 
 
 def build_side(cfg: DistillConfig, prefix: str, bi_name: str, bi_layer: int | None, cross_name: str, device) -> Side:
@@ -113,6 +115,11 @@ class DistillLearner(Learner):
             self.sides.append(build_side(cfg, "partner_", partner, cfg.partner_layer,
                                          cfg.partner_cross_model or partner, device))
         self.history = pd.DataFrame(columns=["cycle", "step", "pair", "label"])
+        sentences = list(self.pairs["sentence1"]) + list(self.pairs["sentence2"])  # the pairs it trains on
+        scoring = scoring_dtype(cfg.eval_precision, dtype)
+        for side in self.sides:  # each bi-encoder's own map, fitted for the weights it holds
+            side.postprocess = FittedOnTrain(cfg.postprocess, cfg.postprocess_dim, side.bi,
+                                             Embedder(side.bi, side.bi_tokens, device, scoring), sentences)
         self.test_frame = self.data.test
         self.info = {**stage, "pairs": len(self.pairs), "transductive": int(cfg.transductive),
                      "params": used_parameter_count(self.sides[0].bi) - adapter_parameter_count(self.sides[0].bi),
@@ -168,7 +175,7 @@ class DistillLearner(Learner):
         frame, dtype = self.data.split(split), scoring_dtype(self.cfg.eval_precision, self.dtype)
         for side in self.sides:
             evaluator = STSEvaluator({split: frame})
-            bi = evaluator.evaluate(Embedder(side.bi, side.bi_tokens, self.device, dtype), split)
+            bi = evaluator.evaluate(side.postprocess.embedder(), split)
             cross, _ = score_split(side.cross, side.cross_tokens, frame, split, self.device, dtype)
             metrics.update({f"{side.prefix}{k}": v for k, v in bi.items()})
             metrics.update({f"{side.prefix}cross_{k}": v for k, v in cross.items()})
@@ -183,3 +190,6 @@ class DistillLearner(Learner):
 
     def sentence_model(self):
         return self.sides[0].bi, self.sides[0].bi_tokens.tokenizer, self.cfg.bi_max_seq_length
+
+    def postprocess_map(self):
+        return self.sides[0].postprocess()

@@ -10,7 +10,7 @@ import torch
 from trainables.data.tasks import load_task
 from trainables.errors import UserInputError
 from trainables.evaluation.evaluators import Embedder, make_evaluator
-from trainables.evaluation.postprocess import fit, fitted_embed
+from trainables.evaluation.postprocess import FittedOnTrain
 from trainables.kinds.finetune import FinetuneConfig
 from trainables.learners.base import Learner
 from trainables.models.batching import TokenCache
@@ -51,6 +51,8 @@ class FinetuneLearner(Learner):
         self.evaluator = make_evaluator(data.kind, {"dev": data.dev, "test": data.test}, cfg.select)
         self.metric, self.greater_is_better = self.evaluator.primary("dev"), self.evaluator.greater_is_better
         self.embed = Embedder(self.model, self.tokens, device, scoring_dtype(cfg.eval_precision, dtype))
+        self.postprocess = FittedOnTrain(cfg.postprocess, cfg.postprocess_dim, self.model, self.embed,
+                                         self.first + self.second)
         self.lengths = pair_lengths(self.tokens, self.first, self.second)
         total = math.ceil(len(self.lengths) / cfg.batch_size) * cfg.epochs
         scales = layer_lr_scales(self.model, cfg.layer_lr_decay) if cfg.layer_lr_decay != 1.0 else None
@@ -59,7 +61,6 @@ class FinetuneLearner(Learner):
         self.optimizer = build_optimizer(trained + head, cfg.lr, cfg.weight_decay, scales)
         self.scheduler = linear_schedule(self.optimizer, round(cfg.warmup_ratio * total), total)
         self.test_frame = data.test
-        self._fitted: tuple | None = None  # (the weights' versions, the post-processing map fitted for them)
         self.info = {"params": used_parameter_count(self.model) - adapter_parameter_count(self.model), **stage}
         if cfg.lora_rank is not None:  # the model's size is the merged model's; what trained, beside it
             self.info["trained_params"] = sum(p.numel() for _, p in trained + head)
@@ -86,21 +87,11 @@ class FinetuneLearner(Learner):
         return {"train_loss": total / max(1, len(batches)), "train_samples_per_second": len(self.lengths) / seconds}
 
     def postprocess_map(self):
-        """Fitted on the train split's distinct sentences with the weights held now (dev and test never); fitted
-        once per state of the weights (every in-place change of a parameter, a step or a load, bumps its
-        version), so the export right after test scoring reuses test's map."""
-        if self.cfg.postprocess == "none":
-            return None
-        weights = tuple(p._version for p in self.model.parameters())
-        if self._fitted is not None and self._fitted[0] == weights:
-            return self._fitted[1]
-        sentences = list(dict.fromkeys(self.first + self.second))
-        fitted = fit(self.cfg.postprocess, self.embed(sentences), self.cfg.postprocess_dim)
-        self._fitted = (weights, fitted)
-        return fitted
+        """Fitted on the train split's distinct sentences with the weights held now (FittedOnTrain)."""
+        return self.postprocess()
 
     def evaluate(self, split: str):
-        metrics = self.evaluator.evaluate(fitted_embed(self.embed, self.postprocess_map()), split)
+        metrics = self.evaluator.evaluate(self.postprocess.embedder(), split)
         return metrics, self.evaluator.last_scores[split]
 
     def sentence_model(self):
