@@ -65,6 +65,10 @@ class PromptFields(BaseModel):
     bidirectional: bool = Field(False, description="true: a causal decoder attends both ways, every token seeing the "
                                                    "whole sentence (LLM2Vec's first step; Gemma 3's own "
                                                    "use_bidirectional_attention); an encoder already does")
+    pool_special_tokens: bool = Field(True, description="false: the tokenizer's special tokens (BOS, [CLS], [SEP], "
+                                                        "EOS) are left out of the pooling but still attended to; "
+                                                        "for mean, max and mean_sqrt_len (a decoder's BOS, an "
+                                                        "attention sink, would otherwise weigh in the mean)")
     append_eos: bool = Field(False, description="true: every input ends with the tokenizer's EOS token (within "
                                                 "the max sequence length), as decoder embedding recipes ask "
                                                 "(E5-Mistral, LLM2Vec): last_token then pools the EOS; a tokenizer "

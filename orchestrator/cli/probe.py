@@ -68,6 +68,8 @@ def probe(
                                                     "(sentence-transformers' include_prompt=False).")] = False,
     bidirectional: Annotated[bool, typer.Option("--bidirectional", help="A causal decoder attends both ways "
                                                 "(LLM2Vec's first step).")] = False,
+    skip_special: Annotated[bool, typer.Option("--skip-special", help="Pool without the special tokens (BOS, "
+                                               "[CLS], [SEP], EOS), as pool_special_tokens: false.")] = False,
     append_eos: Annotated[bool, typer.Option("--append-eos", help="End every input with the tokenizer's EOS token "
                                              "(a decoder's recipe: last_token pools it).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per layer per line.")] = False,
@@ -87,14 +89,16 @@ def probe(
                      suite=suite, max_eval_samples=max_eval_samples, postprocess=postprocess,
                      postprocess_dim=postprocess_dim, max_train_samples=max_train_samples, prompt=prompt,
                      include_prompt=include_prompt, pooling_layers=parse_pooling_layers(pooling_layers),
-                     append_eos=append_eos, bidirectional=bidirectional).to_dict("records")
+                     append_eos=append_eos, bidirectional=bidirectional,
+                     pool_special_tokens=not skip_special).to_dict("records")
     if suite is not None:
         if as_json:
             for row in rows:
                 print(json.dumps({"model": model, "suite": suite, "split": "test", "pooling": pooling,
                               **({"prompt": prompt, "include_prompt": include_prompt} if prompt else {}),
                               **({"append_eos": True} if append_eos else {}),
-                              **({"bidirectional": True} if bidirectional else {}), **row}))
+                              **({"bidirectional": True} if bidirectional else {}),
+                              **({"pool_special_tokens": False} if skip_special else {}), **row}))
             return
         shown = [{"layer": r["layer"], "params": r["params"], **{LABELS[t]: r[t] for t in suite_tasks(suite)},
                   "Avg.": r["avg"]} for r in rows]
@@ -110,13 +114,15 @@ def probe(
                                  if pooling_layers != "last" else {}),
                               **({"prompt": prompt, "include_prompt": include_prompt} if prompt else {}),
                               **({"append_eos": True} if append_eos else {}),
-                              **({"bidirectional": True} if bidirectional else {}), **clean}))
+                              **({"bidirectional": True} if bidirectional else {}),
+                              **({"pool_special_tokens": False} if skip_special else {}), **clean}))
         return
     mixed = "" if pooling_layers == "last" else f" · layers {pooling_layers} averaged"
     fitted = "" if postprocess == "none" else f" · {postprocess}{f' {postprocess_dim}' if postprocess_dim else ''} " \
                                               f"(fitted on train)"
     prompted = f" · prompt {prompt!r}{'' if include_prompt else ' (not pooled)'}" if prompt else ""
-    prompted += (" · EOS appended" if append_eos else "") + (" · attending both ways" if bidirectional else "")
+    prompted += (" · EOS appended" if append_eos else "") + (" · attending both ways" if bidirectional else "") + (
+        " · special tokens not pooled" if skip_special else "")
     print_layer_table(rows, f"{model} · {task}{'/' + language if language else ''} · {split} · {pooling} pooling"
                             f"{mixed}{fitted}{prompted}")
 

@@ -18,7 +18,7 @@ def probe(model: str, *, task: str = "stsb", language: str | None = None, split:
           max_eval_samples: int | None = None, postprocess: str = "none", postprocess_dim: int | None = None,
           max_train_samples: int | None = None, prompt: str = "", include_prompt: bool = True,
           pooling_layers: str | Sequence[int] = "last", append_eos: bool = False,
-          bidirectional: bool = False) -> pd.DataFrame:
+          bidirectional: bool = False, pool_special_tokens: bool = True) -> pd.DataFrame:
     """Zero-shot layer profile of an encoder, as `orchestrator probe`: every layer (or `layers`) pooled
     and scored in one forward pass per batch; one row per layer with its scores (Spearman x100) and
     parameter count. `suite="sts"` scores STS12-16, STS-B and SICK-R (test) and their average instead.
@@ -26,7 +26,8 @@ def probe(model: str, *, task: str = "stsb", language: str | None = None, split:
     train sentences (at most `max_train_samples` pairs) before the cosine. `prompt`: text put before every
     sentence (E5's 'query: ', an instruction), as a study's `prompt:`; `include_prompt=False` pools
     without its tokens; `append_eos` ends every input with the tokenizer's EOS token (a decoder's recipe);
-    `bidirectional` makes a causal decoder attend both ways (LLM2Vec's first step).
+    `bidirectional` makes a causal decoder attend both ways (LLM2Vec's first step); `pool_special_tokens=False`
+    pools without the special tokens (BOS, [CLS], [SEP], EOS).
     `pooling_layers` (first_last, top2, all, or a list ending at the one layer scored):
     each layer's vector from several layers' token states averaged (trainables.models.pooling_layers)."""
     import pandas as pd
@@ -48,7 +49,7 @@ def probe(model: str, *, task: str = "stsb", language: str | None = None, split:
         pooling=pooling, splits=[split], max_seq_length=max_seq_length, precision=precision, device=device,
         data_dir=data_dir, max_eval_samples=max_eval_samples, max_train_samples=max_train_samples,
         postprocess=postprocess, postprocess_dim=postprocess_dim, prompt=prompt, include_prompt=include_prompt,
-        append_eos=append_eos, bidirectional=bidirectional,
+        append_eos=append_eos, bidirectional=bidirectional, pool_special_tokens=pool_special_tokens,
         pooling_layers=pooling_layers if isinstance(pooling_layers, str) else list(pooling_layers)))
     from trainables.kinds.base import check_pooling_layers, check_postprocess
 
@@ -56,6 +57,11 @@ def probe(model: str, *, task: str = "stsb", language: str | None = None, split:
         return f"--{key.replace('_', '-')}"
 
     check_postprocess(cfg, option)
+    from trainables.kinds.base import TOKEN_POOLINGS
+
+    if not pool_special_tokens and pooling in TOKEN_POOLINGS:
+        raise UserInputError("--skip-special", True, f"--pooling {pooling} reads one token, not an average over the "
+                                                     "tokens: use --pooling mean, max or mean_sqrt_len")
     if layers is None and not isinstance(pooling_layers, str):
         layers = [max(pooling_layers)] if pooling_layers else []  # a list is one cut: the layer it ends at
         cfg = cfg.model_copy(update={"layers": layers})

@@ -146,6 +146,10 @@ def check_saved_pooling(study: StudyConfig, parsed: list[TrialConfig], origins: 
     pools several layers (`pooling_layers` other than last) in any cell is refused before it runs."""
     if study.save == "none":
         return
+    if any(getattr(p, "pool_special_tokens", True) is False for p in parsed):
+        raise UserInputError(origins.get("pool_special_tokens", "train.pool_special_tokens"), False,
+                             f"save: {study.save} writes sentence-transformers folders, whose Pooling pools every "
+                             "token but a prompt's: use save: none, or pool_special_tokens: true")
     if any(getattr(p, "bidirectional", False) is True for p in parsed):
         raise UserInputError(origins.get("bidirectional", "train.bidirectional"), True,
                              f"save: {study.save} writes sentence-transformers folders, which build a decoder causal "

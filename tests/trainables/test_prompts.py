@@ -389,3 +389,81 @@ def test_append_eos_for_a_tokenizer_without_eos_is_one_line_in_validate_the_prob
     with pytest.raises(UserInputError, match="append_eos: True is not valid; the tokenizer of .* has no EOS token"):
         load_tokenizer(tiny_bert, append_eos=True)
     assert list(tmp_path.iterdir()) == [path]  # nothing written
+
+
+def test_pool_special_tokens_false_averages_the_sentences_own_tokens_only(tiny_bert, tiny_llama):
+    """`pool_special_tokens: false`: mean and max over the tokens that are not special (BERT's [CLS] and [SEP], a
+    decoder's BOS and an appended EOS), computed here by hand from the encoder's token states; with a prompt left
+    out too; the states themselves are the same (the encoder still attends to every token)."""
+    from trainables.models.encoder import special_ids
+
+    for model, append_eos in ((tiny_bert, False), (tiny_llama, True)):
+        tokenizer = load_tokenizer(model, append_eos)
+        tokens = TokenCache(tokenizer, MAX_LENGTH)
+        skipped = special_ids(tokenizer)
+        assert tokenizer.bos_token_id in skipped or tokenizer.cls_token_id in skipped
+        for pooling in ("mean", "max"):
+            encoder = build_sentence_encoder(model, None, pooling, skipped_ids=skipped).eval()
+            ours = Embedder(encoder, tokens, torch.device("cpu"))(SENTENCES)
+            plain = Embedder(build_sentence_encoder(model, None, pooling).eval(), tokens,
+                             torch.device("cpu"))(SENTENCES)
+            for row, sentence in enumerate(SENTENCES):
+                ids = torch.tensor([tokens.lookup([sentence])[0]])
+                with torch.no_grad():
+                    states = encoder.encoder(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state[0]
+                own = torch.tensor([i not in skipped for i in ids[0].tolist()])
+                assert 0 < own.sum() < len(own)  # special tokens stood there, words too
+                expected = states[own].mean(0) if pooling == "mean" else states[own].max(0).values
+                torch.testing.assert_close(ours[row], expected, atol=1e-5, rtol=0)
+            assert (ours - plain).abs().max() > 1e-3
+
+
+def test_pool_special_tokens_false_with_a_one_token_pooling_or_save_is_one_line(tmp_path, tiny_bert, tiny_llama,
+                                                                                 synthetic_data_dir, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for changes, message in (
+            ({"train": {"epochs": 1, "pooling": "cls", "pool_special_tokens": False}},
+             "train.pool_special_tokens: False is not valid; cls reads one token, not an average over the tokens: "
+             "use mean, max or mean_sqrt_len, or pool_special_tokens: true"),
+            ({"train": {"epochs": 1, "pool_special_tokens": False}, "save": "best_per_cell"},
+             "train.pool_special_tokens: False is not valid; save: best_per_cell writes sentence-transformers "
+             "folders, whose Pooling pools every token but a prompt's")):
+        path = study(tmp_path, tiny_bert, synthetic_data_dir, ablate={"layer": [1]}, **changes)
+        result = runner.invoke(app, ["validate", str(path)])
+        assert result.exit_code == 2, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], lines
+    result = runner.invoke(app, ["probe", "--model", tiny_llama, "--skip-special", "--pooling", "last_token",
+                                 "--data-dir", str(synthetic_data_dir)])
+    assert result.exit_code == 2 and result.stderr.strip().splitlines() == [
+        "error: --skip-special: True is not valid; --pooling last_token reads one token, not an average over the "
+        "tokens: use --pooling mean, max or mean_sqrt_len"], result.output
+    path = study(tmp_path, tiny_bert, synthetic_data_dir, ablate={"pool_special_tokens": [True, False]},
+                 train={"epochs": 1, "layer": 2})
+    result = runner.invoke(app, ["validate", str(path)])
+    assert result.exit_code == 0 and "2 cells" in result.stdout, result.output
+
+
+def test_pool_special_tokens_reaches_the_probe_and_a_trial_before_its_first_step_pools_the_same(
+        tiny_llama, synthetic_data_dir):
+    """The probe's and a fine-tuning trial's vectors with `pool_special_tokens: false` are the same numbers on the
+    same sentences (the scores of a random tiny decoder's near-parallel vectors would move with batch rounding)."""
+    from trainables.contract import parse_config
+    from trainables.evaluation.probe import LayerTable
+    from trainables.kinds.probe import ProbeConfig
+    from trainables.learners.finetune import FinetuneLearner
+
+    def probe(**changes) -> float:
+        return get_kind("probe").run({"model": tiny_llama, "data_dir": str(synthetic_data_dir), "layers": [2],
+                                      "max_eval_samples": 40, "precision": "fp32", "device": "cpu", **changes},
+                                     collect([]))["dev_spearman"]
+
+    assert probe(pool_special_tokens=False) != probe()
+    cfg = get_kind("finetune").parse({"model": tiny_llama, "data_dir": str(synthetic_data_dir), "layer": 2,
+                                      "pool_special_tokens": False, "max_train_samples": 16, "max_eval_samples": 40,
+                                      "precision": "fp32", "device": "cpu"})
+    learner = FinetuneLearner(cfg, torch.device("cpu"), torch.float32)
+    sentences = list(learner.test_frame["sentence1"]) + list(learner.test_frame["sentence2"])
+    table = LayerTable(parse_config(ProbeConfig, {"model": tiny_llama, "layers": [2], "pool_special_tokens": False,
+                                                  "precision": "fp32", "device": "cpu"}), sentences)
+    torch.testing.assert_close(learner.embed(sentences), table.embedder(0)(sentences), atol=1e-6, rtol=0)

@@ -26,9 +26,11 @@ from trainables.models.batching import TokenCache
 from trainables.models.encoder import (
     load_encoder,
     load_tokenizer,
+    special_ids,
     truncate_encoder,
     truncated_parameter_count,
     without_prompt,
+    without_special,
 )
 from trainables.models.layer_mix import mixed
 from trainables.models.pooling_layers import mixed_layers
@@ -44,19 +46,23 @@ class AllLayers(nn.Module):
     returns (trainables.models.architectures: a pre-norm stack's final norm on h_k), from one pass."""
 
     def __init__(self, encoder: nn.Module, layers: Sequence[int], pooling: str, prompt_tokens: int = 0,
-                 pooling_layers: str | list[int] = "last"):
+                 pooling_layers: str | list[int] = "last", skipped_ids: list[int] | None = None):
         super().__init__()
         refuse_pooling(encoder.config, pooling)
         self.encoder, self.layers, self.pooling, self.prompt_tokens = encoder, list(layers), pooling, prompt_tokens
         self.pool_layer = build_pooling(pooling, encoder.config.hidden_size)
         self.mixes = [mixed_layers(pooling_layers, k) for k in self.layers]  # row k: the layers it averages
         self.needed = sorted({j for mix in self.mixes for j in mix})
+        self.skipped_ids: torch.Tensor | None  # pool_special_tokens: false
+        self.register_buffer("skipped_ids", None if skipped_ids is None else torch.tensor(skipped_ids),
+                             persistent=False)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         states = dict(zip(self.needed, layer_states(self.encoder, {"input_ids": input_ids,
                                                                   "attention_mask": attention_mask}, self.needed),
                           strict=True))
-        pooled = without_prompt(attention_mask, self.prompt_tokens)  # include_prompt: false
+        pooled = without_special(without_prompt(attention_mask, self.prompt_tokens), input_ids,  # include_prompt
+                                 self.skipped_ids)  # and pool_special_tokens: false
         return torch.stack([self.pool_layer(mixed(states, mix), pooled) for mix in self.mixes], dim=1)
 
 
@@ -87,7 +93,7 @@ class LayerTable:
         truncate_encoder(encoder, max(self.layers))
         tokens = TokenCache(load_tokenizer(cfg.model, cfg.append_eos), cfg.max_seq_length, cfg.prompt)
         model = AllLayers(encoder, self.layers, cfg.pooling, 0 if cfg.include_prompt else tokens.prompt_length,
-                          cfg.pooling_layers)
+                          cfg.pooling_layers, None if cfg.pool_special_tokens else special_ids(tokens.tokenizer))
         embed_all = Embedder(model.to(device), tokens, device, dtype)
         sentences = list(dict.fromkeys(sentences))
         self.table = embed_all(sentences)  # (sentences, layers, dim), one pass

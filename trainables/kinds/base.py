@@ -235,6 +235,18 @@ def check_head_pooling(head: str, pooling: str, key: str, head_key: str = "head"
                                            f"pooler: use {key.rsplit('.', 1)[-1]}: cls, or {head_key}: linear")
 
 
+TOKEN_POOLINGS = ("cls", "last_token")  # they read one token's state, not an average over the tokens
+
+
+def check_special_tokens(cfg, key_of: Callable[[str], str]) -> None:
+    """`pool_special_tokens: false` averages over the sentence's own tokens: a pooling that reads one token
+    (`cls`: [CLS] itself, `last_token`: an appended EOS) would read another one, so it is refused."""
+    if getattr(cfg, "pool_special_tokens", True) is False and cfg.pooling in TOKEN_POOLINGS:
+        raise UserInputError(key_of("pool_special_tokens"), False, f"{cfg.pooling} reads one token, not an average "
+                                                                   "over the tokens: use mean, max or "
+                                                                   "mean_sqrt_len, or pool_special_tokens: true")
+
+
 def check_pooling_layers(cfg, key_of: Callable[[str], str], scored: list[int] | None = None) -> None:
     """`pooling_layers` one of its names or a list of layers whose deepest is the cut (`cfg.layer`, the model's
     depth when it keeps every layer). `scored`: the probe's layers, each scored with the mix at its own cut:

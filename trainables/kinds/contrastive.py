@@ -21,6 +21,7 @@ from trainables.kinds.base import (
     check_lora,
     check_pooling_layers,
     check_postprocess,
+    check_special_tokens,
 )
 from trainables.models.files import model_depth
 from trainables.names import ATTENTION_LOSSES, METHODS
@@ -113,5 +114,6 @@ class ContrastiveKind(TrainingKind):
         except UserInputError as exc:
             raise UserInputError(key_of(exc.key), exc.value, exc.fix) from None
         check_pooling_layers(cfg, key_of)
+        check_special_tokens(cfg, key_of)
         check_postprocess(cfg, key_of)
         check_lora(cfg, key_of)

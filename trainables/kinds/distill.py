@@ -27,6 +27,7 @@ from trainables.kinds.base import (
     check_lora,
     check_pooling_layers,
     check_postprocess,
+    check_special_tokens,
 )
 from trainables.models.files import model_depth
 from trainables.names import CROSS_HEADS, CROSS_LOSSES
@@ -113,6 +114,7 @@ class DistillKind(TrainingKind):
         check_head_pooling(cfg.cross_head, cfg.cross_pooling, key_of("cross_pooling"), "cross_head")
         stage_seed_of(cfg)
         check_pooling_layers(cfg, key_of)  # the bi-encoder's cut
+        check_special_tokens(cfg, key_of)
         check_lora(cfg, key_of)  # the bi-encoder's adapters (both bi-encoders' in mutual mode)
         check_postprocess(cfg, key_of)  # each bi-encoder's map, fitted on the pairs it trains on
         if cfg.mode == "mutual" and not isinstance(cfg.pooling_layers, str):  # a list is one cut: the partner's too

@@ -13,7 +13,13 @@ from pydantic import Field
 from trainables.contract import LoraFields, PoolingLayersFields, PostprocessFields, PromptFields, TrainingConfig
 from trainables.data.declaration import TASK_HELP, TaskRef
 from trainables.errors import UserInputError, one_of
-from trainables.kinds.base import TrainingKind, check_lora, check_pooling_layers, check_postprocess
+from trainables.kinds.base import (
+    TrainingKind,
+    check_lora,
+    check_pooling_layers,
+    check_postprocess,
+    check_special_tokens,
+)
 from trainables.names import SELECTS
 from trainables.objectives import OBJECTIVES, check_loss
 from trainables.poolings import POOLINGS
@@ -73,3 +79,4 @@ class FinetuneKind(TrainingKind):
         check_lora(cfg, key_of)
         check_postprocess(cfg, key_of)
         check_pooling_layers(cfg, key_of)
+        check_special_tokens(cfg, key_of)

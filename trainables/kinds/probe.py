@@ -9,7 +9,7 @@ from pydantic import Field
 
 from trainables.contract import PoolingLayersFields, PostprocessFields, PromptFields, Report, TrialConfig
 from trainables.data.declaration import TASK_HELP, TaskRef
-from trainables.kinds.base import TrainableKind, check_pooling_layers, check_postprocess
+from trainables.kinds.base import TrainableKind, check_pooling_layers, check_postprocess, check_special_tokens
 from trainables.poolings import POOLINGS
 
 
@@ -46,6 +46,7 @@ class ProbeKind(TrainableKind):
         super().check_names(cfg, key_of)
         check_postprocess(cfg, key_of)
         check_pooling_layers(cfg, key_of, sorted(set(cfg.layers)) if cfg.layers is not None else [])
+        check_special_tokens(cfg, key_of)
 
     def run(self, config: dict, report: Report, checkpoint_dir: str | None = None) -> dict:
         from trainables.evaluation.probe import probe_layers

@@ -18,7 +18,13 @@ from trainables.learners.base import Learner
 from trainables.models.attention import INFERENCE as INFERENCE_ATTENTION
 from trainables.models.batching import TokenCache
 from trainables.models.dropout import ATTENTION as FAST_ATTENTION
-from trainables.models.encoder import build_sentence_encoder, encoder_depth, load_tokenizer, used_parameter_count
+from trainables.models.encoder import (
+    build_sentence_encoder,
+    encoder_depth,
+    load_tokenizer,
+    special_ids,
+    used_parameter_count,
+)
 from trainables.models.lora import adapter_parameter_count, add_lora
 from trainables.names import ATTENTION_LOSSES
 from trainables.objectives.contrastive import ContrastiveModel, contrastive_step, step_batches
@@ -67,7 +73,8 @@ class ContrastiveLearner(Learner):
         encoder = build_sentence_encoder(cfg.model, cfg.layer, cfg.pooling, seed=cfg.seed,
                                          dropout_masks=cfg.dropout_masks,
                                          prompt_tokens=0 if cfg.include_prompt else self.tokens.prompt_length,
-                                         pooling_layers=cfg.pooling_layers, bidirectional=cfg.bidirectional)
+                                         pooling_layers=cfg.pooling_layers, bidirectional=cfg.bidirectional,
+                                         skipped_ids=None if cfg.pool_special_tokens else special_ids(tokenizer))
         if cfg.lora_rank is not None:  # after the cut: adapters on the blocks kept, the encoder's weights frozen
             add_lora(encoder.encoder, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
         self.attention_layers = resolve_attention_layers(cfg.method, cfg.attention_layers,

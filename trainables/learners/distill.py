@@ -16,7 +16,13 @@ from trainables.evaluation.postprocess import FittedOnTrain
 from trainables.kinds.distill import MODES, DistillConfig
 from trainables.learners.base import Learner
 from trainables.models.batching import TokenCache
-from trainables.models.encoder import SentenceEncoder, build_sentence_encoder, load_tokenizer, used_parameter_count
+from trainables.models.encoder import (
+    SentenceEncoder,
+    build_sentence_encoder,
+    load_tokenizer,
+    special_ids,
+    used_parameter_count,
+)
 from trainables.models.lora import adapter_parameter_count, add_lora
 from trainables.stages.pretrain import pretrained_start
 from trainables.stages.teacher import teacher_labels
@@ -55,7 +61,8 @@ def build_side(cfg: DistillConfig, prefix: str, bi_name: str, bi_layer: int | No
     bi_tokens = TokenCache(load_tokenizer(bi_name, cfg.append_eos), cfg.bi_max_seq_length, cfg.prompt)
     bi = build_sentence_encoder(bi_name, bi_layer, cfg.pooling, seed=cfg.seed, dropout_masks=cfg.dropout_masks,
                                 prompt_tokens=0 if cfg.include_prompt else bi_tokens.prompt_length,
-                                pooling_layers=cfg.pooling_layers, bidirectional=cfg.bidirectional)
+                                pooling_layers=cfg.pooling_layers, bidirectional=cfg.bidirectional,
+                                skipped_ids=None if cfg.pool_special_tokens else special_ids(bi_tokens.tokenizer))
     with_adapters(bi, cfg)
     bi = bi.to(device)
     cross = CrossEncoder(cross_name, cfg.cross_layer, cfg.cross_pooling, cfg.dropout_masks, cfg.cross_head).to(device)
@@ -75,8 +82,10 @@ def with_adapters(bi: SentenceEncoder, cfg: DistillConfig) -> SentenceEncoder:
 
 
 def restart_bi(side: Side, cfg: DistillConfig) -> None:
+    skipped = None if cfg.pool_special_tokens else special_ids(side.bi_tokens.tokenizer)
     fresh = build_sentence_encoder(side.bi_name, side.bi_layer, cfg.pooling, seed=cfg.seed,
-                                   pooling_layers=cfg.pooling_layers, bidirectional=cfg.bidirectional)
+                                   pooling_layers=cfg.pooling_layers, bidirectional=cfg.bidirectional,
+                                   skipped_ids=skipped)
     side.bi.load_state_dict(with_adapters(fresh, cfg).state_dict())
 
 

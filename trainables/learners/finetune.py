@@ -14,7 +14,7 @@ from trainables.evaluation.postprocess import FittedOnTrain
 from trainables.kinds.finetune import FinetuneConfig
 from trainables.learners.base import Learner
 from trainables.models.batching import TokenCache
-from trainables.models.encoder import build_sentence_encoder, load_tokenizer, used_parameter_count
+from trainables.models.encoder import build_sentence_encoder, load_tokenizer, special_ids, used_parameter_count
 from trainables.models.lora import adapter_parameter_count, add_lora
 from trainables.objectives import build_loss
 from trainables.stages.pretrain import pretrained_start
@@ -40,7 +40,9 @@ class FinetuneLearner(Learner):
         self.model = build_sentence_encoder(start, cfg.layer, cfg.pooling, cfg.projection_dim, cfg.random_init,
                                             cfg.seed, cfg.dropout_masks,
                                             0 if cfg.include_prompt else self.tokens.prompt_length,
-                                            cfg.pooling_layers, cfg.bidirectional).to(device)
+                                            cfg.pooling_layers, cfg.bidirectional,
+                                            None if cfg.pool_special_tokens else special_ids(self.tokens.tokenizer)
+                                            ).to(device)
         if cfg.lora_rank is not None:  # after the cut: adapters on the blocks kept, the encoder's weights frozen
             add_lora(self.model.encoder, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
         dim = self.model.projection[0].out_features if self.model.projection else self.model.encoder.config.hidden_size

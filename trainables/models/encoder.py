@@ -201,17 +201,35 @@ def without_prompt(mask: torch.Tensor, prompt_tokens: int) -> torch.Tensor:
     return mask
 
 
+def special_ids(tokenizer) -> list[int]:
+    """The ids of the tokenizer's special tokens (BOS, [CLS], [SEP], EOS, padding, ...), for
+    `pool_special_tokens: false`."""
+    return sorted(set(tokenizer.all_special_ids))
+
+
+def without_special(mask: torch.Tensor, input_ids: torch.Tensor | None, skipped: torch.Tensor | None) -> torch.Tensor:
+    """The pooling mask with the positions whose token is one of `skipped` (special token ids) left out
+    (`pool_special_tokens: false`); the encoder still attends to them."""
+    if skipped is None or input_ids is None:
+        return mask
+    return mask.masked_fill(torch.isin(input_ids, skipped), 0)
+
+
 class SentenceEncoder(nn.Module):
     """A (truncated) encoder, a pooling method and an optional dense projection (Linear + tanh, as
     sentence-transformers' Dense module). `prompt_tokens`: the leading tokens of every input that are a
-    prompt's and that pooling leaves out (`include_prompt: false`); 0 pools them all."""
+    prompt's and that pooling leaves out (`include_prompt: false`); 0 pools them all. `skipped_ids`: token ids
+    pooling leaves out wherever they stand (`pool_special_tokens: false`: the special tokens'); None pools all."""
 
     def __init__(self, encoder: PreTrainedModel, pooling: str = "mean", projection_dim: int | None = None,
-                 prompt_tokens: int = 0, mix: nn.Module | None = None):
+                 prompt_tokens: int = 0, mix: nn.Module | None = None, skipped_ids: list[int] | None = None):
         super().__init__()
         refuse_pooling(encoder.config, pooling)
         hidden = encoder.config.hidden_size
         self.encoder, self.pooling, self.prompt_tokens = encoder, pooling, prompt_tokens
+        self.skipped_ids: torch.Tensor | None  # not in the state dict: checkpoints stay as they were
+        self.register_buffer("skipped_ids", None if skipped_ids is None else torch.tensor(skipped_ids),
+                             persistent=False)
         self.mix = mix  # several layers' token states combined before the pooling (trainables.models.layer_mix)
         self.pool_layer = build_pooling(pooling, hidden)  # no parameters in the built-ins: the weights stay the same
         self.projection = (nn.Sequential(nn.Linear(hidden, projection_dim), nn.Tanh())
@@ -222,9 +240,11 @@ class SentenceEncoder(nn.Module):
         pooler = getattr(self.encoder, "pooler", None)
         return [pooler] if isinstance(pooler, nn.Module) else []
 
-    def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Sentence vectors from the token states, before the projection."""
-        return self.pool_layer(hidden, without_prompt(attention_mask, self.prompt_tokens))
+    def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor,
+             input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Sentence vectors from the token states, before the projection (`input_ids`: for `skipped_ids`)."""
+        mask = without_prompt(attention_mask, self.prompt_tokens)
+        return self.pool_layer(hidden, without_special(mask, input_ids, self.skipped_ids))
 
     def mixed_states(self, output) -> torch.Tensor:
         """The token states it pools, from an encoder output that has `hidden_states` when it mixes layers."""
@@ -237,14 +257,15 @@ class SentenceEncoder(nn.Module):
         else:
             hidden = self.mix(layer_states(self.encoder, {"input_ids": input_ids, "attention_mask": attention_mask},
                                            self.mix.layers))
-        vectors = self.pool(hidden, attention_mask)
+        vectors = self.pool(hidden, attention_mask, input_ids)
         return self.projection(vectors) if self.projection is not None else vectors
 
 
 def build_sentence_encoder(name: str, layer: int | None = None, pooling: str = "mean",
                            projection_dim: int | None = None, random_init: bool = False,
                            seed: int = 0, dropout_masks: str = "torch", prompt_tokens: int = 0,
-                           pooling_layers: str | list[int] = "last", bidirectional: bool = False) -> SentenceEncoder:
+                           pooling_layers: str | list[int] = "last", bidirectional: bool = False,
+                           skipped_ids: list[int] | None = None) -> SentenceEncoder:
     """Load `name`, truncate it to `layer` blocks (None keeps all) and put a pooling head on it, over the
     cut layer's token states or, with `pooling_layers`, several layers' combined (layer_mix)."""
     from trainables.models.layer_mix import build_mix
@@ -254,7 +275,7 @@ def build_sentence_encoder(name: str, layer: int | None = None, pooling: str = "
     if layer is not None:
         truncate_encoder(encoder, layer)
     mix = build_mix(pooling_layers, stack_depth(encoder)) if pooling_layers != "last" else None
-    return SentenceEncoder(encoder, pooling, projection_dim, prompt_tokens, mix)
+    return SentenceEncoder(encoder, pooling, projection_dim, prompt_tokens, mix, skipped_ids)
 
 
 def save_sentence_transformer(encoder: SentenceEncoder, tokenizer, folder: str | Path, max_seq_length: int,
@@ -274,6 +295,10 @@ def save_sentence_transformer(encoder: SentenceEncoder, tokenizer, folder: str |
         raise UserInputError("pooling_layers", encoder.mix.layers, "sentence-transformers has no module that "
                                                                    "combines layers, so the model cannot be saved "
                                                                    "in that format: use save: none")
+    if encoder.skipped_ids is not None:
+        raise UserInputError("pool_special_tokens", False, "sentence-transformers' Pooling pools every token but "
+                                                           "a prompt's, so the model cannot be saved in that "
+                                                           "format: use save: none")
     if getattr(encoder.encoder, "attends_both_ways", False):
         raise UserInputError("bidirectional", True, "sentence-transformers would build the decoder causal again "
                                                     "when it loads the folder, so the model cannot be saved in that "

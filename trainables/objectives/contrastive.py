@@ -102,7 +102,7 @@ class ContrastiveModel(nn.Module):
         encoder = self.sentence_encoder
         output = encoder.encoder(input_ids=input_ids, attention_mask=mask, output_attentions=True,
                                  output_hidden_states=encoder.mix is not None)
-        vectors = self.head(encoder.pool(encoder.mixed_states(output), mask))
+        vectors = self.head(encoder.pool(encoder.mixed_states(output), mask, input_ids))
         return vectors, [output.attentions[k] for k in attention_layers]
 
 
