@@ -43,6 +43,7 @@ from reports.captions import (
 from reports.captions import labels as report_labels
 from reports.collect import StudyRuns
 from reports.compute import compute_grid
+from reports.diagnostics import diagnostics_grid
 from reports.equivalence import add_equivalence, equivalence_grid, equivalence_marks, equivalence_note
 from reports.evp import budget_grid, budget_plot
 from reports.labels import axis_label, in_sentence, metric_label, value_label
@@ -443,6 +444,10 @@ TABLES: dict[str, Callable[[TableContext], Grid | None]] = {
     "tuning": lambda c: tuning_grid(c.runs),
     "equivalence": lambda c: equivalence_grid(c.runs, c.stats, c.decimals),
     "aso": lambda c: aso_grid(c.runs, c.stats),
+    "diagnostics": lambda c: diagnostics_grid(
+        c.runs, c.rows, c.column, row_label, axes_label(c.runs, c.rows),
+        caption("Label-free layer diagnostics on dev: the layer each picks (its Spearman with dev's ranking)",
+                constants_phrase(c.runs, c.column))) if c.has_cells else None,
     "budget": lambda c: budget_grid(c.runs, c.stats),
     "compute": lambda c: compute_grid(c.runs),
 }
