@@ -445,9 +445,10 @@ TABLES: dict[str, Callable[[TableContext], Grid | None]] = {
     "equivalence": lambda c: equivalence_grid(c.runs, c.stats, c.decimals),
     "aso": lambda c: aso_grid(c.runs, c.stats),
     "diagnostics": lambda c: diagnostics_grid(
-        c.runs, c.rows, c.column, row_label, axes_label(c.runs, c.rows),
+        c.runs, varying(c.runs, c.runs.axes), cell_labels(c.runs, varying(c.runs, c.runs.axes)),
+        axes_label(c.runs, varying(c.runs, c.runs.axes)),
         caption("Label-free layer diagnostics on dev: the layer each picks (its Spearman with dev's ranking)",
-                constants_phrase(c.runs, c.column))) if c.has_cells else None,
+                constants_phrase(c.runs))),
     "budget": lambda c: budget_grid(c.runs, c.stats),
     "compute": lambda c: compute_grid(c.runs),
 }
