@@ -80,7 +80,8 @@ CASES = [
     ("train.loss", "cosine", "train.loss: 'cosine' is not valid; use one of: angle, cosent, cosine_bce"),
     ("train.loss", "softmax", "train.loss: 'softmax' is not valid; it trains classification tasks; task stsb needs "
                               "one of: cosine_mse, cosent, angle"),
-    ("train.learning_rate", 1e-3, "train.learning_rate: 'learning_rate' is not valid; valid names: append_eos, batch_size"),
+    ("train.learning_rate", 1e-3,
+     "train.learning_rate: 'learning_rate' is not valid; valid names: append_eos, batch_size"),
     ("train.seed", 3, "train.seed: 'seed' is not valid;"),
     ("data.max_train_samples", -5, "data.max_train_samples: -5 is not valid; input should be greater than or equal"),
     ("resources.gpu", -1, "resources.gpu: -1 is not valid; input should be greater than or equal to 0"),
