@@ -14,9 +14,10 @@ if TYPE_CHECKING:
 
 def check_models(study: StudyConfig, cells: tuple, parsed: list,
                   origins: dict[str, str]) -> dict[str, set[int | None]]:
-    """Every model the cells cut has an entry in the layer table (trainables.models.architectures) and takes
-    the poolings asked of it (no `cls` for a causal model), from its config.json alone; the layers each
-    model is cut at (None: the whole model), for `check_cuts`."""
+    """Every model the cells cut or probe has an entry in the layer table (trainables.models.architectures) and
+    takes the poolings and decoder settings asked of it (no `cls` for a causal model, `bidirectional` only for one,
+    `append_eos` only with an EOS token), from its config.json alone; the layers each model is cut at (None: the
+    whole model), for `check_cuts` (a probe's layers are its own trials' to score, not cut here)."""
     from trainables.models.architectures import refuse_bidirectional, refuse_pooling, require_architecture
     from trainables.models.files import model_config, refuse_append_eos
 
@@ -24,7 +25,8 @@ def check_models(study: StudyConfig, cells: tuple, parsed: list,
     layers: dict[str, set[int | None]] = {}
     for cell, cfg in zip(cells, parsed, strict=True):
         model = getattr(cfg, "model", None)
-        if not isinstance(model, str) or not hasattr(cfg, "layer"):
+        cuts = hasattr(cfg, "layer")
+        if not isinstance(model, str) or not (cuts or hasattr(cfg, "layers")):
             continue
         if found.check(require_architecture, model, "ablate.model" if "model" in cell.values else "model") is None:
             continue
@@ -37,7 +39,8 @@ def check_models(study: StudyConfig, cells: tuple, parsed: list,
             found.check(refuse_pooling, config, pooling, origins.get("pooling", "train.pooling"))
         if getattr(cfg, "append_eos", False) is True:
             found.check(refuse_append_eos, model, origins.get("append_eos", "train.append_eos"))
-        layers.setdefault(model, set()).add(cfg.layer)
+        if cuts:
+            layers.setdefault(model, set()).add(cfg.layer)
     found.raise_any()
     return layers
 

@@ -160,3 +160,22 @@ def test_probe_bidirectional_on_an_encoder_is_one_line(tmp_path, synthetic_data_
     assert result.exit_code == 2, result.output
     assert result.stderr.strip().splitlines() == [
         "error: --bidirectional: True is not valid; bert attends both ways already (an encoder): leave it false"]
+
+
+def test_a_probe_studys_decoder_settings_are_checked_before_any_trial(tmp_path, synthetic_data_dir, monkeypatch):
+    """A study of the `probe` kind (its trials score every layer) gets the model checks a cutting kind gets:
+    `bidirectional` on an encoder, `cls` on a causal decoder, one line each, before any trial."""
+    monkeypatch.chdir(tmp_path)
+    for model, train, expected in (
+            ("bert", {"bidirectional": True, "append_eos": True},  # this word-level tokenizer names an EOS
+             ["error: train.bidirectional: True is not valid; bert attends both ways already (an encoder): leave it "
+              "false"]),
+            ("llama", {}, ["error: ablate.pooling: 'cls' is not valid; llama attends causally, so its first token "
+                           "sees nothing after it: use last_token or mean"])):
+        folder = save_family(model, tmp_path / model)
+        path = tmp_path / f"{model}.yaml"
+        path.write_text(yaml.safe_dump({"name": "probed", "trainable": "probe", "model": folder, "train": train,
+                                        "ablate": {"pooling": ["mean", "cls"]}, "data_dir": str(synthetic_data_dir)}))
+        result = runner.invoke(app, ["validate", str(path)])
+        assert result.exit_code == 2, result.output
+        assert result.stderr.strip().splitlines() == [line.format(folder=folder) for line in expected]

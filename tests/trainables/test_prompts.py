@@ -467,3 +467,14 @@ def test_pool_special_tokens_reaches_the_probe_and_a_trial_before_its_first_step
     table = LayerTable(parse_config(ProbeConfig, {"model": tiny_llama, "layers": [2], "pool_special_tokens": False,
                                                   "precision": "fp32", "device": "cpu"}), sentences)
     torch.testing.assert_close(learner.embed(sentences), table.embedder(0)(sentences), atol=1e-6, rtol=0)
+
+
+def test_a_probe_study_with_append_eos_on_a_tokenizer_without_eos_is_one_line(tmp_path, tiny_bert,
+                                                                              synthetic_data_dir, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = study(tmp_path, tiny_bert, synthetic_data_dir, trainable="probe", ablate={"pooling": ["mean", "max"]},
+                 train={"append_eos": True}, replicate={"seeds": [0]})
+    result = runner.invoke(app, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == [f"error: train.append_eos: True is not valid; the tokenizer of "
+                                                  f"{tiny_bert} has no EOS token to append: leave it false"]
