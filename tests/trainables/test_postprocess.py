@@ -244,3 +244,16 @@ def test_contrastive_and_distill_fit_the_map_on_what_they_train_on_and_score_thr
     assert learner.postprocess_map() is learner.postprocess_map()  # the same weights: one fit
     plain = trainable.run({**config, "postprocess": "none"}, collect([]))
     assert plain["test_spearman"] != metrics["test_spearman"]
+
+
+def test_contrastive_fits_its_map_on_a_fixed_sample_of_a_large_corpus(monkeypatch):
+    """A wiki1m corpus would be embedded whole at every evaluation: the map is fitted on at most POSTPROCESS_FIT
+    distinct sentences, the same ones every time, in corpus order; a smaller corpus whole."""
+    from trainables.learners import contrastive
+
+    monkeypatch.setattr(contrastive, "POSTPROCESS_FIT", 5)
+    corpus = [f"sentence {i}" for i in range(12)] + ["sentence 3"]
+    sample = contrastive.fit_sample(corpus)
+    assert len(sample) == 5 and len(set(sample)) == 5 and set(sample) <= set(corpus)
+    assert sample == sorted(sample, key=corpus.index) and contrastive.fit_sample(corpus) == sample
+    assert contrastive.fit_sample(corpus[:4]) == corpus[:4]

@@ -50,6 +50,19 @@ def uses_eager_attention(aligns_attention: bool, implementation: str, device: to
     return aligns_attention or (device.type != "cpu" and implementation in ("sdpa", INFERENCE_ATTENTION))
 
 
+POSTPROCESS_FIT = 20_000  # corpus sentences a `postprocess` map is fitted on, at most (a wiki1m corpus is 1M)
+
+
+def fit_sample(sentences: list[str]) -> list[str]:
+    """The corpus sentences `postprocess` is fitted on: all of them up to POSTPROCESS_FIT, else a fixed random
+    subset of that many (the same in every trial and at every evaluation), so a refit costs a bounded pass."""
+    distinct = list(dict.fromkeys(sentences))
+    if len(distinct) <= POSTPROCESS_FIT:
+        return distinct
+    keep = torch.randperm(len(distinct), generator=torch.Generator().manual_seed(0))[:POSTPROCESS_FIT]
+    return [distinct[i] for i in sorted(keep.tolist())]
+
+
 class ContrastiveLearner(Learner):
     metric = "dev_spearman"
 
@@ -86,7 +99,7 @@ class ContrastiveLearner(Learner):
         self.embed = Embedder(self.model.sentence_encoder, self.eval_tokens, device,  # the head: training only
                               scoring_dtype(cfg.eval_precision, dtype))
         self.postprocess = FittedOnTrain(cfg.postprocess, cfg.postprocess_dim, self.model.sentence_encoder,
-                                         self.embed, sentences)  # the corpus it trains on
+                                         self.embed, fit_sample(sentences))  # the corpus it trains on
         batch_size = min(cfg.batch_size, len(sentences))
         self.batches = step_batches(len(sentences), batch_size, cfg.seed, cfg.steps)
         trained = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]  # LoRA: adapters, head
