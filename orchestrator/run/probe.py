@@ -85,15 +85,11 @@ def check_probed_model(model: str, pooling: str, layers: Sequence[int] | None, b
     """The probe's model checked as a study's is, before any data is read: its architecture in the layer
     table, the pooling one it can take (attending both ways, a decoder takes `cls`), its layers its entry's
     (cached once per model files)."""
-    from trainables.models.architectures import refuse_bidirectional, refuse_pooling, require_architecture
+    from trainables.models.architectures import as_asked, refuse_pooling, require_architecture
     from trainables.models.files import model_config, model_depth
     from trainables.models.layer_check import check_model_layers
 
     require_architecture(model, "--model")
-    config = model_config(model)
-    if bidirectional:
-        refuse_bidirectional(config, "--bidirectional")
-        config = {**config, "is_causal": False}
-    refuse_pooling(config, pooling, "--pooling")
+    refuse_pooling(as_asked(model_config(model), bidirectional, "--bidirectional"), pooling, "--pooling")
     depth = model_depth(model)  # a layer the model lacks is the probe's own one line, after this
     check_model_layers(model, [k for k in layers if 0 <= k <= depth] if layers is not None else None)

@@ -18,7 +18,7 @@ def check_models(study: StudyConfig, cells: tuple, parsed: list,
     takes the poolings and decoder settings asked of it (no `cls` for a causal model, `bidirectional` only for one,
     `append_eos` only with an EOS token), from its config.json alone; the layers each model is cut at (None: the
     whole model), for `check_cuts` (a probe's layers are its own trials' to score, not cut here)."""
-    from trainables.models.architectures import refuse_bidirectional, refuse_pooling, require_architecture
+    from trainables.models.architectures import as_asked, refuse_pooling, require_architecture
     from trainables.models.files import model_config, refuse_append_eos
 
     found = Problems()
@@ -30,12 +30,11 @@ def check_models(study: StudyConfig, cells: tuple, parsed: list,
             continue
         if found.check(require_architecture, model, "ablate.model" if "model" in cell.values else "model") is None:
             continue
-        config = model_config(model)
-        if getattr(cfg, "bidirectional", False) is True:
-            found.check(refuse_bidirectional, config, origins.get("bidirectional", "train.bidirectional"))
-            config = {**config, "is_causal": False}  # `cls` then reads a first token that sees the sentence
+        both_ways = getattr(cfg, "bidirectional", False) is True
+        config = found.check(as_asked, model_config(model), both_ways,
+                             origins.get("bidirectional", "train.bidirectional"))
         pooling = getattr(cfg, "pooling", None)
-        if isinstance(pooling, str):
+        if config is not None and isinstance(pooling, str):
             found.check(refuse_pooling, config, pooling, origins.get("pooling", "train.pooling"))
         if getattr(cfg, "append_eos", False) is True:
             found.check(refuse_append_eos, model, origins.get("append_eos", "train.append_eos"))

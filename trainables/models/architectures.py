@@ -183,6 +183,15 @@ def refuse_bidirectional(config: Any, key: str = "bidirectional") -> None:
                                         f"({why}): leave it false")
 
 
+def as_asked(config: dict, bidirectional: bool, key: str = "bidirectional") -> dict:
+    """A `config.json` dict as a study's settings make the model: with `bidirectional`, refused in one line
+    where it cannot apply, else marked as attending both ways (so `refuse_pooling` then allows `cls`)."""
+    if not bidirectional:
+        return config
+    refuse_bidirectional(config, key)
+    return {**config, "is_causal": False}
+
+
 def attend_both_ways(model: Any) -> Any:
     """A causal decoder made to attend both ways, as LLM2Vec's first step does: every token sees the whole
     sentence, padding still masked. transformers 5 builds a bidirectional mask for a config whose `is_causal`

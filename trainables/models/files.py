@@ -158,6 +158,7 @@ def model_type(name: str) -> str | None:
     return model_config(name).get("model_type")
 
 
+@functools.lru_cache(maxsize=64)
 def declares_eos(name: str) -> bool | None:
     """Whether the model's tokenizer names an EOS token (`tokenizer_config.json`, else
     `special_tokens_map.json`), for `append_eos` before any trial; None when neither file can be read
