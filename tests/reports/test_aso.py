@@ -38,7 +38,10 @@ REFERENCE = {
                  0.9162780335290379),
 }
 
-scores = st.lists(st.floats(-100, 100, allow_nan=False, allow_infinity=False), min_size=1, max_size=12)
+# scores ×100 to six decimals, as a report carries them: differences of 1e-158 square to subnormal numbers, where
+# no sum of squares keeps 12 digits (hypothesis found a=[0.0], b=[6.2e-158] on a plugin-suite run)
+scores = st.lists(st.floats(-100, 100, allow_nan=False, allow_infinity=False).map(lambda x: round(x, 6)),
+                  min_size=1, max_size=12)
 tied_scores = st.lists(st.integers(0, 4).map(float), min_size=1, max_size=12)
 
 
