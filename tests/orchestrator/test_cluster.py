@@ -287,23 +287,35 @@ def assert_fully_tracked(uri: str, epochs: int = 4, trials: int = 4) -> None:
         assert "test_predictions.csv" in {a.path for a in client.list_artifacts(run.info.run_id)}
 
 
-def test_a_tracking_server_outage_mid_study_loses_nothing(server, tiny_bert, data_dir, tmp_path):
+@pytest.mark.parametrize("outage", ["stopped", "frozen"])
+def test_a_tracking_server_outage_mid_study_loses_nothing(outage, server, tiny_bert, data_dir, tmp_path):
+    """`stopped`: the server's processes are gone (connections refused), then it starts again. `frozen`: they are
+    SIGSTOPped, then continued: the port still accepts connections and nothing answers (a hung server, an
+    overloaded database behind it), so every write waits out its 15 s timeout."""
     study = outage_study(tmp_path, tiny_bert, data_dir, server.uri, seeds=4)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     driver = orchestrator("launch", str(study), "--storage", str(tmp_path / "studies"), env=env, cwd=tmp_path,
                           background=True)
     journal = Journal(tmp_path / "studies" / "cluster" / "journal.jsonl")
     wait_for(journal, lambda events: any(e["event"] == "result" for e in events), driver)
-    server.stop()
+    if outage == "stopped":
+        server.stop()
+    else:
+        os.killpg(server.process.pid, signal.SIGSTOP)
     down = len([e for e in journal.events() if e["event"] == "result"])
-    time.sleep(10)  # training goes on while the tracker is down
+    seconds = 10 if outage == "stopped" else 25  # frozen: longer than a write's timeout
+    time.sleep(seconds)  # training goes on while the tracker is down
     during = len([e for e in journal.events() if e["event"] == "result"])
-    server.start()
+    if outage == "stopped":
+        server.start()
+    else:
+        os.killpg(server.process.pid, signal.SIGCONT)
     out, err = driver.communicate(timeout=900)
     assert driver.returncode == 0, err[-3000:]
     assert during > down  # results kept coming during the outage
     assert "training goes on" in err and "is back: replayed" in err
-    print(f"outage of about 10 s during {during - down} results; " + re.search(r"is back: replayed \{[^}]*\}", err)[0])
+    replayed = re.search(r"is back: replayed \{[^}]*\}", err)[0]
+    print(f"{outage} outage of about {seconds} s during {during - down} results; {replayed}")
     assert "report: reports/cluster/report.md" in out
     assert_fully_tracked(server.uri, trials=8)
 
