@@ -1,6 +1,6 @@
 """What reading only the word-embedding gradient's written rows saves the clipping: the same STS-B
 batches, the same model and optimizer, the training step timed with the clipping's norm read on the
-rows the step's lookups wrote (`rows`, trainables.training.runtime.total_norm) and on the whole table
+rows the step's lookups wrote (`rows`, trainables.runtime.total_norm) and on the whole table
 (`table`, torch's `get_total_norm`), in one process.
 
 The two take turns (rows, table on even turns; table, rows on odd ones), each turn timing `--steps`
@@ -19,8 +19,8 @@ import time
 import torch
 from profile_step import stsb_steps, turns_model, turns_parser  # benchmarks/, the script's own folder
 
+import trainables.runtime as runtime
 import trainables.training.bi_encoder as bi_encoder
-import trainables.training.runtime as runtime
 from trainables.training.bi_encoder import train_step
 
 SIDES = ("rows", "table")

@@ -37,7 +37,7 @@ from trainables.models.encoder import (
     load_tokenizer,
     resolve_model_path,
 )
-from trainables.training.runtime import bf16_is_fast, resolve_precision
+from trainables.runtime import bf16_is_fast, resolve_precision
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 LR, BATCH, WARMUP = 2e-5, 32, 0.1
@@ -102,8 +102,8 @@ def our_epoch(data_dir: str | None, precision: str, model_name: str = MODEL, dev
     `finetune` kind at the model's full depth, on the first `pairs` train pairs (all by default).
     `levers=False`: the step as it was before its two levers (torch's dropout masks and its dense
     word-embedding gradient)."""
+    from trainables.runtime import prepare
     from trainables.training.loop import seed_round
-    from trainables.training.runtime import prepare
 
     kind = get_kind("finetune")
     cfg = kind.parse({"model": model_name, "task": "stsb", "layer": encoder_depth(load_config(model_name)),

@@ -40,9 +40,9 @@ import trainables.models.dropout as dropout_module
 from trainables.models.batching import TokenCache
 from trainables.models.encoder import build_sentence_encoder, encoder_depth, load_config, load_tokenizer
 from trainables.objectives.sts import CosineMSELoss
+from trainables.runtime import linear_schedule
 from trainables.training.bi_encoder import build_optimizer, epoch_batches, pair_lengths, train_step
 from trainables.training.fused import FusedArray, MemberSettings, aligned_epoch_batches
-from trainables.training.runtime import linear_schedule
 
 MODELS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "mpnet": "sentence-transformers/all-mpnet-base-v2"}
 LR, WARMUP_RATIO, WEIGHT_DECAY, MAX_GRAD_NORM, MAX_LENGTH = 2e-5, 0.1, 0.01, 1.0, 128

@@ -57,7 +57,7 @@ from utilization import Utilization
 from orchestrator.cli.app import quiet_libraries
 from trainables.data.tasks import load_task
 from trainables.models.encoder import encoder_depth, load_config
-from trainables.training.runtime import bf16_is_fast
+from trainables.runtime import bf16_is_fast
 
 MODELS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "mpnet": "sentence-transformers/all-mpnet-base-v2"}
 MAX_LENGTH = 128

@@ -25,7 +25,7 @@ from trainables.data.tasks import load_task
 from trainables.kinds import get_kind
 from trainables.models.batching import forget_shared_tokens
 from trainables.models.encoder import resolve_model_path
-from trainables.training.runtime import bf16_is_fast
+from trainables.runtime import bf16_is_fast
 
 MODELS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "mpnet": "sentence-transformers/all-mpnet-base-v2"}
 

@@ -49,8 +49,8 @@ from trainables.models.batching import EVAL_TOKENS_PER_CHUNK, TokenCache, encode
 from trainables.models.encoder import build_sentence_encoder, encoder_depth, load_config, load_tokenizer
 from trainables.models.packed import packed_linears
 from trainables.objectives.sts import CosineMSELoss
+from trainables.runtime import autocast, clip_gradients, resolve_precision
 from trainables.training.bi_encoder import build_optimizer, epoch_batches, pair_lengths, train_step
-from trainables.training.runtime import autocast, clip_gradients, resolve_precision
 
 MODELS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2", "mpnet": "sentence-transformers/all-mpnet-base-v2"}
 

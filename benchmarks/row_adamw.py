@@ -30,8 +30,8 @@ from profile_step import MODELS, best_of, check_turns, stsb_steps, turns_parser 
 import trainables.training.optimizer as row_optimizer
 from trainables.models.embedding_grad import RowGradEmbedding
 from trainables.models.encoder import build_sentence_encoder, encoder_depth, load_config, load_tokenizer
+from trainables.runtime import resolve_precision
 from trainables.training.bi_encoder import build_optimizer, train_step
-from trainables.training.runtime import resolve_precision
 
 SIDES = ("rows", "torch")
 SHARES = (0.05, 0.1, 0.2, 0.3, 0.4)

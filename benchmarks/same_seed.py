@@ -29,8 +29,8 @@ import torch
 
 from trainables.kinds import get_kind
 from trainables.models.encoder import encoder_depth, load_config
+from trainables.runtime import prepare
 from trainables.training.loop import seed_round, weights_of
-from trainables.training.runtime import prepare
 
 MODELS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
 

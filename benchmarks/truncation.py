@@ -26,8 +26,8 @@ from trainables.kinds.finetune import FinetuneConfig
 from trainables.models.batching import TokenCache, pad
 from trainables.models.encoder import SentenceEncoder, load_encoder, load_tokenizer, pool, truncate_encoder
 from trainables.objectives.sts import CosineMSELoss
+from trainables.runtime import bf16_is_fast, resolve_precision
 from trainables.training.bi_encoder import build_optimizer, train_step
-from trainables.training.runtime import bf16_is_fast, resolve_precision
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 

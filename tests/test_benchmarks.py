@@ -527,8 +527,8 @@ def test_the_matmul_timer_counts_the_flops_torch_counts_and_leaves_the_step_unch
     from trainables.models.batching import EVAL_TOKENS_PER_CHUNK, encode_tokens
     from trainables.models.encoder import build_sentence_encoder
     from trainables.models.packed import packed_linears
+    from trainables.runtime import autocast
     from trainables.training.bi_encoder import train_step
-    from trainables.training.runtime import autocast
 
     profile = load_benchmark("profile_step")
     device, dtype = torch.device("cpu"), torch.bfloat16 if precision == "bf16" else torch.float32

@@ -137,3 +137,42 @@ def test_orchestrator_s_packages_import_only_the_ones_below():
 def test_the_floor_rule_sees_an_import_that_runs_back_up():
     assert floor_of("orchestrator.study.plan") < floor_of("orchestrator.run.launcher")
     assert floor_of("orchestrator.studyx") is None and floor_of("orchestrator") is None
+
+
+# trainables/'s folders and modules, lowest first: each imports only those on its floor or below. The kinds sit on
+# top, each in one folder (its declaration in `__init__.py`, its learner beside it), above the loop that drives
+# every learner (`training/`), the stages a trial may build, and the building blocks.
+TRAINABLES_FLOORS = (("trainables.errors", "trainables.hub", "trainables.names"),
+                     ("trainables.registry", "trainables.contract"), ("trainables.data",), ("trainables.poolings",),
+                     ("trainables.models",), ("trainables.runtime",), ("trainables.objectives",),
+                     ("trainables.evaluation",), ("trainables.training",), ("trainables.stages",),
+                     ("trainables.kinds",))
+
+
+def trainables_floor(module: str) -> int | None:
+    for number, floor in enumerate(TRAINABLES_FLOORS):
+        if any(module == package or module.startswith(package + ".") for package in floor):
+            return number
+    return None
+
+
+def test_trainables_folders_import_only_the_ones_below_and_a_kind_only_itself():
+    edges = graph()
+    ours = {m: targets for m, targets in edges.items() if m.startswith("trainables.")}
+    assert [m for m in ours if trainables_floor(m) is None] == []  # every module on a floor
+    upward = {m: sorted(t for t in targets if (trainables_floor(t) or 0) > trainables_floor(m))
+              for m, targets in ours.items()}
+    assert {m: t for m, t in upward.items() if t} == {}
+    # a kind in one place: its modules import no other kind's (the registry and the shared base aside)
+    crossing = {m: sorted(t for t in targets if t.startswith("trainables.kinds.") and t != "trainables.kinds.base"
+                          and t.split(".")[2] != m.split(".")[2])
+                for m, targets in ours.items() if m.startswith("trainables.kinds.") and m != "trainables.kinds.base"}
+    assert {m: t for m, t in crossing.items() if t} == {}
+    assert {p.name for p in (ROOT / "trainables" / "kinds").iterdir() if p.is_dir() and p.name != "__pycache__"} \
+        == {"finetune", "probe", "cross_encoder", "contrastive", "distill"}
+
+
+def test_the_trainables_floor_rule_sees_an_import_that_runs_back_up():
+    assert trainables_floor("trainables.stages.pretrain") < trainables_floor("trainables.kinds.contrastive.stage")
+    assert trainables_floor("trainables.runtime") > trainables_floor("trainables.models.embedding_grad")
+    assert trainables_floor("trainables.kindsx") is None

@@ -1,10 +1,8 @@
-"""Names that configs and search spaces check against, importable without torch. Poolings and
-objectives are read from their registries (`trainables.poolings`, `trainables.objectives`: the
-built-in ones and those installed plugins add); the rest are small closed sets of modes."""
+"""Names that configs and search spaces check against, importable without torch: small closed sets of
+modes. Poolings and objectives are not here: their registries (`trainables.poolings`,
+`trainables.objectives`) hold the built-in ones and those installed plugins add."""
 
 from __future__ import annotations
-
-from typing import Any
 
 PRECISIONS = ("auto", "fp32", "bf16")  # training: bf16 autocast where fast, or forced
 EVAL_PRECISIONS = ("fp32", "same")  # dev/test scoring: fp32, or as training
@@ -16,20 +14,6 @@ CROSS_LOSSES = ("bce", "mse")  # a cross-encoder's objective on its logit
 CROSS_HEADS = ("pretrained", "linear")
 METHODS = ("simcse", "micse")  # unsupervised contrastive objectives
 ATTENTION_LOSSES = ("mi", "correlation")  # miCSE's attention alignment term
-
-
-def __getattr__(name: str) -> Any:
-    """`POOLINGS` (every registered pooling) and `LOSS_TASKS` (every objective of `finetune` -> the
-    task kind it trains), read from the registries when first asked for."""
-    if name == "POOLINGS":
-        from trainables.poolings import POOLINGS
-
-        return tuple(POOLINGS)
-    if name == "LOSS_TASKS":
-        from trainables.objectives import loss_tasks
-
-        return loss_tasks()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def primary_metric(task_kind: str, select: str | None = None) -> tuple[str, bool]:

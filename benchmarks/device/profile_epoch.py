@@ -23,8 +23,8 @@ from trainables.data.tasks import load_task  # noqa: E402
 from trainables.kinds import get_kind  # noqa: E402
 from trainables.models.batching import forget_shared_tokens  # noqa: E402
 from trainables.models.encoder import encoder_depth, load_config  # noqa: E402
+from trainables.runtime import prepare  # noqa: E402
 from trainables.training.loop import seed_round  # noqa: E402
-from trainables.training.runtime import prepare  # noqa: E402
 
 
 def main(model: str, data_dir: str, device: str = "cuda") -> None:

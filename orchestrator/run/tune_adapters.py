@@ -213,7 +213,7 @@ def run_trial(config: dict) -> None:
     from trainables.errors import TrainingDivergedError
     from trainables.kinds import load_kind
     from trainables.kinds.base import TrainingKind
-    from trainables.training.runtime import release_memory
+    from trainables.runtime import release_memory
 
     kind = load_kind(config["kind"])
     if isinstance(kind, TrainingKind):  # a fresh worker's one-time imports are the worker's, not this trial's

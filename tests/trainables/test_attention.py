@@ -118,7 +118,7 @@ def test_on_cuda_sdpa_chooses_among_every_backend_but_cudnns():
 def test_a_trial_on_cuda_turns_cudnns_attention_off_for_its_whole_process():
     """What does not call SDPA through `sdpa` (a model in another attention, a plugin's module) is covered
     by the trial's process setting: a CUDA trial turns cuDNN's SDPA off; a CPU trial leaves it as it was."""
-    from trainables.training.runtime import without_cudnn_attention
+    from trainables.runtime import without_cudnn_attention
 
     before = torch.backends.cuda.cudnn_sdp_enabled()
     try:

@@ -17,8 +17,8 @@ from trainables.contract import parse_config
 from trainables.errors import UserInputError
 from trainables.evaluation.probe import probe_layers
 from trainables.kinds import get_kind
+from trainables.kinds.finetune.learner import FinetuneLearner
 from trainables.kinds.probe import ProbeConfig
-from trainables.learners.finetune import FinetuneLearner
 from trainables.models.architectures import is_causal
 from trainables.models.encoder import build_sentence_encoder, load_encoder, save_sentence_transformer
 

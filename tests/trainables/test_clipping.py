@@ -14,8 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainables.training import runtime
-from trainables.training.runtime import clip_gradients
+from trainables import runtime
+from trainables.runtime import clip_gradients
 
 
 def parameters_with_gradients(shapes: list[tuple[int, ...]], scale: float, seed: int, none_at: int | None):

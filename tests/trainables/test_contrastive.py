@@ -197,7 +197,7 @@ def test_attention_layers_resolve_to_zero_based_kept_layers():
 
 
 def test_evaluation_reads_whole_sentences_while_training_truncates(config, synthetic_data_dir):
-    from trainables.learners.contrastive import ContrastiveLearner
+    from trainables.kinds.contrastive.learner import ContrastiveLearner
 
     cfg = ContrastiveConfig(**{**config, "max_seq_length": 8})
     learner = ContrastiveLearner(cfg, torch.device("cpu"), torch.float32)
@@ -242,8 +242,8 @@ def test_simcse_and_micse_of_one_seed_draw_the_same_dropout_masks(config, masks)
     """A paired comparison: with the attention term off, miCSE's first forward is SimCSE's (with `fast`
     masks miCSE ran eager attention with torch's dropout, 3.4e-2 apart on BERT), and so is the whole
     first round (both reseed per step)."""
-    from trainables.learners.contrastive import ContrastiveLearner
-    from trainables.training.runtime import seed_everything
+    from trainables.kinds.contrastive.learner import ContrastiveLearner
+    from trainables.runtime import seed_everything
 
     def learner(method: str) -> ContrastiveLearner:
         seed_everything(0)  # what the loop does before building: the MLP head starts the same
@@ -271,7 +271,7 @@ def test_simcse_and_micse_of_one_seed_draw_the_same_dropout_masks(config, masks)
 
 
 def test_fused_attention_runs_eager_only_where_the_pairing_needs_it():
-    from trainables.learners.contrastive import uses_eager_attention
+    from trainables.kinds.contrastive.learner import uses_eager_attention
     from trainables.models.attention import INFERENCE
     from trainables.models.dropout import ATTENTION
 

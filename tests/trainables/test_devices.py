@@ -11,9 +11,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from tests.trainables.test_contract import example_config
+from trainables import runtime
 from trainables.contract import collect
 from trainables.kinds import KINDS, get_kind
-from trainables.training import runtime
 
 TRAINABLES = Path(__file__).resolve().parents[2] / "trainables"
 FACTORIES = {torch.empty, torch.zeros, torch.ones, torch.full, torch.arange, torch.rand, torch.randn, torch.randint,
@@ -31,9 +31,9 @@ HOST_SIDE = {
     ("training/bi_encoder.py", "epoch_batches"): "the epoch's batch order (Python lists)",
     ("training/bi_encoder.py", "fit_bi_encoder"): "the labels, indexed per batch and copied by train_step",
     ("training/cross_encoder.py", "fit_cross_encoder"): "the labels, indexed per batch and copied by the step",
-    ("learners/finetune.py", "__init__"): "the labels, indexed per batch and copied by train_step",
-    ("learners/cross_encoder.py", "__init__"): "the labels, indexed per batch and copied by the step",
-    ("learners/contrastive.py", "__init__"): "the corpus sample (indices)",
+    ("kinds/finetune/learner.py", "__init__"): "the labels, indexed per batch and copied by train_step",
+    ("kinds/cross_encoder/learner.py", "__init__"): "the labels, indexed per batch and copied by the step",
+    ("kinds/contrastive/learner.py", "__init__"): "the corpus sample (indices)",
     ("objectives/classification.py", "__init__"): "a loss's parameters, moved with the module by .to(device)",
     ("objectives/contrastive.py", "step_batches"): "the epoch's sentence order (Python lists)",
     ("stages/pretrain.py", "pretrain"): "the pretraining order (Python lists)",

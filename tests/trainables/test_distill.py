@@ -14,7 +14,7 @@ from trainables.data.tasks import unlabeled_pairs
 from trainables.errors import UserInputError
 from trainables.kinds import get_kind
 from trainables.kinds.distill import DistillConfig
-from trainables.learners import distill as distill_module
+from trainables.kinds.distill import learner as distill_module
 from trainables.models.encoder import load_tokenizer
 from trainables.training.cross_encoder import CrossEncoder, PairTokens, cross_loss, predict
 

@@ -14,11 +14,11 @@ from typer.testing import CliRunner
 
 from orchestrator.cli import app
 from trainables.kinds.finetune import FinetuneConfig
-from trainables.learners.finetune import FinetuneLearner
+from trainables.kinds.finetune.learner import FinetuneLearner
 from trainables.models.encoder import build_sentence_encoder
 from trainables.objectives import build_loss
+from trainables.runtime import linear_schedule
 from trainables.training.bi_encoder import build_optimizer, layer_lr_scales
-from trainables.training.runtime import linear_schedule
 
 LR, DECAY = 1e-4, 0.8
 

@@ -80,7 +80,7 @@ def test_a_lora_trial_trains_only_the_adapters_and_reports_the_models_size(confi
     `params` is the plain cut model's (the adapters fold into it) and `trained_params` what trained."""
     plain_reports, lora_reports = [], []
     finetune.run(config, collect(plain_reports))
-    from trainables.learners.finetune import FinetuneLearner
+    from trainables.kinds.finetune.learner import FinetuneLearner
 
     learner_models = []
     original_init = FinetuneLearner.__init__
@@ -202,7 +202,7 @@ def test_a_contrastive_trial_with_lora_trains_the_adapters_and_its_head_only(tin
     encoder's and `trained_params` the adapters' 1,024 (2 blocks x query and value x 4 x 64) plus SimCSE's MLP
     head used in training (32 x 32 + 32), which trains whole."""
     from tests.trainables.test_contrastive import short_simcse
-    from trainables.learners.contrastive import ContrastiveLearner
+    from trainables.kinds.contrastive.learner import ContrastiveLearner
 
     config = short_simcse(tiny_bert, synthetic_data_dir, tmp_path)
     contrastive = get_kind("contrastive")
@@ -232,8 +232,8 @@ def test_a_distill_trial_with_lora_trains_the_bi_encoders_adapters_and_restarts_
     cross-encoder trains whole; `params` is the plain cut bi-encoder's and `trained_params` its adapters' 1,024;
     with restart_each_cycle the restarted bi-encoder gets the adapters it started with (seeded apart from the
     global generator, which the adapters leave as it was)."""
-    from trainables.learners import distill as distill_module
-    from trainables.learners.distill import DistillLearner, restart_bi
+    from trainables.kinds.distill import learner as distill_module
+    from trainables.kinds.distill.learner import DistillLearner, restart_bi
 
     config = {"model": tiny_bert, "task": "stsb", "data_dir": str(synthetic_data_dir), "layer": 2, "cycles": 2,
               "bi_epochs": 1, "bi_lr": 1e-3, "bi_batch_size": 32, "cross_epochs": 1, "cross_lr": 1e-3,

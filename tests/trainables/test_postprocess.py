@@ -249,7 +249,7 @@ def test_contrastive_and_distill_fit_the_map_on_what_they_train_on_and_score_thr
 def test_contrastive_fits_its_map_on_a_fixed_sample_of_a_large_corpus(monkeypatch):
     """A wiki1m corpus would be embedded whole at every evaluation: the map is fitted on at most POSTPROCESS_FIT
     distinct sentences, the same ones every time, in corpus order; a smaller corpus whole."""
-    from trainables.learners import contrastive
+    from trainables.kinds.contrastive import learner as contrastive
 
     monkeypatch.setattr(contrastive, "POSTPROCESS_FIT", 5)
     corpus = [f"sentence {i}" for i in range(12)] + ["sentence 3"]

@@ -58,7 +58,7 @@ def test_minilm_zero_shot_profile_matches_the_published_figure(data_dir, minilm_
 def test_probe_scores_in_fp32_by_default_even_where_bf16_is_fast(tiny_bert, synthetic_data_dir, monkeypatch):
     """Like every training kind's scoring: on bf16 hardware `auto` would score under bf16 autocast
     (here pretended: the CPU is said to have AMX), which moves the numbers."""
-    from trainables.training import runtime
+    from trainables import runtime
 
     monkeypatch.setattr(runtime, "_cpu_has_fast_bf16", lambda: True)
     config = {"model": tiny_bert, "data_dir": str(synthetic_data_dir), "splits": ["dev"], "layers": [2, 3],

@@ -450,8 +450,8 @@ def test_pool_special_tokens_reaches_the_probe_and_a_trial_before_its_first_step
     same sentences (the scores of a random tiny decoder's near-parallel vectors would move with batch rounding)."""
     from trainables.contract import parse_config
     from trainables.evaluation.probe import LayerTable
+    from trainables.kinds.finetune.learner import FinetuneLearner
     from trainables.kinds.probe import ProbeConfig
-    from trainables.learners.finetune import FinetuneLearner
 
     def probe(**changes) -> float:
         return get_kind("probe").run({"model": tiny_llama, "data_dir": str(synthetic_data_dir), "layers": [2],

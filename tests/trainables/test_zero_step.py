@@ -12,8 +12,8 @@ from tests.trainables.test_architectures import FAMILIES
 from trainables.contract import parse_config
 from trainables.evaluation.probe import probe_layers
 from trainables.kinds import get_kind
+from trainables.kinds.finetune.learner import FinetuneLearner
 from trainables.kinds.probe import ProbeConfig
-from trainables.learners.finetune import FinetuneLearner
 from trainables.models.architectures import is_causal
 
 # one of each way a family is cut or read: post-norm encoders, shared blocks, relative positions, pre-norm

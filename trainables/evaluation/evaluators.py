@@ -17,7 +17,7 @@ from trainables.errors import one_of
 from trainables.models.batching import TokenCache, encode_tokens
 from trainables.models.packed import packed_linears
 from trainables.names import SELECTS
-from trainables.training.runtime import autocast
+from trainables.runtime import autocast
 
 Embed = Callable[[Sequence[str]], torch.Tensor]
 

@@ -35,7 +35,7 @@ from trainables.models.encoder import (
 from trainables.models.layer_mix import mixed
 from trainables.models.pooling_layers import mixed_layers
 from trainables.poolings import POOLINGS, build_pooling
-from trainables.training.runtime import resolve_device, resolve_precision, without_cudnn_attention
+from trainables.runtime import resolve_device, resolve_precision, without_cudnn_attention
 
 if TYPE_CHECKING:  # the config is the probe kind's declaration
     from trainables.kinds.probe import ProbeConfig

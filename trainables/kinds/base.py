@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainables.contract import Report, TrialConfig, parse_config
 from trainables.errors import UserInputError, one_of
-from trainables.learners.base import Learner
 from trainables.models.files import model_depth
 from trainables.names import DROPOUT_MASKS, EVAL_PRECISIONS, PRECISIONS, primary_metric
 from trainables.registry import Registry
 from trainables.stages.fields import stage_params, uses_stage
+from trainables.training.learner import Learner
 
 if TYPE_CHECKING:  # the base class imports almost nothing: reading the registry loads no torch
     import torch
@@ -189,7 +189,7 @@ class TrainingKind(TrainableKind):
         import tempfile
         import time
 
-        from trainables.training.runtime import prepare, seed_everything
+        from trainables.runtime import prepare, seed_everything
 
         with tempfile.TemporaryDirectory(prefix="orchestrator-pilot-") as scratch:
             scratch_dirs = {"cache_dir": scratch} if "cache_dir" in self.Config.model_fields else {}

@@ -12,7 +12,7 @@ parameter as its `.grad`. The optimizer, clipping and `zero_grad(set_to_none=Tru
 dense gradient as before, with the same values (the rows' sums may round in a different order).
 Off the CPU (where a fill is cheap and `index_add_` is not deterministic) the backward is torch's.
 The rows written are known, so the clipping's norm reads only them (`nonzero_rows`,
-trainables.training.runtime.total_norm): a MiniLM step of 32 pairs writes about 250 of 30,522.
+trainables.runtime.total_norm): a MiniLM step of 32 pairs writes about 250 of 30,522.
 
 A table that is also used outside the lookup (a tied output layer, a weight read by a loss) gets a
 dense gradient from autograd, which lands in the buffer on rows no lookup touched; a hook on the

@@ -26,7 +26,7 @@ from torch import nn
 from trainables.models.batching import pad
 from trainables.models.encoder import SentenceEncoder
 from trainables.names import ATTENTION_LOSSES, METHODS  # noqa: F401 (re-exported)
-from trainables.training.runtime import autocast
+from trainables.runtime import autocast
 
 MI_SAMPLES = 150  # entries drawn per row, as the reference does
 

@@ -13,17 +13,24 @@ seeds covers the whole procedure; `shared` builds one (seed `pretrain_seed`) for
 
 from __future__ import annotations
 
+import importlib
 import math
 import time
 from pathlib import Path
 
 import torch
 
-from trainables.contract import collect
 from trainables.data.tasks import corpus_sentences
 from trainables.errors import TrainingDivergedError, UserInputError, one_of
 from trainables.models.batching import tokenize
 from trainables.models.encoder import load_config, load_tokenizer, resolve_model_path
+from trainables.runtime import (
+    clip_gradients,
+    linear_schedule,
+    resolve_device,
+    seed_everything,
+    without_cudnn_attention,
+)
 from trainables.stages import get_or_build
 from trainables.stages.fields import (  # noqa: F401 (re-exported)
     OBJECTIVES,
@@ -33,13 +40,6 @@ from trainables.stages.fields import (  # noqa: F401 (re-exported)
     stage_params,
     stage_seed_of,
     uses_stage,
-)
-from trainables.training.runtime import (
-    clip_gradients,
-    linear_schedule,
-    resolve_device,
-    seed_everything,
-    without_cudnn_attention,
 )
 
 
@@ -150,29 +150,16 @@ def pretrain(cfg, seed: int, sentences: list[str], folder: Path) -> dict:
             "last_loss": float(sum(losses[-10:]) / max(1, len(losses[-10:])))}
 
 
-def contrastive_pretrain(cfg, seed: int, pooling: str, folder: Path) -> dict:
-    """SimCSE / miCSE on the whole encoder with the trial's pooling, run by the `contrastive` kind
-    (the task's dev split picks the best of four evaluation points); saves encoder and tokenizer."""
-    from trainables.kinds.contrastive import ContrastiveKind  # its declaration, not the registry
-    from trainables.training.loop import train
+# SimCSE / miCSE are the `contrastive` kind run as a stage: that code lives with the kind
+# (`trainables/kinds/contrastive/stage.py`), named here by its path as `PILOTS` names the pilots, so
+# that no module of stages/ imports the kinds above it
+CONTRASTIVE_STAGE = "trainables.kinds.contrastive.stage:contrastive_pretrain"
 
-    kind = ContrastiveKind()
-    stage = kind.parse({
-        "model": cfg.model, "method": cfg.pretrain, "task": cfg.task, "language": cfg.language,
-        "corpus": cfg.pretrain_corpus, "pooling": pooling, "lr": cfg.pretrain_lr, "steps": cfg.pretrain_steps,
-        "eval_every": max(1, math.ceil(cfg.pretrain_steps / 4)), "batch_size": cfg.pretrain_batch_size,
-        "max_seq_length": cfg.pretrain_max_seq_length, "warmup_ratio": cfg.pretrain_warmup_ratio,
-        "score_test": False, "transductive": cfg.transductive, "seed": seed, "precision": cfg.precision,
-        "device": cfg.device, "data_dir": cfg.data_dir, "max_eval_samples": cfg.max_eval_samples})
-    started, curve = time.perf_counter(), []
-    learner, last = train(kind, stage, collect(curve))
-    encoder, tokenizer, _ = learner.sentence_model()  # the best-dev weights: train() loaded them
-    encoder.encoder.save_pretrained(folder, safe_serialization=True)
-    tokenizer.save_pretrained(folder)
-    return {"loss_curve": [m["train_loss"] for m in curve], "corpus_sentences": last["corpus_sentences"],
-            "seconds": time.perf_counter() - started, "first_loss": curve[0]["train_loss"],
-            "last_loss": curve[-1]["train_loss"], "stage_dev_spearman": last["best_dev_spearman"],
-            "stage_best_step": last["best_epoch"] * stage.eval_every}
+
+def contrastive_pretrain(cfg, seed: int, pooling: str, folder: Path) -> dict:
+    """The contrastive kind's stage (`CONTRASTIVE_STAGE`), imported when a stage of it is built."""
+    module, function = CONTRASTIVE_STAGE.split(":")
+    return getattr(importlib.import_module(module), function)(cfg, seed, pooling, folder)
 
 
 def pilot_stage_step(cfg, steps: int = 3) -> float:

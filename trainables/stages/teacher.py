@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 from safetensors.torch import load_file, save_file
 
+from trainables.runtime import seed_everything
 from trainables.stages import get_or_build
 from trainables.stages.fields import stage_seed_of
 from trainables.training.cross_encoder import (
@@ -20,7 +21,6 @@ from trainables.training.cross_encoder import (
     fit_cross_encoder,
     score_both_orders,
 )
-from trainables.training.runtime import seed_everything
 
 TEACHER_WEIGHTS = "models.safetensors"
 TEACHER_FIELDS = ("task", "language", "pairs", "max_train_samples", "max_eval_samples", "transductive", "cross_layer",

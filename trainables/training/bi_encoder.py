@@ -12,8 +12,8 @@ import torch
 from trainables.errors import TrainingDivergedError
 from trainables.models.batching import TokenCache, encode_tokens
 from trainables.objectives.sts import CosineMSELoss
+from trainables.runtime import autocast, clip_gradients, linear_schedule
 from trainables.training.optimizer import RowAdamW
-from trainables.training.runtime import autocast, clip_gradients, linear_schedule
 
 
 def epoch_batches(lengths: list[int], batch_size: int, seed: int, group_by_length: bool) -> list[list[int]]:

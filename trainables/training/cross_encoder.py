@@ -31,8 +31,8 @@ from trainables.models.encoder import (
 from trainables.models.packed import packed_linears
 from trainables.names import CROSS_HEADS, CROSS_LOSSES  # noqa: F401 (re-exported)
 from trainables.poolings import POOLINGS, build_pooling
+from trainables.runtime import autocast, clip_gradients, linear_schedule
 from trainables.training.bi_encoder import build_optimizer, check_finite, epoch_batches
-from trainables.training.runtime import autocast, clip_gradients, linear_schedule
 
 
 class CrossEncoder(nn.Module):

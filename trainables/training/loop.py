@@ -26,8 +26,8 @@ import torch
 
 from trainables.contract import Report
 from trainables.errors import TrainingDivergedError
-from trainables.learners.base import Learner
 from trainables.models.encoder import save_sentence_transformer
+from trainables.runtime import prepare, seed_everything
 from trainables.training.bi_encoder import write_predictions
 from trainables.training.checkpoints import (
     MODEL_DIR,
@@ -36,7 +36,7 @@ from trainables.training.checkpoints import (
     load_checkpoint,
     save_checkpoint,
 )
-from trainables.training.runtime import prepare, seed_everything
+from trainables.training.learner import Learner
 
 if TYPE_CHECKING:  # the kind calls the loop; the loop only calls back into it
     from trainables.kinds.base import TrainingKind

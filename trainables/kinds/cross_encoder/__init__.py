@@ -38,7 +38,7 @@ class CrossEncoderKind(TrainingKind):
     example = {"layer": 1, "epochs": 2, "lr": 1e-3, "batch_size": 32, "max_seq_length": 48,
                "max_train_samples": 96}
     Config = CrossEncoderConfig
-    learner = "trainables.learners.cross_encoder:CrossEncoderLearner"
+    learner = "trainables.kinds.cross_encoder.learner:CrossEncoderLearner"
     names = {"pooling": POOLINGS, "loss": CROSS_LOSSES, "head": CROSS_HEADS}
 
     def check_names(self, cfg, key_of) -> None:

@@ -14,7 +14,6 @@ from trainables.errors import one_of
 from trainables.evaluation.evaluators import Embedder, STSEvaluator, pair_cosines
 from trainables.evaluation.postprocess import FittedOnTrain
 from trainables.kinds.distill import MODES, DistillConfig
-from trainables.learners.base import Learner
 from trainables.models.batching import TokenCache
 from trainables.models.encoder import (
     SentenceEncoder,
@@ -24,6 +23,7 @@ from trainables.models.encoder import (
     used_parameter_count,
 )
 from trainables.models.lora import adapter_parameter_count, add_lora
+from trainables.runtime import scoring_dtype, seed_everything
 from trainables.stages.pretrain import pretrained_start
 from trainables.stages.teacher import teacher_labels
 from trainables.training.bi_encoder import fit_bi_encoder
@@ -37,7 +37,7 @@ from trainables.training.cross_encoder import (
     score_both_orders,
     score_split,
 )
-from trainables.training.runtime import scoring_dtype, seed_everything
+from trainables.training.learner import Learner
 
 
 @dataclass

@@ -14,7 +14,6 @@ from trainables.kinds.contrastive import (
     ContrastiveConfig,
     resolve_attention_layers,
 )
-from trainables.learners.base import Learner
 from trainables.models.attention import INFERENCE as INFERENCE_ATTENTION
 from trainables.models.batching import TokenCache
 from trainables.models.dropout import ATTENTION as FAST_ATTENTION
@@ -28,8 +27,9 @@ from trainables.models.encoder import (
 from trainables.models.lora import adapter_parameter_count, add_lora
 from trainables.names import ATTENTION_LOSSES
 from trainables.objectives.contrastive import ContrastiveModel, contrastive_step, step_batches
+from trainables.runtime import clip_gradients, linear_schedule, scoring_dtype
 from trainables.training.bi_encoder import build_optimizer, check_finite
-from trainables.training.runtime import clip_gradients, linear_schedule, scoring_dtype
+from trainables.training.learner import Learner
 
 
 def evaluation_length(cfg: ContrastiveConfig, tokenizer) -> int:

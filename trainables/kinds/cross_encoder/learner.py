@@ -10,12 +10,12 @@ import torch
 from trainables.data.tasks import load_sts_task
 from trainables.errors import one_of
 from trainables.kinds.cross_encoder import CrossEncoderConfig
-from trainables.learners.base import Learner
 from trainables.models.encoder import load_tokenizer, used_parameter_count
+from trainables.runtime import linear_schedule, scoring_dtype
 from trainables.stages.pretrain import pretrained_start
 from trainables.training.bi_encoder import build_optimizer, epoch_batches
 from trainables.training.cross_encoder import CROSS_LOSSES, CrossEncoder, PairTokens, score_split, train_cross_epoch
-from trainables.training.runtime import linear_schedule, scoring_dtype
+from trainables.training.learner import Learner
 
 
 class CrossEncoderLearner(Learner):

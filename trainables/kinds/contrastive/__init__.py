@@ -93,7 +93,7 @@ class ContrastiveKind(TrainingKind):
     example = {"layer": 2, "steps": 6, "eval_every": 2, "batch_size": 16, "corpus": "task",
                "max_train_samples": 120, "method": "micse", "pooling": "mean"}  # a random tiny BERT's CLS is collapsed
     Config = ContrastiveConfig
-    learner = "trainables.learners.contrastive:ContrastiveLearner"
+    learner = "trainables.kinds.contrastive.learner:ContrastiveLearner"
     exports_models = True
     round_name = "round"
 

@@ -12,11 +12,11 @@ from trainables.errors import UserInputError
 from trainables.evaluation.evaluators import Embedder, make_evaluator
 from trainables.evaluation.postprocess import FittedOnTrain
 from trainables.kinds.finetune import FinetuneConfig
-from trainables.learners.base import Learner
 from trainables.models.batching import TokenCache
 from trainables.models.encoder import build_sentence_encoder, load_tokenizer, special_ids, used_parameter_count
 from trainables.models.lora import adapter_parameter_count, add_lora
 from trainables.objectives import build_loss
+from trainables.runtime import linear_schedule, scoring_dtype
 from trainables.stages.pretrain import pretrained_start
 from trainables.training.bi_encoder import (
     build_optimizer,
@@ -26,7 +26,7 @@ from trainables.training.bi_encoder import (
     pair_lengths,
     train_step,
 )
-from trainables.training.runtime import linear_schedule, scoring_dtype
+from trainables.training.learner import Learner
 
 
 class FinetuneLearner(Learner):

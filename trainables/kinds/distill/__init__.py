@@ -81,7 +81,7 @@ class DistillConfig(TrainingConfig, PretrainFields, PromptFields, PoolingLayersF
 class DistillKind(TrainingKind):
     example = {"layer": 2, "cycles": 2, "bi_epochs": 1, "cross_epochs": 1, "max_train_samples": 64}
     Config = DistillConfig
-    learner = "trainables.learners.distill:DistillLearner"
+    learner = "trainables.kinds.distill.learner:DistillLearner"
     exports_models = True
     round_name = "cycle"
     round_table = True

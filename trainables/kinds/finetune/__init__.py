@@ -55,7 +55,7 @@ class FinetuneConfig(TrainingConfig, PretrainFields, PromptFields, LoraFields, P
 class FinetuneKind(TrainingKind):
     example = {"layer": 2, "epochs": 3, "lr": 1e-3, "batch_size": 16}
     Config = FinetuneConfig
-    learner = "trainables.learners.finetune:FinetuneLearner"
+    learner = "trainables.kinds.finetune.learner:FinetuneLearner"
     exports_models = True
     names = {"pooling": POOLINGS, "loss": OBJECTIVES}
 
