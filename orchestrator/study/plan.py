@@ -9,13 +9,12 @@ naming the YAML key path.
 
 from __future__ import annotations
 
-import difflib
-import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.study.cells import MANAGED, Cell, ablate_axes, did_you_mean, grid_cells
 from orchestrator.study.config import StudyConfig
 from orchestrator.study.data import read_study_data, trial_task
 from orchestrator.study.model_check import check_cuts, check_models
@@ -25,33 +24,18 @@ from orchestrator.study.plan_checks import (
     check_saved_pooling,
     check_task_name,
     check_trials,
-    model_depth_at,
     tasks_read,
 )
 from orchestrator.study.plugins import plugins_used
 from orchestrator.study.store_check import check_tracking_uri
 from reports.record import DataRecord, KindRecord, PluginRecord, StudyRecord
 from search_spaces.optuna_samplers import space_problems
-from search_spaces.params import Fixed, Grid, Param, parse_ablated, parse_tuned
-from search_spaces.presets import expand_language, expand_layer, expand_pooling, expand_seeds, expand_tuned_preset
+from search_spaces.params import Param, parse_tuned
+from search_spaces.presets import expand_seeds, expand_tuned_preset
 from trainables.contract import TrialConfig
 from trainables.errors import Problems, UserInputError
 from trainables.kinds import KINDS, TrainableKind, load_kind
 from trainables.kinds.base import TrainingKind
-
-# keys the orchestrator sets itself; a study may not put them in train/ablate/tune
-MANAGED = {"seed", "model", "task", "data_dir", "num_threads", "device", "max_train_samples", "max_eval_samples",
-           "score_test", "cache_dir", "export_model"}
-
-
-@dataclass(frozen=True)
-class Cell:
-    index: int
-    values: dict[str, Any]
-
-    @property
-    def key(self) -> str:
-        return " ".join(f"{k}={v}" for k, v in self.values.items()) or "all"
 
 
 @dataclass(frozen=True)
@@ -179,70 +163,6 @@ def plan_from_record(study: StudyConfig, record: StudyRecord) -> StudyPlan:
                      tuple(record.kind.tables or ()), record.kind.round_name, tuple(record.data), tuple(record.plugins))
 
 
-def _did_you_mean(key: str, name: str, valid: list[str]) -> UserInputError:
-    close = difflib.get_close_matches(name, valid, n=1)
-    hint = f"did you mean {close[0]}? " if close else ""
-    return UserInputError(key, name, f"{hint}valid names: {', '.join(sorted(valid))}")
-
-
-def _ablate_axes(study: StudyConfig, schema: type[TrialConfig], found: Problems) -> dict[str, Fixed | Grid]:
-    """The ablated axes that parse; the problems of the others go to `found`."""
-    valid = [k for k in schema.model_fields if k not in MANAGED or k == "model"]
-    axes: dict[str, Fixed | Grid] = {}
-    for name, raw in study.ablate.items():
-        axis = found.check(_ablate_axis, study, name, raw, valid)
-        if axis is not None:
-            axes[name] = axis
-    return axes
-
-
-def _ablate_axis(study: StudyConfig, name: str, raw: Any, valid: list[str]) -> Fixed | Grid:
-    from trainables.data.tasks import task_languages
-
-    key = f"ablate.{name}"
-    if name == "seed":
-        raise UserInputError(key, raw, "seeds are never ablated: list them under replicate.seeds")
-    if name not in valid:
-        raise _did_you_mean(key, name, valid)
-    if isinstance(raw, list):
-        parse_ablated(key, raw)  # empty lists and repeated values
-    if name == "pooling":
-        return expand_pooling(raw)
-    if name == "language":
-        return expand_language(raw, task_languages(study.task))
-    if name == "layer":
-        return Grid(()) if raw in ("all", "last") else parse_ablated(key, raw)  # per model, in _cells
-    return parse_ablated(key, raw)
-
-
-def _cells(study: StudyConfig, axes: dict[str, Fixed | Grid], found: Problems | None = None) -> list[dict[str, Any]]:
-    """The full factorial grid; `layer: all|last` expands with each cell's model depth. With `found`, layers
-    a model does not have go there and the grid goes on with the ones it has (its trials are still checked)."""
-    grid_axes = {k: v for k, v in axes.items() if k != "layer"}
-    combos = [dict(zip(grid_axes, values, strict=True)) for values in
-              itertools.product(*[(p.value,) if isinstance(p, Fixed) else p.values for p in grid_axes.values()])]
-    if "layer" not in axes:
-        return combos
-    cells = []
-    depths: dict[str, int] = {}
-    for combo in combos:
-        model = combo.get("model", study.model)
-        if model not in depths:
-            depths[model] = model_depth_at(model, "ablate.model" if "model" in combo else "model")
-        try:
-            layers = expand_layer(study.ablate["layer"], depths[model])
-        except UserInputError as exc:
-            if found is None:
-                raise
-            found.add(exc)
-            raw = study.ablate["layer"]
-            layers = Grid(tuple(v for v in raw if type(v) is int and 0 <= v <= depths[model]) or (depths[model],)
-                          if isinstance(raw, list) else (depths[model],))
-        for layer in (layers.value,) if isinstance(layers, Fixed) else layers.values:
-            cells.append({k: layer if k == "layer" else combo[k] for k in axes})  # the YAML's axis order
-    return cells
-
-
 def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Path | None = None) -> StudyPlan:
     """Resolve and check everything a launch needs. Every problem is a UserInputError naming the YAML key it
     came from; the checks that do not depend on a failed one still run, so all of them are reported at once
@@ -254,7 +174,7 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
     task_ok = not found.errors
     seeds = found.check(_replicate_seeds, study, kind)
     before = len(found.errors)
-    axes = _ablate_axes(study, kind.Config, found)  # the axes that parse: the checks below go on with them
+    axes = ablate_axes(study, kind.Config, found)  # the axes that parse: the checks below go on with them
     axes_ok = len(found.errors) == before
     if task_ok and (axes_ok or "language" not in study.ablate):
         found.check(check_language, study, axes)
@@ -262,7 +182,7 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
     if tuned and study.tune is not None:  # a sampler that cannot search this space as its name promises
         found.add(*space_problems(study.tune.sampler, study.tune.trials, tuned))
     based = found.check(_base_config, study, kind.Config, axes, tuned or {}, study_dir, stage_root, found)
-    values = found.check(_cells, study, axes, found)
+    values = found.check(grid_cells, study, axes, found)
     if task_ok and tuned is not None and based is not None and values is not None:  # each trial names the task
         base, origins = based
         cells = tuple(Cell(i, v) for i, v in enumerate(values))
@@ -297,7 +217,7 @@ def _tuned_params(study: StudyConfig, kind: TrainableKind, axes: dict) -> dict[s
     for name, raw in study.tune.params.items():
         key = f"tune.params.{name}"
         if name not in fields or name in MANAGED:
-            raise _did_you_mean(key, name, [k for k in fields if k not in MANAGED])
+            raise did_you_mean(key, name, [k for k in fields if k not in MANAGED])
         if name in axes:
             raise UserInputError(key, raw, f"{name} is also ablated; an axis is either ablated or tuned")
         tuned[name] = expand_tuned_preset(name, raw) or parse_tuned(key, raw)
@@ -342,7 +262,7 @@ def _base_config(study: StudyConfig, schema: type[TrialConfig], axes: dict, tune
         base["data_dir"] = str(folder)
     for name, value in study.train.items():
         if name not in schema.model_fields or name in MANAGED:
-            found.add(_did_you_mean(f"train.{name}", name, [k for k in schema.model_fields if k not in MANAGED]))
+            found.add(did_you_mean(f"train.{name}", name, [k for k in schema.model_fields if k not in MANAGED]))
         elif name in axes or name in tuned:
             found.add(UserInputError(f"train.{name}", value, f"{name} is also ablated or tuned; give it in one place"))
         else:

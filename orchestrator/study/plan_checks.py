@@ -4,17 +4,15 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from orchestrator.study.cells import Cell, model_depth_at
 from orchestrator.study.config import StudyConfig
 from orchestrator.study.data import check_task
 from search_spaces.params import Choice, Fixed, Grid, IntRange, LogUniform, Param, Uniform
 from trainables.contract import TrialConfig
 from trainables.errors import Problems, UserInputError, UserInputErrors
 from trainables.kinds import TrainableKind
-
-if TYPE_CHECKING:
-    from orchestrator.study.plan import Cell
 
 
 def covering_values(param: Param) -> list[Any]:
@@ -27,15 +25,6 @@ def covering_values(param: Param) -> list[Any]:
     if isinstance(param, IntRange | Uniform | LogUniform):
         return [param.low, param.high]
     raise TypeError(param)
-
-
-def model_depth_at(model: str, key: str) -> int:
-    from trainables.models.files import model_depth
-
-    try:
-        return model_depth(model)
-    except UserInputError as exc:
-        raise UserInputError(key, model, exc.fix) from None
 
 
 def check_task_name(study: StudyConfig) -> None:

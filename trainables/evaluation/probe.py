@@ -10,7 +10,7 @@ The model is cut after the deepest layer asked for.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -37,8 +37,32 @@ from trainables.models.pooling_layers import mixed_layers
 from trainables.poolings import POOLINGS, build_pooling
 from trainables.runtime import resolve_device, resolve_precision, without_cudnn_attention
 
-if TYPE_CHECKING:  # the config is the probe kind's declaration
-    from trainables.kinds.probe import ProbeConfig
+
+class ProbeSettings(Protocol):
+    """What the probe reads of its config: the probe kind's declaration (`trainables.kinds.probe.ProbeConfig`)
+    is one; named here so that evaluation/ imports no kind above it."""
+
+    model: str
+    task: Any
+    language: str | None
+    layers: list[int] | None
+    pooling: str
+    pooling_layers: str | list[int]
+    splits: list[str]
+    max_seq_length: int
+    precision: str
+    device: str
+    num_threads: int | None
+    data_dir: str | None
+    max_eval_samples: int | None
+    max_train_samples: int | None
+    postprocess: str
+    postprocess_dim: int | None
+    prompt: str
+    include_prompt: bool
+    append_eos: bool
+    bidirectional: bool
+    pool_special_tokens: bool
 
 
 class AllLayers(nn.Module):
@@ -80,7 +104,7 @@ class LayerTable:
     """Pooled vectors of chosen layers for a fixed set of sentences, from one pass over them;
     `embedder(j)` is an Embed function for the j-th chosen layer."""
 
-    def __init__(self, cfg: ProbeConfig, sentences: Sequence[str]):
+    def __init__(self, cfg: ProbeSettings, sentences: Sequence[str]):
         POOLINGS.entry(cfg.pooling, "pooling")
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
@@ -106,7 +130,7 @@ class LayerTable:
         return embed
 
 
-def probe_layers(cfg: ProbeConfig) -> list[dict]:
+def probe_layers(cfg: ProbeSettings) -> list[dict]:
     """One row per layer: `layer`, `params` (of the model cut there), the metrics of each split and its
     label-free diagnostics, with the layer each diagnostic picks and its agreement with the labels."""
     data = load_task(cfg.task, cfg.language, cfg.data_dir, max_train_samples=cfg.max_train_samples,
@@ -156,7 +180,7 @@ def add_layer_picks(rows: list[dict], split: str, labelled: str) -> None:
             row[f"{split}_{name}_pick"], row[f"{split}_{name}_rho"] = pick, rho
 
 
-def probe_suite(cfg: ProbeConfig, suite: str = "sts") -> list[dict]:
+def probe_suite(cfg: ProbeSettings, suite: str = "sts") -> list[dict]:
     """One row per layer: `layer`, `params` and the suite's Spearman per set and on average (test
     splits; see trainables.evaluation.sts_suite for the aggregation)."""
     frames = load_suite(suite, cfg.data_dir, cfg.max_eval_samples)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
@@ -59,3 +59,15 @@ class Learner(ABC):
     def test_extras(self) -> dict[str, float]:
         """More test metrics scored once with the best-dev weights (e.g. the STS suite)."""
         return {}
+
+
+class BuildsLearners(Protocol):
+    """What the loop asks of a training kind (`trainables.kinds.base.TrainingKind` is one): the kind calls the
+    loop and the loop only calls back into it, so it names this shape instead of importing the kinds."""
+
+    round_name: str  # what one report covers: an epoch, a cycle, an evaluation round
+    round_table: bool  # the last report also carries every round's dev as <round><n>_*
+
+    def build(self, cfg: Any, device: torch.device, dtype: torch.dtype) -> Learner: ...
+
+    def num_reports(self, cfg: Any) -> int: ...

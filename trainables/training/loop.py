@@ -20,7 +20,6 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,10 +35,7 @@ from trainables.training.checkpoints import (
     load_checkpoint,
     save_checkpoint,
 )
-from trainables.training.learner import Learner
-
-if TYPE_CHECKING:  # the kind calls the loop; the loop only calls back into it
-    from trainables.kinds.base import TrainingKind
+from trainables.training.learner import BuildsLearners, Learner
 
 
 @dataclass
@@ -77,7 +73,7 @@ def improves(value: float, best: float | None, greater_is_better: bool) -> bool:
     return best is None or (value > best if greater_is_better else value < best)
 
 
-def train(kind: TrainingKind, cfg, report: Report, checkpoint_dir: str | None = None) -> tuple[Learner, dict]:
+def train(kind: BuildsLearners, cfg, report: Report, checkpoint_dir: str | None = None) -> tuple[Learner, dict]:
     """Run one trial of `kind`; returns the learner (holding its best-dev weights) and the last metrics."""
     device, dtype = prepare(cfg.device, cfg.precision, cfg.num_threads)
     seed_everything(cfg.seed)
