@@ -198,3 +198,27 @@ def test_cls_pooling_is_refused_in_one_line(smollm2, data_dir):
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip() == ("error: --pooling: 'cls' is not valid; llama attends causally, so its first token "
                                   "sees nothing after it: use last_token or mean")
+
+
+@pytest.mark.slow
+def test_llm2vecs_mntp_stage_runs_on_it_offline_and_its_encoder_attends_both_ways_in_a_trial(smollm2, data_dir,
+                                                                                           monkeypatch, tmp_path):
+    """`pretrain: mntp` on the real decoder (its LM head tied to the embeddings, from the dequantized folder), two
+    short steps: the blank `_` is one of its tokens, the loss is finite and falls from a masked guess."""
+    from trainables.kinds.finetune import FinetuneConfig
+    from trainables.models.architectures import is_causal
+    from trainables.models.encoder import load_encoder, load_tokenizer
+    from trainables.stages.pretrain import BLANK, adapt, with_mask_token
+
+    monkeypatch.setenv("ORCHESTRATOR_CACHE", str(smollm2["cache"]))
+    assert with_mask_token(load_tokenizer(SMOLLM2), "mntp").mask_token == BLANK
+    cfg = FinetuneConfig(model=SMOLLM2, task="stsb", data_dir=str(data_dir), bidirectional=True, pretrain="mntp",
+                         pretrain_corpus="unlabeled_en", pretrain_steps=3, pretrain_batch_size=4,
+                         pretrain_max_seq_length=32, pretrain_mlm_probability=0.2, cache_dir=str(tmp_path),
+                         device="cpu")
+    folder, record, built = adapt(cfg, "mean")
+    print(f"SmolLM2 mntp loss curve {record['loss_curve']} in {record['seconds']:.0f} s")
+    assert built and all(math.isfinite(loss) for loss in record["loss_curve"])
+    assert record["loss_curve"][-1] < record["loss_curve"][0]
+    adapted = load_encoder(str(folder), bidirectional=True)
+    assert not is_causal(adapted) and adapted.config.num_hidden_layers == 30

@@ -4,11 +4,13 @@ The stage itself is `trainables.stages.pretrain`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pydantic import BaseModel, Field
 
-from trainables.errors import one_of
+from trainables.errors import UserInputError, one_of
 
-OBJECTIVES = ("mlm", "rtd", "simcse", "micse")
+OBJECTIVES = ("mlm", "rtd", "simcse", "micse", "mntp")
 STAGE_SEEDS = ("per_seed", "shared")
 STAGE_FIELDS = ("pretrain", "pretrain_corpus", "pretrain_steps", "pretrain_lr", "pretrain_batch_size",
                 "pretrain_grad_accum", "pretrain_warmup_ratio", "pretrain_max_seq_length", "pretrain_mlm_probability",
@@ -18,8 +20,10 @@ STAGE_FIELDS = ("pretrain", "pretrain_corpus", "pretrain_steps", "pretrain_lr", 
 class PretrainFields(BaseModel):
     """The `pretrain:` stage's settings, shared by every kind that may start from it."""
 
-    pretrain: str | None = Field(None, description="mlm, rtd (ELECTRA), simcse or micse: first adapt `model` on "
-                                                    "`pretrain_corpus` (a cached stage); null fine-tunes directly")
+    pretrain: str | None = Field(None, description="mlm, rtd (ELECTRA), simcse, micse or mntp (LLM2Vec's masked "
+                                                    "next-token prediction, for a decoder with bidirectional: true): "
+                                                    "first adapt `model` on `pretrain_corpus` (a cached stage); null "
+                                                    "fine-tunes directly")
     pretrain_corpus: str = Field("unlabeled_en", description="unlabeled_en, task (the task's train sentences), "
                                                              "task+dev, task+test (transductive) or a text file")
     pretrain_steps: int = Field(200, ge=0, description="optimizer steps; 0 skips the stage, so `ablate: "
@@ -29,7 +33,8 @@ class PretrainFields(BaseModel):
     pretrain_grad_accum: int = Field(1, ge=1)
     pretrain_warmup_ratio: float = Field(0.1, ge=0, le=1)
     pretrain_max_seq_length: int = Field(128, ge=8)
-    pretrain_mlm_probability: float = Field(0.15, gt=0, lt=1)
+    pretrain_mlm_probability: float = Field(0.15, gt=0, lt=1, description="mlm, rtd and mntp: the share of tokens "
+                                                                          "masked (LLM2Vec's mntp configs: 0.2)")
     pretrain_generator: str | None = Field(None, description="rtd: a generator hub id or folder; default a fresh "
                                                              "generator a quarter of the discriminator's width")
     pretrain_rtd_weight: float = Field(50.0, gt=0, description="rtd: weight of the detection loss (ELECTRA: 50)")
@@ -48,6 +53,34 @@ def stage_seed_of(cfg) -> int:
     if cfg.stage_seed not in STAGE_SEEDS:
         raise one_of("stage_seed", cfg.stage_seed, STAGE_SEEDS)
     return cfg.seed if cfg.stage_seed == "per_seed" else cfg.pretrain_seed
+
+
+def check_pretrain(cfg, key_of: Callable[[str], str]) -> None:
+    """The stage's settings as `validate` checks them, one line each: a known objective, a known stage seed, and
+    `mntp` only where it applies (a bi-encoder's decoder made to attend both ways, as LLM2Vec trains it)."""
+    if cfg.pretrain is not None and cfg.pretrain not in OBJECTIVES:
+        raise one_of(key_of("pretrain"), cfg.pretrain, OBJECTIVES)
+    stage_seed_of(cfg)
+    if cfg.pretrain == "mntp" and not decoder(cfg.model):
+        raise UserInputError(key_of("pretrain"), "mntp", "masked next-token prediction is for a decoder (LLM2Vec); "
+                                                         "this model attends both ways already: use mlm")
+    if cfg.pretrain == "mntp" and not getattr(cfg, "bidirectional", False):
+        fix = ("set bidirectional: true" if hasattr(cfg, "bidirectional") else
+               "this kind has no bidirectional setting: use mntp with finetune or distill, or mlm here")
+        raise UserInputError(key_of("pretrain"), "mntp", f"masked next-token prediction trains a decoder made to "
+                                                         f"attend both ways (LLM2Vec): {fix}")
+
+
+def decoder(model: str) -> bool:
+    """Whether `model` attends causally (read from its `config.json`); True where that cannot be read, so that
+    the model's own check says why."""
+    from trainables.models.architectures import is_causal
+    from trainables.models.files import model_config
+
+    try:
+        return is_causal(model_config(model))
+    except UserInputError:
+        return True
 
 
 def stage_params(cfg, pooling: str = "mean") -> dict:

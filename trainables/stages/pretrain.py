@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from trainables.data.tasks import corpus_sentences
-from trainables.errors import TrainingDivergedError, UserInputError, one_of
+from trainables.errors import TrainingDivergedError, UserInputError
+from trainables.models.architectures import attend_both_ways, native_bidirectional
 from trainables.models.batching import tokenize
 from trainables.models.encoder import load_config, load_tokenizer, resolve_model_path
 from trainables.runtime import (
@@ -37,6 +38,7 @@ from trainables.stages.fields import (  # noqa: F401 (re-exported)
     STAGE_FIELDS,
     STAGE_SEEDS,
     PretrainFields,
+    check_pretrain,
     stage_params,
     stage_seed_of,
     uses_stage,
@@ -109,13 +111,63 @@ class RTDObjective(torch.nn.Module):
         return self.discriminator.electra
 
 
+class MNTPObjective(torch.nn.Module):
+    """LLM2Vec's masked next-token prediction (McGill-NLP/llm2vec `experiments/run_mntp.py`, its `*BiForMNTP`
+    models): a causal decoder made to attend both ways (`attend_both_ways`, or the model's own switch), its input
+    masked as for MLM, and each masked token predicted by the causal LM head at the position before it (the head's
+    shifted loss on the MLM labels). The whole model trains (LLM2Vec trains LoRA adapters, r = 16)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        from transformers import AutoModelForCausalLM
+
+        config = load_config(cfg.model)  # an encoder, or no bidirectional: refused by `check_pretrain` already
+        native = native_bidirectional(config)
+        self.switches = {k: getattr(config, k) for k in ("is_causal", "use_bidirectional_attention")
+                         if hasattr(config, k)}  # the model's own, saved with the adapted weights
+        if native:
+            config = type(config).from_dict({**config.to_dict(), "use_bidirectional_attention": True})
+        self.model = AutoModelForCausalLM.from_pretrained(resolve_model_path(cfg.model), config=config,
+                                                          trust_remote_code=False)
+        if not native:
+            attend_both_ways(self.model)
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        return self.model(**batch).loss
+
+    def encoder(self):
+        """The base model (its LM head left behind), its config saying what the model's own said: a trial's
+        `bidirectional: true` turns the adapted model both ways, as it did the model the stage started from."""
+        base = self.model.base_model
+        for key in ("is_causal", "use_bidirectional_attention"):
+            if key in self.switches:
+                setattr(base.config, key, self.switches[key])
+            elif hasattr(base.config, key):
+                delattr(base.config, key)
+        return base
+
+
+BLANK = "_"  # LLM2Vec's `mask_token_type: blank`, its default: a decoder's tokenizer has no mask token
+
+
+def with_mask_token(tokenizer, objective: str):
+    """The tokenizer as the collator masks with it: mntp gives a decoder's tokenizer LLM2Vec's blank `_` (its
+    own token where the vocabulary has one, else EOS, LLM2Vec's `eos` option); the others keep theirs."""
+    if objective != "mntp" or tokenizer.mask_token is not None:
+        return tokenizer
+    blank = tokenizer.convert_tokens_to_ids(BLANK)
+    tokenizer.mask_token = BLANK if blank is not None and blank != tokenizer.unk_token_id else tokenizer.eos_token
+    return tokenizer
+
+
 def pretrain(cfg, seed: int, sentences: list[str], folder: Path) -> dict:
-    """Continue pretraining with MLM or RTD; save the encoder (safetensors) and tokenizer to `folder`."""
+    """Continue pretraining with MLM, RTD or MNTP; save the encoder (safetensors) and tokenizer to `folder`."""
     seed_everything(seed)
     device = resolve_device(cfg.device)
     without_cudnn_attention(device)
-    tokenizer = load_tokenizer(cfg.model)
-    objective = (RTDObjective(cfg) if cfg.pretrain == "rtd" else MLMObjective(cfg)).to(device).train()
+    tokenizer = with_mask_token(load_tokenizer(cfg.model), cfg.pretrain)
+    objectives = {"rtd": RTDObjective, "mntp": MNTPObjective}
+    objective = objectives.get(cfg.pretrain, MLMObjective)(cfg).to(device).train()
     from transformers import DataCollatorForLanguageModeling
 
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=cfg.pretrain_mlm_probability)
@@ -181,8 +233,7 @@ def pilot_stage_step(cfg, steps: int = 3) -> float:
 
 def adapt(cfg, pooling: str = "mean") -> tuple[Path, dict, bool]:
     """The adapted encoder for this stage configuration, from the cache or built now."""
-    if cfg.pretrain not in OBJECTIVES:
-        raise one_of("pretrain", cfg.pretrain, OBJECTIVES)
+    check_pretrain(cfg, lambda key: key)
     contrastive = cfg.pretrain in ("simcse", "micse")
     if contrastive and cfg.pretrain_grad_accum != 1:
         raise UserInputError("pretrain_grad_accum", cfg.pretrain_grad_accum, "contrastive objectives take their "

@@ -10,7 +10,7 @@ from trainables.data.declaration import TASK_HELP, TaskRef
 from trainables.kinds.base import TrainingKind, check_head_pooling
 from trainables.names import CROSS_HEADS, CROSS_LOSSES
 from trainables.poolings import POOLINGS
-from trainables.stages.fields import PretrainFields
+from trainables.stages.fields import PretrainFields, check_pretrain
 
 
 class CrossEncoderConfig(TrainingConfig, PretrainFields):
@@ -44,6 +44,7 @@ class CrossEncoderKind(TrainingKind):
     def check_names(self, cfg, key_of) -> None:
         super().check_names(cfg, key_of)
         check_head_pooling(cfg.head, cfg.pooling, key_of("pooling"))
+        check_pretrain(cfg, key_of)
 
     def pilot(self, cfg):
         from trainables.data.tasks import load_task

@@ -32,7 +32,7 @@ from trainables.kinds.base import (
 from trainables.models.files import model_depth
 from trainables.names import CROSS_HEADS, CROSS_LOSSES
 from trainables.poolings import POOLINGS
-from trainables.stages.fields import PretrainFields, stage_seed_of
+from trainables.stages.fields import PretrainFields, check_pretrain
 
 MODES = ("self", "mutual", "teacher")
 
@@ -112,7 +112,7 @@ class DistillKind(TrainingKind):
     def check_names(self, cfg, key_of) -> None:
         super().check_names(cfg, key_of)
         check_head_pooling(cfg.cross_head, cfg.cross_pooling, key_of("cross_pooling"), "cross_head")
-        stage_seed_of(cfg)
+        check_pretrain(cfg, key_of)
         check_pooling_layers(cfg, key_of)  # the bi-encoder's cut
         check_special_tokens(cfg, key_of)
         check_lora(cfg, key_of)  # the bi-encoder's adapters (both bi-encoders' in mutual mode)

@@ -12,7 +12,7 @@ from pydantic import Field
 
 from trainables.contract import LoraFields, PoolingLayersFields, PostprocessFields, PromptFields, TrainingConfig
 from trainables.data.declaration import TASK_HELP, TaskRef
-from trainables.errors import UserInputError, one_of
+from trainables.errors import UserInputError
 from trainables.kinds.base import (
     TrainingKind,
     check_lora,
@@ -23,8 +23,7 @@ from trainables.kinds.base import (
 from trainables.names import SELECTS
 from trainables.objectives import OBJECTIVES, check_loss
 from trainables.poolings import POOLINGS
-from trainables.stages.fields import OBJECTIVES as PRETRAIN_OBJECTIVES
-from trainables.stages.fields import PretrainFields, stage_seed_of
+from trainables.stages.fields import PretrainFields, check_pretrain
 
 
 class FinetuneConfig(TrainingConfig, PretrainFields, PromptFields, LoraFields, PostprocessFields,
@@ -73,9 +72,7 @@ class FinetuneKind(TrainingKind):
         if cfg.select is not None and (kind != "classification" or cfg.select not in SELECTS):
             raise UserInputError(key_of("select"), cfg.select, f"pair classification selects on one of: "
                                                                f"{', '.join(SELECTS)}; STS tasks select on Spearman")
-        if cfg.pretrain is not None and cfg.pretrain not in PRETRAIN_OBJECTIVES:
-            raise one_of(key_of("pretrain"), cfg.pretrain, PRETRAIN_OBJECTIVES)
-        stage_seed_of(cfg)
+        check_pretrain(cfg, key_of)
         check_lora(cfg, key_of)
         check_postprocess(cfg, key_of)
         check_pooling_layers(cfg, key_of)
