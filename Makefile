@@ -2,8 +2,13 @@
 VENV ?= .venv
 PYTHON ?= python3
 DATA ?= ../shared/data
-# CPU machines: the 2.13.0 wheel; GPU machines may set TORCH_SPEC to their CUDA build.
 TORCH_SPEC ?= torch==2.13.0
+# Where torch comes from: PyTorch's CPU wheels when download.pytorch.org answers (PyPI's torch for Linux x86-64
+# is the CUDA build: the nvidia and triton packages, gigabytes a GPU-less machine never uses), else the package
+# index pip is configured with (a mirror, a local wheel). A GPU machine names its CUDA's index instead,
+# `make setup TORCH_INDEX=https://download.pytorch.org/whl/cu126`, or `TORCH_INDEX=` for PyPI's default build.
+PYTORCH_CPU = https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?= $(shell curl -sf -m 5 -o /dev/null $(PYTORCH_CPU)/ && echo $(PYTORCH_CPU))
 BIN = $(VENV)/bin
 # setuptools' informational 11-line "Editable installation" notice (a flat layout's editable install) on
 # every setup: nothing in it for a user to act on
@@ -15,7 +20,7 @@ ENV = ORCHESTRATOR_DATA_DIR=$(abspath $(DATA)) HF_HUB_OFFLINE=1 TOKENIZERS_PARAL
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(QUIET_EDITABLE) $(BIN)/pip install --quiet -e '.[dev,postgres]'
 	touch $@
 
