@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from orchestrator.study.config import StudyConfig
 from search_spaces.params import Fixed, Grid, parse_ablated
@@ -86,7 +86,7 @@ def grid_cells(study: StudyConfig, axes: dict[str, Fixed | Grid],
     cells = []
     depths: dict[str, int] = {}
     for combo in combos:
-        model = combo.get("model", study.model)
+        model = cast(str, combo.get("model", study.model))  # a study names a model unless ablate.model lists them
         if model not in depths:
             depths[model] = model_depth_at(model, "ablate.model" if "model" in combo else "model")
         try:

@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -20,6 +20,9 @@ from orchestrator.study.yaml_file import apply_overrides, read_study_file
 from trainables.data.declaration import DataDeclaration, parse_declaration
 from trainables.errors import Problems, UserInputError, UserInputErrors
 from trainables.kinds import KINDS
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 DAPT_MOVED = ("DAPT is now `trainable: finetune` with `pretrain: mlm` (or rtd, simcse, micse) in train or ablate; "
               "rename the dapt_* keys to pretrain_* (dapt_objective -> pretrain, dapt_steps -> pretrain_steps)")
@@ -35,27 +38,29 @@ class TuneSection(Section):
     params: dict[str, Any] = Field(min_length=1, description="the kind's keys to search, each a range "
                                                               "({loguniform: [1e-5, 1e-4]}, {choice: [...]}, ...) "
                                                               "or a preset name (lr: default)")
-    trials: int = Field(8, ge=1, description="Optuna trials per ablation cell")
+    trials: int = Field(default=8, ge=1, description="Optuna trials per ablation cell")
     sampler: Literal["tpe", "random", "gp", "cmaes", "qmc", "bruteforce"] = Field(
-        "tpe", description="Optuna's sampler in each cell: tpe (TPE), random, gp (Gaussian-process Bayesian "
-                           "optimisation), cmaes (CMA-ES over the numeric ranges; lists of values drawn at random), "
-                           "qmc (a scrambled quasi-random sequence, qmc_type), bruteforce (each configuration of a "
-                           "space of lists and int ranges once, in a seeded order); tpe, gp and cmaes draw "
-                           "startup_trials at random first")
+        default="tpe", description="Optuna's sampler in each cell: tpe (TPE), random, gp (Gaussian-process Bayesian "
+                                   "optimisation), cmaes (CMA-ES over the numeric ranges; lists of values drawn at "
+                                   "random), qmc (a scrambled quasi-random sequence, qmc_type), bruteforce (each "
+                                   "configuration of a space of lists and int ranges once, in a seeded order); tpe, gp "
+                                   "and cmaes draw startup_trials at random first")
     scheduler: Literal["asha", "hyperband", "none"] = Field(
-        "asha", description="the pruner in each cell, compared only with trials of the same cell: asha (Optuna's "
-                            "successive halving, asynchronous), hyperband (Optuna's Hyperband: successive halving "
-                            "in several brackets, each trial in one), none (train every trial to the end)")
-    grace_epochs: int = Field(1, ge=1, description="rounds before the pruner may stop a trial (min_resource; "
-                                                   "hyperband: in its most aggressive bracket)")
-    reduction_factor: int = Field(3, ge=2, description="the pruner's η: 1 in η trials goes on at each rung")
-    startup_trials: int = Field(3, ge=1, description="random trials per cell before tpe, gp or cmaes models the "
-                                                     "space")
-    qmc_type: Literal["sobol", "halton"] = Field("sobol", description="the sequence of sampler: qmc")
-    sampler_seed: int = Field(1_000, description="seeds each cell's sampler (plus the cell's index): another "
-                                                "value draws other configurations, for a searcher's spread")
-    seed: int = Field(10_000, description="the seed every tuning trial trains with; never one of replicate.seeds, "
-                                          "so no replicate reruns the trial that won the tuning")
+        default="asha", description="the pruner in each cell, compared only with trials of the same cell: asha "
+                                    "(Optuna's successive halving, asynchronous), hyperband (Optuna's Hyperband: "
+                                    "successive halving in several brackets, each trial in one), none (train every "
+                                    "trial to the end)")
+    grace_epochs: int = Field(default=1, ge=1, description="rounds before the pruner may stop a trial (min_resource; "
+                                                           "hyperband: in its most aggressive bracket)")
+    reduction_factor: int = Field(default=3, ge=2, description="the pruner's η: 1 in η trials goes on at each rung")
+    startup_trials: int = Field(default=3, ge=1, description="random trials per cell before tpe, gp or cmaes models "
+                                                             "the space")
+    qmc_type: Literal["sobol", "halton"] = Field(default="sobol", description="the sequence of sampler: qmc")
+    sampler_seed: int = Field(default=1_000, description="seeds each cell's sampler (plus the cell's index): another "
+                                                        "value draws other configurations, for a searcher's spread")
+    seed: int = Field(default=10_000, description="the seed every tuning trial trains with; never one of "
+                                                  "replicate.seeds, so no replicate reruns the trial that won the "
+                                                  "tuning")
 
 
 class UntilSection(Section):
@@ -64,39 +69,41 @@ class UntilSection(Section):
     dev_ci95: float = Field(gt=0, description="stop adding seeds to a cell once the 95 % confidence interval of its "
                                               "mean dev score is at most +- this many points")
     rule: Literal["two_stage", "sequential"] = Field(
-        "two_stage", description="two_stage: the planned seeds' dev spread fixes each cell's total once (Stein's "
-                                 "two-stage rule: an exact interval, a smaller downward bias of the std); sequential: "
-                                 "one more seed while the interval is wider than dev_ci95")
+        default="two_stage", description="two_stage: the planned seeds' dev spread fixes each cell's total once "
+                                         "(Stein's two-stage rule: an exact interval, a smaller downward bias of the "
+                                         "std); sequential: one more seed while the interval is wider than dev_ci95")
 
 
 class ReplicateSection(Section):
     """The seeds: each cell's best configuration is rerun once per seed, and only these runs score test."""
 
-    seeds: Any = Field([0], description="a list of seeds, or a count N meaning 0..N-1")
-    max_seeds: int | None = Field(None, ge=2, description="with `until`: at most this many seeds per cell")
-    until: UntilSection | None = Field(None, description="add seeds to a cell until its dev mean is this precise")
+    seeds: Any = Field(default=[0], description="a list of seeds, or a count N meaning 0..N-1")
+    max_seeds: int | None = Field(default=None, ge=2, description="with `until`: at most this many seeds per cell")
+    until: UntilSection | None = Field(default=None, description="add seeds to a cell until its dev mean is this "
+                                                                 "precise")
 
 
 class DataSection(Section):
     """Caps for quick studies: a fixed random subset, the same rows for every trial and seed."""
 
-    max_train_samples: int | None = Field(None, ge=1, description="at most this many training pairs (null: all)")
-    max_eval_samples: int | None = Field(None, ge=1, description="at most this many dev and test pairs each "
-                                                                  "(null: all)")
+    max_train_samples: int | None = Field(default=None, ge=1, description="at most this many training pairs (null: "
+                                                                          "all)")
+    max_eval_samples: int | None = Field(default=None, ge=1, description="at most this many dev and test pairs each "
+                                                                          "(null: all)")
 
 
 class ResourcesSection(Section):
     """What each trial asks of the cluster; torch threads follow the CPUs granted."""
 
-    cpu: float = Field(1.0, gt=0, description="CPUs per trial")
-    gpu: float = Field(0.0, ge=0, description="GPUs per trial; a fraction packs several trials on one GPU")
+    cpu: float = Field(default=1.0, gt=0, description="CPUs per trial")
+    gpu: float = Field(default=0.0, ge=0, description="GPUs per trial; a fraction packs several trials on one GPU")
 
 
 class TrackingSection(Section):
     """Where MLflow keeps the runs."""
 
-    mlflow_uri: str = Field("sqlite:///mlflow.db", description="sqlite:///path (relative to the study file's "
-                                                                "folder) or an http(s):// tracking server")
+    mlflow_uri: str = Field(default="sqlite:///mlflow.db", description="sqlite:///path (relative to the study file's "
+                                                                        "folder) or an http(s):// tracking server")
 
 
 class BudgetSection(Section):
@@ -109,50 +116,54 @@ class LatexSection(Section):
     """How the LaTeX tables fit a paper."""
 
     width: Literal["auto", "column", "page"] = Field(
-        "auto", description="never scaled down: column keeps a table in one column of a two-column paper (at "
-                            "\\small, turned round, or at \\footnotesize), page makes it a table* across the page; "
-                            "auto: the first of those that fits, column first")
+        default="auto", description="never scaled down: column keeps a table in one column of a two-column paper (at "
+                                    "\\small, turned round, or at \\footnotesize), page makes it a table* across the "
+                                    "page; auto: the first of those that fits, column first")
 
 
 class ReportSection(Section):
     """What the report writes and how its tables are laid out and tested."""
 
     formats: list[Literal["markdown", "latex", "csv"]] = Field(
-        ["markdown", "latex", "csv"], description="what `report` writes by default (--format overrides); runs.csv "
-                                                  "is always written: verify recomputes from it")
+        default=["markdown", "latex", "csv"], description="what `report` writes by default (--format overrides); "
+                                                          "runs.csv is always written: verify recomputes from it")
     latex: LatexSection = LatexSection()
-    labels: dict[str, str] = Field({}, description="display names of axes and values in tables and plots, e.g. "
-                                                   "{layer: Layer, pooling: Pooling, cls: CLS}")
-    baseline: dict[str, Any] | None = Field(None, description="the cell every other is tested against, a value of "
-                                                              "the column axis: {layer: last} or {layer: 6}")
-    rows: list[str] | None = Field(None, description="ablated axes down the tables (default: all but columns)")
-    columns: str | None = Field(None, description="the ablated axis across (default: layer)")
-    decimals: int = Field(2, ge=0, le=6, description="decimals of the scores in the tables")
+    labels: dict[str, str] = Field(default={}, description="display names of axes and values in tables and plots, e.g. "
+                                                           "{layer: Layer, pooling: Pooling, cls: CLS}")
+    baseline: dict[str, Any] | None = Field(default=None, description="the cell every other is tested against, a value "
+                                                                      "of the column axis: {layer: last} or {layer: 6}")
+    rows: list[str] | None = Field(default=None, description="ablated axes down the tables (default: all but columns)")
+    columns: str | None = Field(default=None, description="the ablated axis across (default: layer)")
+    decimals: int = Field(default=2, ge=0, le=6, description="decimals of the scores in the tables")
     notes: Literal["short", "full"] = Field(
-        "short", description="the footnotes under each table: short (a few lines: what the marks mean; report.md "
-                             "keeps every detail under 'Notes in full') or full (every detail under the table)")
+        default="short", description="the footnotes under each table: short (a few lines: what the marks mean; "
+                                     "report.md keeps every detail under 'Notes in full') or full (every detail under "
+                                     "the table)")
     correction: Literal["holm", "bonferroni", "none"] = Field(
-        "holm", description="multiple-comparison correction of the marks within each table")
-    alpha: float = Field(0.05, gt=0, lt=1, description="significance level of the marks")
+        default="holm", description="multiple-comparison correction of the marks within each table")
+    alpha: float = Field(default=0.05, gt=0, lt=1, description="significance level of the marks")
     seed_test: Literal["t", "wilcoxon", "permutation"] = Field(
-        "t", description="the paired test over seeds behind the † marks: t (paired t-test, the default), wilcoxon "
-                         "(signed-rank) or permutation (exact sign flips); rank and permutation tests need many "
-                         "seeds to reach significance after correction, and the footnote says when they cannot")
-    label: str | None = Field(None, description="this study's name in a report across studies (default: its name)")
-    detect: float | None = Field(None, gt=0, description="a difference of the test metric (×100 points) the study "
-                                                         "should be able to see: stats.csv and the footnote give the "
-                                                         "seeds the paired t-test needs to detect it with 80 % power")
-    rope: float | None = Field(None, gt=0, description="points (×100) either side of 0 within which a cell counts as "
-                                                       "practically equivalent to the baseline: P(better), "
-                                                       "P(equivalent), P(worse) from a Bayesian test over seeds, the "
-                                                       "equivalence table and the ≈ mark")
-    aso: bool = Field(False, description="Almost Stochastic Order against the baseline (Dror et al. 2019, as deepsig "
-                                         "computes it): each comparison's ε_min both ways in stats.csv and the aso "
-                                         "table, ≻ where one is below τ = 0.2")
+        default="t", description="the paired test over seeds behind the † marks: t (paired t-test, the default), "
+                                 "wilcoxon (signed-rank) or permutation (exact sign flips); rank and permutation tests "
+                                 "need many seeds to reach significance after correction, and the footnote says when "
+                                 "they cannot")
+    label: str | None = Field(default=None, description="this study's name in a report across studies (default: its "
+                                                        "name)")
+    detect: float | None = Field(default=None, gt=0, description="a difference of the test metric (×100 points) the "
+                                                                 "study should be able to see: stats.csv and the "
+                                                                 "footnote give the seeds the paired t-test needs to "
+                                                                 "detect it with 80 % power")
+    rope: float | None = Field(default=None, gt=0, description="points (×100) either side of 0 within which a cell "
+                                                               "counts as practically equivalent to the baseline: "
+                                                               "P(better), P(equivalent), P(worse) from a Bayesian "
+                                                               "test over seeds, the equivalence table and the ≈ mark")
+    aso: bool = Field(default=False, description="Almost Stochastic Order against the baseline (Dror et al. 2019, as "
+                                                 "deepsig computes it): each comparison's ε_min both ways in stats.csv "
+                                                 "and the aso table, ≻ where one is below τ = 0.2")
     expected_max: Literal["with_replacement", "without_replacement"] = Field(
-        "with_replacement", description="the expected best dev score over n tuning trials (Dodge et al. 2019): "
-                                        "with_replacement (the paper's empirical-CDF estimator) or "
-                                        "without_replacement (unbiased for n up to the trials run)")
+        default="with_replacement", description="the expected best dev score over n tuning trials (Dodge et al. 2019): "
+                                                "with_replacement (the paper's empirical-CDF estimator) or "
+                                                "without_replacement (unbiased for n up to the trials run)")
 
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -162,38 +173,39 @@ NAME_FIX = "use letters, digits, '_', '.' or '-' (it names folders)"
 class StudyConfig(Section):
     name: str = Field(pattern=f"^{NAME_PATTERN.pattern}$", max_length=100,
                       description="the study's name: its folder, its MLflow experiment, its report folder")
-    trainable: str = Field("finetune", json_schema_extra={"enum": list(KINDS)},
+    trainable: str = Field(default="finetune", json_schema_extra={"enum": list(KINDS)},
                            description="a kind from the closed registry trainables.kinds.KINDS")
-    task: str | DataDeclaration = Field("stsb", description="a built-in task (stsb, stsb_multi_mt, korsts, sick, "
-                                                            "sick_full, mrpc) or a data set of your own: a mapping "
-                                                            "with name, type, and files, file or hf")
-    model: str | None = Field(None, description="hub id or local folder; may be left out when ablate.model lists "
-                                                "the models")
-    language: str | None = Field(None, description="the language of a multilingual task (stsb_multi_mt: de, es, ...)")
-    ablate: dict[str, Any] = Field({}, description="the grid of the paper's table: each key of the kind with a list "
-                                                   "of values (layer: all for every layer); every combination is a "
-                                                   "cell")
+    task: str | DataDeclaration = Field(default="stsb", description="a built-in task (stsb, stsb_multi_mt, korsts, "
+                                                                    "sick, sick_full, mrpc) or a data set of your own: "
+                                                                    "a mapping with name, type, and files, file or hf")
+    model: str | None = Field(default=None, description="hub id or local folder; may be left out when ablate.model "
+                                                        "lists the models")
+    language: str | None = Field(default=None, description="the language of a multilingual task (stsb_multi_mt: de, "
+                                                           "es, ...)")
+    ablate: dict[str, Any] = Field(default={}, description="the grid of the paper's table: each key of the kind with a "
+                                                           "list of values (layer: all for every layer); every "
+                                                           "combination is a cell")
     tune: TuneSection | None = None
     replicate: ReplicateSection = ReplicateSection()
-    train: dict[str, Any] = Field({}, description="the kind's keys fixed for every trial (epochs, batch_size, "
-                                                  "loss, ...)")
+    train: dict[str, Any] = Field(default={}, description="the kind's keys fixed for every trial (epochs, batch_size, "
+                                                          "loss, ...)")
     data: DataSection = DataSection()
     resources: ResourcesSection = ResourcesSection()
     tracking: TrackingSection = TrackingSection()
     report: ReportSection = ReportSection()
-    storage_path: str | None = Field(None, description="the folder of study folders (default ./studies); on a "
-                                                       "cluster, one every node sees")
-    data_dir: str | None = Field(None, description="the data folder, relative to the study file's folder (default: "
-                                                   "--data-dir or $ORCHESTRATOR_DATA_DIR, else ../shared/data beside "
-                                                   "the checkout, else the hub)")
-    max_failures: int = Field(2, ge=0, description="retries of a failed trial from its last checkpoint")
-    max_concurrent: int | None = Field(None, ge=1, description="at most this many trials at once (default: the "
-                                                                "cluster's slots)")
-    budget: BudgetSection | None = Field(None, description="a pilot estimates the plan before launch; over budget, "
-                                                           "launch refuses")
+    storage_path: str | None = Field(default=None, description="the folder of study folders (default ./studies); on a "
+                                                               "cluster, one every node sees")
+    data_dir: str | None = Field(default=None, description="the data folder, relative to the study file's folder "
+                                                           "(default: --data-dir or $ORCHESTRATOR_DATA_DIR, else "
+                                                           "../shared/data beside the checkout, else the hub)")
+    max_failures: int = Field(default=2, ge=0, description="retries of a failed trial from its last checkpoint")
+    max_concurrent: int | None = Field(default=None, ge=1, description="at most this many trials at once (default: the "
+                                                                        "cluster's slots)")
+    budget: BudgetSection | None = Field(default=None, description="a pilot estimates the plan before launch; over "
+                                                                   "budget, launch refuses")
     save: Literal["none", "best_per_cell", "all_replicates"] = Field(
-        "none", description="models kept in sentence-transformers format (studies/NAME/models, MLflow artifacts): "
-                            "none, the best-dev replicate of each cell, or every replicate")
+        default="none", description="models kept in sentence-transformers format (studies/NAME/models, MLflow "
+                                    "artifacts): none, the best-dev replicate of each cell, or every replicate")
 
 
 def flatten(prefix: str, value: Any, out: dict[str, Any]) -> dict[str, Any]:
@@ -206,11 +218,11 @@ def flatten(prefix: str, value: Any, out: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
+def _fields_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
     """Field names valid at `loc` (the parent of the offending key)."""
-    current: Any = model
+    current: type[BaseModel] | None = model
     for part in loc:
-        field = current.model_fields.get(part) if isinstance(current, type) else None
+        field = current.model_fields.get(part) if isinstance(current, type) and isinstance(part, str) else None
         if field is None:
             return []
         annotation = field.annotation
@@ -221,7 +233,7 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
     return list(current.model_fields) if isinstance(current, type) else []
 
 
-def explain(error: dict, schema: type[BaseModel] = StudyConfig) -> UserInputError:
+def explain(error: ErrorDetails, schema: type[BaseModel] = StudyConfig) -> UserInputError:
     """One pydantic error as one line: key path, bad value, fix (with a did-you-mean)."""
     loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith(("function-", "literal["))))
     key = ".".join(str(p) for p in loc) or "study"
@@ -259,7 +271,7 @@ def parse_study(raw: Any, source: str = "study", launched: bool = False) -> Stud
         declared = found.check(parse_declaration, raw["task"])
         raw = {**raw, "task": declared} if declared is not None else {k: v for k, v in raw.items() if k != "task"}
     study = None
-    locations: list[tuple] = []
+    locations: list[tuple[int | str, ...]] = []
     stands = not found.errors  # the kind and a declared task are sound: the rest can be checked in depth
     try:
         study = StudyConfig.model_validate(raw)
@@ -273,7 +285,7 @@ def parse_study(raw: Any, source: str = "study", launched: bool = False) -> Stud
         stands = False
     if found.errors:
         raise StructureErrors(found.errors, salvaged(raw, locations) if stands and study is None else None, raw)
-    return study
+    return cast(StudyConfig, study)  # validated: a failed validation added its errors above
 
 
 class StructureErrors(UserInputErrors):
@@ -286,7 +298,7 @@ class StructureErrors(UserInputErrors):
         self.salvaged, self.raw = salvaged, raw
 
 
-def salvaged(raw: dict, locations: list[tuple]) -> StudyConfig | None:
+def salvaged(raw: dict[str, Any], locations: list[tuple[int | str, ...]]) -> StudyConfig | None:
     """The study with the keys pydantic refused taken out (a list or mapping value at fault goes whole), or
     None when what is taken out is what the deep checks stand on (the model, the kind, the task)."""
     rest = copy.deepcopy(raw)
@@ -298,7 +310,7 @@ def salvaged(raw: dict, locations: list[tuple]) -> StudyConfig | None:
         if path == ["name"]:
             rest["name"] = "study"  # the name only names folders, which a check does not write
             continue
-        parent = rest
+        parent: object = rest
         for part in path[:-1]:
             parent = parent.get(part) if isinstance(parent, dict) else None
         if not isinstance(parent, dict) or path[-1] not in parent:
@@ -326,7 +338,7 @@ def models_of(study: StudyConfig) -> list[str]:
     """Every model the study uses: `model`, or the values of `ablate.model`."""
     ablated = study.ablate.get("model")
     if ablated is None:
-        return [study.model]
+        return [cast(str, study.model)]  # parse_study requires a model unless ablate.model lists them
     return [str(m) for m in (ablated if isinstance(ablated, list) else [ablated])]
 
 
@@ -386,6 +398,6 @@ def load_study(path: str | Path, overrides: Iterable[str] = (), name: str | None
     return read_study(path, overrides, name, launched).config
 
 
-def study_json_schema() -> dict:
+def study_json_schema() -> dict[str, Any]:
     """JSON Schema of the study file, for editor completion."""
     return StudyConfig.model_json_schema()

@@ -10,6 +10,7 @@ removed axis, ...) is refused, naming the key and both values.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from orchestrator.study.config import StudyConfig, flatten
@@ -19,7 +20,7 @@ from trainables.errors import UserInputError
 HARMLESS = ("report", "resources", "max_concurrent", "max_failures", "storage_path", "save", "budget")
 
 
-def _as_list(value: Any) -> list:
+def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list | tuple) else [value]
 
 
@@ -38,6 +39,7 @@ def _extends(key: str, old: Any, new: Any) -> bool:
 
 def _removed(key: str, old: Any, new: Any) -> str | None:
     """The values an edit removed from an axis or the seeds (`3`, `3, 4`), or None for another change."""
+    new_values: Collection[Any]
     if key == "replicate.seeds":
         old_values, new_values = list(expand_seeds(old)), set(expand_seeds(new))
     elif key.startswith("ablate.") and old is not None and new is not None:

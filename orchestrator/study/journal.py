@@ -39,7 +39,7 @@ class TrialRecord:
     tuned: dict[str, Any]
     config: dict[str, Any]
     number: int | None = None  # Optuna trial number within the cell's study (tuning only)
-    results: list[dict] = field(default_factory=list)
+    results: list[dict[str, Any]] = field(default_factory=list)
     checkpoint: str | None = None
     outcome: Outcome | None = None
     error: str | None = None
@@ -55,7 +55,7 @@ class TrialRecord:
         return self.outcome is not None
 
     @property
-    def last(self) -> dict:
+    def last(self) -> dict[str, Any]:
         return self.results[-1] if self.results else {}
 
     @property
@@ -173,7 +173,7 @@ class Journal:
                 self.repair_tail()  # a line cut short by the full disk: the next write starts clean
             raise StorageFullError("storage", str(self.path.parent), full_disk_fix(self.path.parent.name)) from None
 
-    def events(self) -> list[dict]:
+    def events(self) -> list[dict[str, Any]]:
         """Every line, checked: a torn last line (killed mid-write) is ignored; any other line that is
         not a well-formed event stops the replay with its line number (`JournalError`) instead of a
         guess: a lost `finished` line would make a completed trial run again."""

@@ -4,15 +4,17 @@ poolings asked of it (from its config.json alone), and its cut at each asked lay
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from trainables.errors import Problems, UserInputError
 
 if TYPE_CHECKING:
+    from orchestrator.study.cells import Cell
     from orchestrator.study.config import StudyConfig
+    from trainables.contract import TrialConfig
 
 
-def check_models(study: StudyConfig, cells: tuple, parsed: list,
+def check_models(study: StudyConfig, cells: tuple[Cell, ...], parsed: list[TrialConfig],
                   origins: dict[str, str]) -> dict[str, set[int | None]]:
     """Every model the cells cut or probe has an entry in the layer table (trainables.models.architectures) and
     takes the poolings and decoder settings asked of it (no `cls` for a causal model, `bidirectional` only for one,
@@ -39,7 +41,7 @@ def check_models(study: StudyConfig, cells: tuple, parsed: list,
         if getattr(cfg, "append_eos", False) is True:
             found.check(refuse_append_eos, model, origins.get("append_eos", "train.append_eos"))
         if cuts:
-            layers.setdefault(model, set()).add(cfg.layer)
+            layers.setdefault(model, set()).add(cfg.layer)  # type: ignore[attr-defined]  # a kind's own field (hasattr)
     found.raise_any()
     return layers
 
@@ -53,7 +55,7 @@ def check_cuts(layers: dict[str, set[int | None]]) -> None:
         from trainables.models.layer_check import check_model_layers
 
         for model, asked in layers.items():
-            check_model_layers(model, None if None in asked else sorted(asked))
+            check_model_layers(model, None if None in asked else sorted(cast("set[int]", asked)))  # None is not in it
         return
     from trainables.models.files import model_depth
     from trainables.models.layer_cache import already_checked

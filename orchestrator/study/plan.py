@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 from orchestrator.study.cells import MANAGED, Cell, ablate_axes, did_you_mean, grid_cells
 from orchestrator.study.config import StudyConfig
@@ -30,7 +30,7 @@ from orchestrator.study.plugins import plugins_used
 from orchestrator.study.store_check import check_tracking_uri
 from reports.record import DataRecord, KindRecord, PluginRecord, StudyRecord
 from search_spaces.optuna_samplers import space_problems
-from search_spaces.params import Param, parse_tuned
+from search_spaces.params import Fixed, Grid, Param, parse_tuned
 from search_spaces.presets import expand_seeds, expand_tuned_preset
 from trainables.contract import TrialConfig
 from trainables.errors import Problems, UserInputError
@@ -123,7 +123,8 @@ def defaults_of(plan: StudyPlan) -> dict[str, Any]:
         if name in given or info.default is PydanticUndefined:
             continue
         out[name] = info.default
-    return json.loads(json.dumps(out, default=str))
+    defaults: dict[str, Any] = json.loads(json.dumps(out, default=str))
+    return defaults
 
 
 def plan_record(plan: StudyPlan, provenance: dict[str, str] | None = None, inputs: bool = False,
@@ -144,7 +145,7 @@ def plan_record(plan: StudyPlan, provenance: dict[str, str] | None = None, input
                                               round_name=kind.round_name, round_table=kind.round_table,
                                               exports_models=kind.exports_models, stages=list(plan.stages),
                                               tables=list(plan.tables)),
-        metric=plan.metric, mode=plan.mode, cells=[c.values for c in plan.cells],
+        metric=plan.metric, mode=cast(Literal["max", "min"], plan.mode), cells=[c.values for c in plan.cells],
         tuned={k: repr(v) for k, v in plan.tuned.items()}, seeds=list(plan.seeds),
         base=json.loads(json.dumps(plan.base, default=str)), origins=plan.origins, epochs=plan.epochs,
         cell_reports=list(plan.cell_reports), cell_costs=list(plan.cell_costs), tuning_trials=plan.tuning_trials,
@@ -194,7 +195,9 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
         if axes_ok:
             found.check(check_baseline, study, cells)
     found.check(check_tracking_uri, study.tracking.mlflow_uri, study_dir or Path.cwd())
-    found.raise_any()
+    found.raise_any()  # every check above passed: none of what they returned is None
+    parsed, tuned = cast("list[TrialConfig]", parsed), cast("dict[str, Param]", tuned)
+    seeds, data = cast("tuple[int, ...]", seeds), cast("tuple[DataRecord, ...]", data)
     check_cuts(checked or {})  # the one check that loads weights: when everything else holds
     metric, mode = kind.metric(parsed[0]) if parsed else ("dev_spearman", "max")
     reports = tuple(kind.num_reports(p) for p in parsed)
@@ -206,7 +209,7 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
                      kind.round_name, data, plugins_used(study.trainable, kind, parsed, tuned))
 
 
-def _tuned_params(study: StudyConfig, kind: TrainableKind, axes: dict) -> dict[str, Param]:
+def _tuned_params(study: StudyConfig, kind: TrainableKind, axes: dict[str, Fixed | Grid]) -> dict[str, Param]:
     """`tune.params`: each a field of the kind's config that is neither managed nor ablated."""
     if study.tune is None:
         return {}
@@ -247,8 +250,9 @@ def _replicate_seeds(study: StudyConfig, kind: TrainableKind) -> tuple[int, ...]
     return seeds
 
 
-def _base_config(study: StudyConfig, schema: type[TrialConfig], axes: dict, tuned: dict, study_dir: Path | None,
-                 stage_root: Path | None, found: Problems) -> tuple[dict[str, Any], dict[str, str]]:
+def _base_config(study: StudyConfig, schema: type[TrialConfig], axes: dict[str, Fixed | Grid],
+                 tuned: dict[str, Param], study_dir: Path | None, stage_root: Path | None,
+                 found: Problems) -> tuple[dict[str, Any], dict[str, str]]:
     """What every trial's config starts from (before its cell, tuned values and seed), and the YAML
     key each field came from. A `train` key it cannot take goes to `found` and is left out, so the
     trials are still checked with the rest."""

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from orchestrator.study.cells import Cell, model_depth_at
 from orchestrator.study.config import StudyConfig
@@ -31,7 +31,7 @@ def check_task_name(study: StudyConfig) -> None:
     check_task(study, task_names())
 
 
-def check_language(study: StudyConfig, axes: dict) -> None:
+def check_language(study: StudyConfig, axes: dict[str, Fixed | Grid]) -> None:
     from trainables.data.tasks import resolve_language, task_spec
 
     if "language" not in axes and isinstance(study.task, str):
@@ -41,7 +41,7 @@ def check_language(study: StudyConfig, axes: dict) -> None:
             raise UserInputError("language", study.language, exc.fix) from None
 
 
-def check_trials(kind: TrainableKind, cells: tuple[Cell, ...], base: dict, tuned: dict[str, Param],
+def check_trials(kind: TrainableKind, cells: tuple[Cell, ...], base: dict[str, Any], tuned: dict[str, Param],
                   origins: dict[str, str]) -> list[TrialConfig]:
     """Every cell's trial config parsed and deep-checked, with every tuned value it may meet (one
     parameter at a time); the cells' configs at the first tuned values."""
@@ -54,10 +54,10 @@ def check_trials(kind: TrainableKind, cells: tuple[Cell, ...], base: dict, tuned
             for value in values[1:]:
                 found.check(check_trial, kind, {**base, **cell.values, **sample, name: value}, origins)
     found.raise_any()
-    return parsed
+    return cast("list[TrialConfig]", parsed)  # no None: a failed check raised above
 
 
-def tasks_read(study: StudyConfig, cells: tuple[Cell, ...], base: dict) -> list[tuple[Any, str | None]]:
+def tasks_read(study: StudyConfig, cells: tuple[Cell, ...], base: dict[str, Any]) -> list[tuple[Any, str | None]]:
     """Every (task, language) the cells train on, each once, in a stable order."""
     seen: dict[str, tuple[Any, str | None]] = {}
     for cell in cells:
@@ -72,7 +72,7 @@ def task_names() -> list[str]:
     return [name for name, spec in TASKS.items() if spec.kind != "unlabeled" and not spec.eval_only]
 
 
-def check_trial(kind: TrainableKind, config: dict, origins: dict[str, str]) -> TrialConfig:
+def check_trial(kind: TrainableKind, config: dict[str, Any], origins: dict[str, str]) -> TrialConfig:
     """Parse one trial config with its kind's schema, then the kind's deep checks; errors name the
     YAML key the offending value came from."""
     def key_of(name: str) -> str:
@@ -82,7 +82,7 @@ def check_trial(kind: TrainableKind, config: dict, origins: dict[str, str]) -> T
         return UserInputError(origins.get(exc.key, exc.key), exc.value, exc.fix)
 
     try:
-        parsed = kind.parse(config)
+        parsed: TrialConfig = kind.parse(config)
     except UserInputErrors as exc:
         raise UserInputErrors([rekeyed(e) for e in exc.errors]) from None
     except UserInputError as exc:
@@ -109,7 +109,7 @@ def check_baseline(study: StudyConfig, cells: tuple[Cell, ...]) -> None:
         return
     for name, value in baseline.items():
         key = f"report.baseline.{name}"
-        axis_values = {c.values.get(name) for c in cells}
+        axis_values: set[Any] = {c.values.get(name) for c in cells}  # the axis's values, as the YAML gave them
         if name not in axes:
             raise UserInputError(key, value, "name an ablated axis")
         if name != column:
@@ -119,7 +119,8 @@ def check_baseline(study: StudyConfig, cells: tuple[Cell, ...]) -> None:
         if value == "last":
             if name != "layer":
                 raise UserInputError(key, value, "last means the model's last layer; name one of the ablated values")
-            for model in sorted({c.values.get("model", study.model) for c in cells}):
+            # a study names its model unless ablate.model lists them (parse_study): never None here
+            for model in sorted({cast(str, c.values.get("model", study.model)) for c in cells}):
                 depth = model_depth_at(model, "model")
                 if depth not in axis_values:
                     raise UserInputError(key, value, f"last is the model's last layer ({depth}), which the study does "
@@ -143,7 +144,8 @@ def check_saved_pooling(study: StudyConfig, parsed: list[TrialConfig], origins: 
         raise UserInputError(origins.get("bidirectional", "train.bidirectional"), True,
                              f"save: {study.save} writes sentence-transformers folders, which build a decoder causal "
                              "again when loaded: use save: none, or bidirectional: false")
-    mixed = [p.pooling_layers for p in parsed if getattr(p, "pooling_layers", "last") != "last"]
+    mixed = [p.pooling_layers for p in parsed  # type: ignore[attr-defined]  # a kind's own field (getattr below)
+             if getattr(p, "pooling_layers", "last") != "last"]
     if mixed:
         raise UserInputError(origins.get("pooling_layers", "train.pooling_layers"), mixed[0],
                              f"save: {study.save} writes sentence-transformers folders, which have no module that "

@@ -6,13 +6,16 @@ plugin's distribution provides — so the record says what to install to run the
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reports.record import PluginRecord
 from search_spaces.params import Choice, Fixed, Grid, Param
 from trainables.errors import UserInputError
 from trainables.kinds import KINDS, TrainableKind
 from trainables.registry import Registry
+
+if TYPE_CHECKING:
+    from trainables.contract import TrialConfig
 
 
 def _values(param: Param) -> list[Any]:
@@ -21,7 +24,7 @@ def _values(param: Param) -> list[Any]:
         else []
 
 
-def plugins_used(trainable: str, kind: TrainableKind, parsed: list,
+def plugins_used(trainable: str, kind: TrainableKind, parsed: list[TrialConfig],
                  tuned: dict[str, Param]) -> tuple[PluginRecord, ...]:
     """The plugin entries behind the study's kind and the registered names its trial configs use."""
     uses: list[tuple[Registry, str]] = [(KINDS, trainable)]

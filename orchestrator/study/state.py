@@ -12,17 +12,22 @@ from __future__ import annotations
 import math
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard, cast
 
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import TrialState
 
+from orchestrator.study.cells import Cell
 from orchestrator.study.journal import Journal, Outcome, TrialRecord
-from orchestrator.study.plan import Cell, StudyPlan
+from orchestrator.study.plan import StudyPlan
 from orchestrator.study.seed_rules import ci95_half, stein_half, wants_another
 from search_spaces.optuna_domains import optuna_space
 from search_spaces.optuna_samplers import make_pruner, make_sampler
 from trainables.errors import storage_full
+
+if TYPE_CHECKING:
+    from orchestrator.study.config import TuneSection
 
 FINISHED = "FINISHED"
 RUNG = "completed_rung_"  # Optuna's successive halving keeps a trial's value at rung N as this system attribute
@@ -56,7 +61,7 @@ class StudyState:
         self.requeue: list[TrialRecord] = []
         self._replay()
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         """Tune pickles its searcher and scheduler with the experiment; the journal, not that
         pickle, is what a resume reads, so nothing is carried."""
         return {}
@@ -64,8 +69,8 @@ class StudyState:
     # --- construction and replay ------------------------------------------------------------
 
     def _new_study(self, cell: Cell) -> optuna.Study:
-        tune = self.plan.study.tune
-        direction = "maximize" if self.plan.mode == "max" else "minimize"
+        tune = cast("TuneSection", self.plan.study.tune)  # a study's cells have studies only when it tunes
+        direction: Literal["maximize", "minimize"] = "maximize" if self.plan.mode == "max" else "minimize"
         sampler = make_sampler(tune.sampler, tune.sampler_seed + cell.index, tune.startup_trials, tune.qmc_type)
         pruner = make_pruner(tune.scheduler, tune.grace_epochs, tune.reduction_factor, self.plan.reports_of(cell.index))
         return optuna.create_study(direction=direction, sampler=sampler, pruner=pruner, storage=self.storage,
@@ -92,8 +97,9 @@ class StudyState:
                 self.requeue.append(record)
 
     def _frozen(self, record: TrialRecord) -> optuna.trial.FrozenTrial:
-        state = {Outcome.COMPLETED: TrialState.COMPLETE, Outcome.PRUNED: TrialState.PRUNED}.get(
-            record.outcome, TrialState.FAIL)
+        states: dict[Outcome | None, TrialState] = {Outcome.COMPLETED: TrialState.COMPLETE,
+                                                    Outcome.PRUNED: TrialState.PRUNED}
+        state = states.get(record.outcome, TrialState.FAIL)
         value = self._value(record) if state == TrialState.COMPLETE else None
         if state == TrialState.COMPLETE and value is None:  # degenerate: finished, but no dev score to tell
             state = TrialState.FAIL
@@ -164,7 +170,7 @@ class StudyState:
         self.records[record.key] = group[record.key] = record
 
     def _count_finished(self, record: TrialRecord, was_open: bool = True) -> None:
-        self._outcomes[record.outcome] += 1
+        self._outcomes[cast(Outcome, record.outcome)] += 1  # a finished record has its outcome
         self.finished_keys.append(record.key)
         if was_open:
             self._open[record.cell, record.phase] -= 1
@@ -182,7 +188,7 @@ class StudyState:
             return self._best[cell.index]
         done = [r for r in self.issued(cell, "tune") if r.outcome == Outcome.COMPLETED and _finite(self._value(r))]
         sign = 1 if self.plan.mode == "max" else -1
-        best = max(done, key=lambda r: sign * self._value(r)) if done else None
+        best = max(done, key=lambda r: sign * cast(float, self._value(r))) if done else None  # finite: scored
         if self.tuning_done(cell):  # a finished tuning never changes in this state: asked once per trial
             self._best[cell.index] = best
         return best
@@ -193,8 +199,8 @@ class StudyState:
         if not self.plan.study.tune or not self.tuning_done(cell) or self.best_tuned(cell) is not None:
             return None
         outcomes = [r.outcome for r in self.issued(cell, "tune")]
-        names = {Outcome.COMPLETED: "degenerate", Outcome.DIVERGED: "diverged", Outcome.FAILED: "failed",
-                 Outcome.PRUNED: "pruned"}
+        names: dict[Outcome | None, str] = {Outcome.COMPLETED: "degenerate", Outcome.DIVERGED: "diverged",
+                                            Outcome.FAILED: "failed", Outcome.PRUNED: "pruned"}
         counts = {name: sum(names.get(o) == name for o in outcomes) for name in dict.fromkeys(names.values())}
         only = [name for name, count in counts.items() if count == len(outcomes)]
         if only:
@@ -206,7 +212,7 @@ class StudyState:
         """The cell's replicate runs that count: those of its current config (never superseded)."""
         return [r for r in self.issued(cell, "replicate") if not r.superseded]
 
-    def _supersede_stale(self, cell: Cell, tuned: dict) -> None:
+    def _supersede_stale(self, cell: Cell, tuned: dict[str, Any]) -> None:
         """More tuning trials (a study extended on resume) found a better config: replicates of the
         old one no longer describe the cell; they stay in MLflow, tagged, and are run again."""
         for record in self.replicates(cell):
@@ -217,7 +223,7 @@ class StudyState:
     def _next_replicate(self, cell: Cell) -> TrialRecord | None:
         if self.plan.study.tune and not self.tuning_done(cell):
             return None
-        tuned: dict = {}
+        tuned: dict[str, Any] = {}
         if self.plan.study.tune:
             best = self.best_tuned(cell)
             if best is None:  # every tuning trial failed or diverged: nothing to replicate
@@ -246,6 +252,7 @@ class StudyState:
         if rule.max_seeds is None:
             return []
         taken = set(self.plan.seeds) | ({self.plan.study.tune.seed} if self.plan.study.tune else set())
+        extra: list[int]
         extra, candidate = [], max(self.plan.seeds) + 1
         while len(self.plan.seeds) + len(extra) < rule.max_seeds:
             if candidate not in taken:
@@ -269,8 +276,8 @@ class StudyState:
                   if r.outcome == Outcome.COMPLETED]
         first = [v for seed, v in scored if seed in self.plan.seeds and _finite(v)]
         values = first + [v for seed, v in scored if seed not in self.plan.seeds and _finite(v)]
-        more, why = wants_another(rule.until.rule, values, len(first), rule.until.dev_ci95, rule.max_seeds)
-        if more and len(current) >= rule.max_seeds:  # failed seeds count: the cap is on runs
+        more, why = wants_another(rule.until.rule, values, len(first), rule.until.dev_ci95, cast(int, rule.max_seeds))
+        if more and len(current) >= cast(int, rule.max_seeds):  # failed seeds count: the cap is on runs
             half = stein_half(first, len(values)) if rule.until.rule == "two_stage" else ci95_half(values)
             return False, f"stopped at max_seeds {rule.max_seeds}: dev 95% CI ±{half:.2f}"
         return more, why
@@ -309,7 +316,7 @@ class StudyState:
 
     # --- outcomes ----------------------------------------------------------------------------------
 
-    def on_result(self, key: str, metrics: dict) -> bool:
+    def on_result(self, key: str, metrics: dict[str, Any]) -> bool:
         """Record one epoch; True when the cell's pruner stops this tuning trial."""
         record = self.records[key]
         record.results.append(metrics)
@@ -371,8 +378,8 @@ class StudyState:
 
     def _value(self, record: TrialRecord) -> float | None:
         """A trial's score: its best dev value over epochs (what the best-dev epoch reached)."""
-        values = [r.get(self.plan.metric) for r in record.results]
-        values = [v for v in values if _finite(v)]
+        reported = [r.get(self.plan.metric) for r in record.results]
+        values = [v for v in reported if _finite(v)]
         if not values:
             return None
         return max(values) if self.plan.mode == "max" else min(values)
@@ -387,7 +394,7 @@ class StudyState:
                 **{o.value: n for o, n in self._outcomes.items()}}
 
     def best_per_cell(self) -> dict[str, float | None]:
-        return {cell.key: max((self._value(r) for r in self.issued(cell, "tune") + self.replicates(cell)
+        return {cell.key: max((cast(float, self._value(r)) for r in self.issued(cell, "tune") + self.replicates(cell)
                                if _finite(self._value(r))), default=None) for cell in self.plan.cells}
 
     def tuning_best(self, cell: Cell) -> float | None:
@@ -404,5 +411,5 @@ class StudyState:
         return sum(values) / len(values) if values else None
 
 
-def _finite(value) -> bool:
+def _finite(value: object) -> TypeGuard[float]:
     return isinstance(value, int | float) and math.isfinite(value)

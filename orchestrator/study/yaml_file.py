@@ -17,18 +17,18 @@ from trainables.errors import UserInputError
 MAX_NODES = 100_000  # a study file expands to a few hundred values; a "billion laughs" file to billions
 
 
-class TooManyAliases(yaml.YAMLError):
+class TooManyAliases(yaml.YAMLError):  # type: ignore[misc]  # PyYAML has no type stubs here: its classes are Any
     pass
 
 
-class BoundedLoader(yaml.SafeLoader):
+class BoundedLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML has no type stubs here: its classes are Any
     """YAML's safe loader with a bound on what aliases (`*name`) expand to, counted on the composed
     graph before anything is built, so a few hundred bytes cannot become gigabytes of study."""
 
-    def construct_document(self, node):
+    def construct_document(self, node: yaml.Node) -> Any:
         sizes: dict[int, int] = {}
 
-        def expanded(current) -> int:
+        def expanded(current: yaml.Node) -> int:
             if id(current) not in sizes:
                 sizes[id(current)] = 0  # a recursive alias counts once while it is being measured
                 children = (current.value if isinstance(current, yaml.SequenceNode) else
@@ -101,7 +101,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
-def apply_overrides(raw: dict, overrides: Iterable[str]) -> dict:
+def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
     """A copy of a study file's mapping with the overrides applied in order (a later one wins), each
     setting one key and creating the mappings above it; validation is the study file's own, so an
     unknown key gets the same did-you-mean line as in a file."""
