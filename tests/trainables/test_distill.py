@@ -373,5 +373,6 @@ def test_distillation_starts_both_encoders_from_a_cached_simcse_stage(config, tm
     name = "embeddings.word_embeddings.weight"
     assert torch.equal(learner.sides[0].cross.backbone().state_dict()[name], adapted[name])  # the cross-encoder too
     assert torch.equal(learner.sides[0].bi.encoder.state_dict()[name], adapted[name])
-    with pytest.raises(UserInputError, match="pretrain: 'bert' is not valid; use one of: micse, mlm, mntp, rtd, simcse"):
+    with pytest.raises(UserInputError,
+                       match="pretrain: 'bert' is not valid; use one of: micse, mlm, mntp, rtd, simcse"):
         distill.run({**common, "pretrain": "bert"}, collect([]))
