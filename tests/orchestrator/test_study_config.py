@@ -81,7 +81,7 @@ CASES = [
     ("train.loss", "softmax", "train.loss: 'softmax' is not valid; it trains classification tasks; task stsb needs "
                               "one of: cosine_mse, cosent, angle"),
     ("train.learning_rate", 1e-3,
-     "train.learning_rate: 'learning_rate' is not valid; valid names: append_eos, batch_size"),
+     "train.learning_rate: 'learning_rate' is not valid; valid names: adaptive_kl_temperature, adaptive_kl_weight"),
     ("train.seed", 3, "train.seed: 'seed' is not valid;"),
     ("data.max_train_samples", -5, "data.max_train_samples: -5 is not valid; input should be greater than or equal"),
     ("resources.gpu", -1, "resources.gpu: -1 is not valid; input should be greater than or equal to 0"),

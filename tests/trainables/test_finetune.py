@@ -102,7 +102,8 @@ def test_poolings_objectives_and_baselines_train(config, pooling, extra):
 @pytest.mark.parametrize(("change", "message"), [
     ({"lr": -1}, "lr: -1 is not valid; input should be greater than 0"),
     ({"epochs": 0}, "epochs: 0 is not valid; input should be greater than or equal to 1"),
-    ({"learning_rate": 1e-3}, "learning_rate: 0.001 is not valid; unknown key; valid keys are: append_eos, batch_size"),
+    ({"learning_rate": 1e-3},
+     "learning_rate: 0.001 is not valid; unknown key; valid keys are: adaptive_kl_temperature, adaptive_kl_weight"),
     ({"layer": 9}, "layer: 9 is not valid; this model has 3 layers: use 0..3"),
     ({"pooling": "sum"}, "pooling: 'sum' is not valid; use one of: cls, last_token, max, mean, mean_sqrt_len"),
     ({"task": "mrpc"}, "train.loss: 'cosine_mse' is not valid; it trains sts tasks"),

@@ -49,6 +49,18 @@ class FinetuneConfig(TrainingConfig, PretrainFields, PromptFields, LoraFields, P
                                                              "embeddings at depth 0, the head at lr; 1.0 is off")
     max_grad_norm: float | None = Field(1.0, gt=0)
     group_by_length: bool = True
+    adaptive_layers: bool = Field(False, description="sentence-transformers' AdaptiveLayerLoss (2D Matryoshka's "
+                                                     "layers): each step also trains earlier layers of the cut "
+                                                     "model on the loss, pulled toward the last by a KL term; the "
+                                                     "trial then scores every layer 0..k (layer<j>_dev_*, "
+                                                     "layer<j>_test_*)")
+    adaptive_layers_per_step: int | None = Field(1, ge=1, description="adaptive_layers: earlier layers drawn per "
+                                                                      "step (2DMSE: 1); null: all of them")
+    adaptive_prior_weight: float = Field(1.0, ge=0, description="adaptive_layers: weight of the earlier layers' "
+                                                                "loss (their mean)")
+    adaptive_kl_weight: float = Field(1.0, ge=0, description="adaptive_layers: weight of the KL term")
+    adaptive_kl_temperature: float = Field(0.3, ge=0, description="adaptive_layers: the KL term's temperature; "
+                                                                  "0 drops the term")
 
 
 class FinetuneKind(TrainingKind):
@@ -73,7 +85,33 @@ class FinetuneKind(TrainingKind):
             raise UserInputError(key_of("select"), cfg.select, f"pair classification selects on one of: "
                                                                f"{', '.join(SELECTS)}; STS tasks select on Spearman")
         check_pretrain(cfg, key_of)
+        check_adaptive_layers(cfg, key_of)
         check_lora(cfg, key_of)
         check_postprocess(cfg, key_of)
         check_pooling_layers(cfg, key_of)
         check_special_tokens(cfg, key_of)
+
+
+ADAPTIVE_SETTINGS = (("adaptive_layers_per_step", 1), ("adaptive_prior_weight", 1.0), ("adaptive_kl_weight", 1.0),
+                     ("adaptive_kl_temperature", 0.3))
+
+
+def check_adaptive_layers(cfg, key_of) -> None:
+    """`adaptive_layers` trains and scores single layers with the cut's head: not with a mix of layers or a
+    post-processing fitted for the last layer; its settings without it would be unused."""
+    if not cfg.adaptive_layers:
+        if key_of("adaptive_layers").startswith(("ablate.", "tune.")):
+            return
+        for name, default in ADAPTIVE_SETTINGS:
+            if getattr(cfg, name) != default:
+                raise UserInputError(key_of(name), getattr(cfg, name), f"{name} is read only with "
+                                                                       f"{key_of('adaptive_layers')}: true: set it, "
+                                                                       f"or remove {name}")
+        return
+    if cfg.pooling_layers != "last":
+        raise UserInputError(key_of("adaptive_layers"), True, f"it trains and scores one layer at a time: use "
+                                                              f"{key_of('pooling_layers')}: last with it")
+    if cfg.postprocess != "none":
+        raise UserInputError(key_of("adaptive_layers"), True, f"every layer is scored without a post-processing "
+                                                              f"fitted for the last: use {key_of('postprocess')}: "
+                                                              f"none with it")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 import time
 
 import torch
@@ -12,10 +13,13 @@ from trainables.errors import UserInputError
 from trainables.evaluation.evaluators import Embedder, make_evaluator
 from trainables.evaluation.postprocess import FittedOnTrain
 from trainables.kinds.finetune import FinetuneConfig
+from trainables.models.architectures import stack_depth
 from trainables.models.batching import TokenCache
 from trainables.models.encoder import build_sentence_encoder, load_tokenizer, special_ids, used_parameter_count
+from trainables.models.layer_vectors import AtLayer, LayerVectors
 from trainables.models.lora import adapter_parameter_count, add_lora
 from trainables.objectives import build_loss
+from trainables.objectives.adaptive_layers import AdaptiveLayerLoss
 from trainables.runtime import linear_schedule, scoring_dtype
 from trainables.stages.pretrain import pretrained_start
 from trainables.training.bi_encoder import (
@@ -47,6 +51,9 @@ class FinetuneLearner(Learner):
             add_lora(self.model.encoder, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
         dim = self.model.projection[0].out_features if self.model.projection else self.model.encoder.config.hidden_size
         self.loss_fn = build_loss(cfg.loss, data.kind, dim).to(device)
+        self.depth = stack_depth(self.model.encoder)  # the cut's k: adaptive_layers draws from 0..k-1 below it
+        self.train_loss = (AdaptiveLayerLoss(self.loss_fn, cfg.adaptive_prior_weight, cfg.adaptive_kl_weight,
+                                             cfg.adaptive_kl_temperature) if cfg.adaptive_layers else self.loss_fn)
         self.first, self.second = list(data.train["sentence1"]), list(data.train["sentence2"])
         self.tokens.add(self.first + self.second)
         self.targets = torch.as_tensor(data.train["score" if data.kind == "sts" else "label"].to_numpy().copy())
@@ -81,12 +88,35 @@ class FinetuneLearner(Learner):
         batches = epoch_batches(self.lengths, cfg.batch_size, cfg.seed * 1_000 + round_, cfg.group_by_length)
         for step, batch in enumerate(batches, start=1):
             token_lists = [self.tokens[self.first[i]] for i in batch] + [self.tokens[self.second[i]] for i in batch]
-            loss = train_step(self.model, self.loss_fn, self.optimizer, self.scheduler, token_lists,
+            model = self.model if not cfg.adaptive_layers else LayerVectors(self.model, self.drawn(round_, step))
+            loss = train_step(model, self.train_loss, self.optimizer, self.scheduler, token_lists,
                               self.targets[batch], self.tokens.pad_id, self.device, self.dtype, cfg.max_grad_norm)
             total += check_finite(loss.item(), f"epoch {round_}, step {step} (lr={cfg.lr})",
                                   "lower the learning rate or use precision fp32")
         seconds = time.perf_counter() - started
         return {"train_loss": total / max(1, len(batches)), "train_samples_per_second": len(self.lengths) / seconds}
+
+    def drawn(self, round_: int, step: int) -> list[int]:
+        """adaptive_layers: the earlier layers this step trains (sentence-transformers draws them from Python's
+        global generator; here from one seeded by (seed, epoch, step), so that a resumed trial draws the same),
+        then the last layer, k."""
+        earlier = list(range(self.depth))  # 0 (the embeddings' output) .. k-1, as hidden_states[:-1] there
+        count = self.cfg.adaptive_layers_per_step
+        if count is not None and count < len(earlier):
+            earlier = sorted(random.Random(f"{self.cfg.seed}/{round_}/{step}").sample(earlier, count))
+        return [*earlier, self.depth]
+
+    def test_extras(self) -> dict[str, float]:
+        """adaptive_layers: dev and test at every layer 0..k of the trained model (its best-dev weights), each
+        as a model cut there with this head: `layer<j>_dev_spearman`, `layer<j>_test_spearman`, ..."""
+        if not self.cfg.adaptive_layers:
+            return {}
+        scores: dict[str, float] = {}
+        for layer in range(self.depth + 1):
+            embed = Embedder(AtLayer(self.model, layer), self.tokens, self.device, self.embed.dtype)
+            for split in ("dev", "test"):
+                scores.update({f"layer{layer}_{k}": v for k, v in self.evaluator.evaluate(embed, split).items()})
+        return scores
 
     def postprocess_map(self):
         """Fitted on the train split's distinct sentences with the weights held now (FittedOnTrain)."""
