@@ -48,6 +48,7 @@ from reports.equivalence import add_equivalence, equivalence_grid, equivalence_m
 from reports.evp import budget_grid, budget_plot
 from reports.labels import axis_label, in_sentence, metric_label, value_label
 from reports.latex import latex_document, to_latex
+from reports.layer_scores import every_layer_grid
 from reports.plots import layer_plot, pareto_plot
 from reports.power import add_power, attach_power_note
 from reports.provenance import provenance_lines, record_provenance
@@ -441,6 +442,7 @@ TABLES: dict[str, Callable[[TableContext], Grid | None]] = {
     "headline": lambda c: headline_grid(c.runs, c.summary, c.rows, c.decimals) if c.has_cells else None,
     "suite": lambda c: suite_grid(c.runs, c.decimals) if c.declared("suite") else None,
     "cycles": lambda c: cycle_grid(c.runs, c.decimals) if c.declared("rounds") else None,
+    "layers": lambda c: every_layer_grid(c.runs, c.decimals) if c.declared("layers") else None,
     "tuning": lambda c: tuning_grid(c.runs),
     "equivalence": lambda c: equivalence_grid(c.runs, c.stats, c.decimals),
     "aso": lambda c: aso_grid(c.runs, c.stats),

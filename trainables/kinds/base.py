@@ -114,8 +114,9 @@ class TrainableKind(ABC):
 
     def tables(self, cfg) -> tuple[str, ...]:
         """The report's extra tables a trial of this config feeds (beyond the ablation, headline and
-        tuning tables every study gets): `rounds` (every round's dev, for a `round_table` kind) or
-        `suite` (the STS suite). The report builds exactly what the study record lists."""
+        tuning tables every study gets): `rounds` (every round's dev, for a `round_table` kind), `suite`
+        (the STS suite) or `layers` (every layer of one training). The report builds exactly what the study
+        record lists."""
         return ("rounds",) if self.round_table else ()
 
     def layer_bounds(self, cfg) -> list[tuple[str, Any, str]]:

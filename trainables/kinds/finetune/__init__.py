@@ -75,6 +75,9 @@ class FinetuneKind(TrainingKind):
 
         return self.epoch_pilot(cfg, len(load_task(cfg.task, cfg.language, cfg.data_dir, cfg.max_train_samples).train))
 
+    def tables(self, cfg) -> tuple[str, ...]:
+        return super().tables(cfg) + (("layers",) if cfg.adaptive_layers else ())
+
     def check_names(self, cfg, key_of) -> None:
         from trainables.data.tasks import task_kind, task_name
 
