@@ -36,3 +36,24 @@ def test_a_study_mixing_three_method_axes_launches_reports_and_verifies(tiny_ber
     assert "first_last" in report or "First last" in report or "first-last" in report.lower(), report[:2000]
     verified = run_cli("verify", str(tmp_path / "reports" / "e2e"), cwd=tmp_path)
     assert verified.returncode == 0 and verified.stdout.startswith("ok:"), verified.stdout + verified.stderr
+
+
+def test_a_study_ablating_adaptive_layers_reports_every_layer_of_the_one_training_and_verifies(tiny_bert, data_dir,
+                                                                                             tmp_path):
+    study = write_study(tmp_path, tiny_bert, data_dir, ablate={"adaptive_layers": [False, True]},
+                        tune=None, replicate={"seeds": [0, 1]}, report={"baseline": {"adaptive_layers": False}},
+                        train={"layer": 3, "epochs": 1, "batch_size": 16, "max_seq_length": 16, "lr": 1e-3},
+                        data={"max_train_samples": 64, "max_eval_samples": 40})
+    launched = run_cli("launch", str(study), "--storage", str(tmp_path / "studies"), cwd=tmp_path)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    assert "finished: 4 completed" in launched.stdout, launched.stdout[-2000:]
+    runs = pd.read_csv(tmp_path / "reports" / "e2e" / "runs.csv")
+    adaptive = runs[(runs.phase == "replicate") & runs.adaptive_layers.astype(bool)]
+    assert len(adaptive) == 2 and adaptive[[f"layer{j}_test_spearman" for j in range(4)]].notna().all().all()
+    assert (adaptive.layer3_test_spearman - adaptive.test_spearman).abs().max() < 1e-9  # layer k: the trial's own
+    layers = (tmp_path / "reports" / "e2e" / "layers.tex").read_text()
+    assert "layer 0" in layers and "layer 3" in layers
+    report = (tmp_path / "reports" / "e2e" / "report.md").read_text()
+    assert "Every layer of one training" in report
+    verified = run_cli("verify", str(tmp_path / "reports" / "e2e"), cwd=tmp_path)
+    assert verified.returncode == 0 and verified.stdout.startswith("ok:"), verified.stdout + verified.stderr
