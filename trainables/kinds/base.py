@@ -281,6 +281,18 @@ def check_pooling_layers(cfg, key_of: Callable[[str], str], scored: list[int] | 
         raise UserInputError(key, spec, found)
 
 
+def refuse_unused(cfg, key_of: Callable[[str], str], switch: str, settings: tuple[tuple[str, Any], ...],
+                  why: Callable[[str], str]) -> None:
+    """Settings read only when `switch` is on (`lora_rank`, `adaptive_layers`), set while it is off, would be
+    silently unused: one line for the first, `why(name)` its fix. A study that ablates or tunes the switch uses
+    them in the cells that turn it on."""
+    if key_of(switch).startswith(("ablate.", "tune.")):
+        return
+    for name, default in settings:
+        if getattr(cfg, name) != default:
+            raise UserInputError(key_of(name), getattr(cfg, name), why(name))
+
+
 LORA_SETTINGS = (("lora_alpha", None), ("lora_dropout", 0.0), ("lora_targets", None))
 
 
@@ -289,13 +301,9 @@ def check_lora(cfg, key_of: Callable[[str], str]) -> None:
     ablates or tunes it, `lora_rank: [null, 8]`, uses them in the cells that have a rank). With a rank, the
     layers it adapts must be the model's (checked on its config, before any trial)."""
     if cfg.lora_rank is None:
-        if key_of("lora_rank").startswith(("ablate.", "tune.")):
-            return
-        for name, default in LORA_SETTINGS:
-            if getattr(cfg, name) != default:
-                raise UserInputError(key_of(name), getattr(cfg, name), f"LoRA is off without {key_of('lora_rank')}:"
-                                                                       f" set lora_rank (8 is common), or remove "
-                                                                       f"{name}")
+        refuse_unused(cfg, key_of, "lora_rank", LORA_SETTINGS,
+                      lambda name: f"LoRA is off without {key_of('lora_rank')}: set lora_rank (8 is common), or "
+                                   f"remove {name}")
         return
     from trainables.models.lora import check_targets
 

@@ -19,6 +19,7 @@ from trainables.kinds.base import (
     check_pooling_layers,
     check_postprocess,
     check_special_tokens,
+    refuse_unused,
 )
 from trainables.names import SELECTS
 from trainables.objectives import OBJECTIVES, check_loss
@@ -103,13 +104,9 @@ def check_adaptive_layers(cfg, key_of) -> None:
     """`adaptive_layers` trains and scores single layers with the cut's head: not with a mix of layers or a
     post-processing fitted for the last layer; its settings without it would be unused."""
     if not cfg.adaptive_layers:
-        if key_of("adaptive_layers").startswith(("ablate.", "tune.")):
-            return
-        for name, default in ADAPTIVE_SETTINGS:
-            if getattr(cfg, name) != default:
-                raise UserInputError(key_of(name), getattr(cfg, name), f"{name} is read only with "
-                                                                       f"{key_of('adaptive_layers')}: true: set it, "
-                                                                       f"or remove {name}")
+        refuse_unused(cfg, key_of, "adaptive_layers", ADAPTIVE_SETTINGS,
+                      lambda name: f"{name} is read only with {key_of('adaptive_layers')}: true: set it, or remove "
+                                   f"{name}")
         return
     if cfg.pooling_layers != "last":
         raise UserInputError(key_of("adaptive_layers"), True, f"it trains and scores one layer at a time: use "
