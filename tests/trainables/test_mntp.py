@@ -130,6 +130,7 @@ def test_the_stage_learns_is_cached_and_a_trial_starts_from_it(config, tiny_llam
     assert not torch.equal(adapted.state_dict()[name], original.state_dict()[name])  # the stage changed it
     assert type(adapted).__name__ == "LlamaModel"  # the base model, its LM head left behind
     assert is_causal(model_config(str(folder)))  # its config the model's own: the trial turns it both ways
+    assert load_tokenizer(str(folder)).mask_token is None  # its tokenizer too: the blank was the collator's
     final = get_kind("finetune").run(config, collect([]))
     assert final["dapt_cache_hit"] == 1 and final["dapt_stage_dir"] == str(folder)
 

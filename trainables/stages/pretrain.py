@@ -13,6 +13,7 @@ seeds covers the whole procedure; `shared` builds one (seed `pretrain_seed`) for
 
 from __future__ import annotations
 
+import copy
 import importlib
 import math
 import time
@@ -165,12 +166,13 @@ def pretrain(cfg, seed: int, sentences: list[str], folder: Path) -> dict:
     seed_everything(seed)
     device = resolve_device(cfg.device)
     without_cudnn_attention(device)
-    tokenizer = with_mask_token(load_tokenizer(cfg.model), cfg.pretrain)
+    tokenizer = load_tokenizer(cfg.model)  # saved with the stage as it is: the mask is the collator's alone
     objectives = {"rtd": RTDObjective, "mntp": MNTPObjective}
     objective = objectives.get(cfg.pretrain, MLMObjective)(cfg).to(device).train()
     from transformers import DataCollatorForLanguageModeling
 
-    collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=cfg.pretrain_mlm_probability)
+    collator = DataCollatorForLanguageModeling(with_mask_token(copy.deepcopy(tokenizer), cfg.pretrain),
+                                               mlm_probability=cfg.pretrain_mlm_probability)
     encoded = tokenize(tokenizer, sentences, cfg.pretrain_max_seq_length)
     optimizer = torch.optim.AdamW(objective.parameters(), lr=cfg.pretrain_lr, weight_decay=0.01)
     scheduler = schedule(optimizer, cfg.pretrain_steps, cfg.pretrain_warmup_ratio)
