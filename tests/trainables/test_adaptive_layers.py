@@ -16,7 +16,7 @@ from trainables.kinds.finetune import FinetuneConfig, check_adaptive_layers
 from trainables.kinds.finetune.learner import FinetuneLearner
 from trainables.models.batching import pad
 from trainables.models.encoder import build_sentence_encoder, load_tokenizer
-from trainables.models.layer_vectors import AtLayer, LayerVectors
+from trainables.models.layer_vectors import LayerVectors
 from trainables.objectives.adaptive_layers import AdaptiveLayerLoss
 from trainables.objectives.sts import CosineMSELoss
 
@@ -68,8 +68,9 @@ def test_layer_j_of_the_model_is_a_model_cut_at_j_with_its_head(tiny_bert):
     tokenizer = load_tokenizer(tiny_bert)
     ids, mask = pad([tokenizer(s)["input_ids"] for s in FIRST], tokenizer.pad_token_id, torch.device("cpu"))
     with torch.no_grad():
-        torch.testing.assert_close(AtLayer(full, 2)(ids, mask), cut(ids, mask), atol=1e-5, rtol=0)
-        torch.testing.assert_close(AtLayer(full, 3)(ids, mask), full(ids, mask), atol=1e-5, rtol=0)
+        both = LayerVectors(full, [2, 3])(ids, mask)
+        torch.testing.assert_close(both[:, 0], cut(ids, mask), atol=1e-5, rtol=0)
+        torch.testing.assert_close(both[:, 1], full(ids, mask), atol=1e-5, rtol=0)
 
 
 @pytest.fixture()

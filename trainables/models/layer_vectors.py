@@ -1,8 +1,8 @@
 """Sentence vectors at several layers of one (cut) sentence encoder from one forward pass: what
 `adaptive_layers` trains on (each drawn layer's vectors beside the last's) and scores (every layer of the
-trained model). Layer k's token states are the cut's (`layer_states`: the family's final norm on a pre-norm
-stack), pooled and projected by the encoder's own head, so layer j of the trained model is what a model cut
-at j and given this head would return."""
+trained model, one pass over each split's sentences). Layer k's token states are the cut's (`layer_states`:
+the family's final norm on a pre-norm stack), pooled and projected by the encoder's own head, so layer j of the
+trained model is what a model cut at j and given this head would return."""
 
 from __future__ import annotations
 
@@ -28,13 +28,3 @@ class LayerVectors(nn.Module):
         vectors = torch.stack([model.pool(h, attention_mask, input_ids) for h in states], dim=1)
         return model.projection(vectors) if model.projection is not None else vectors
 
-
-class AtLayer(nn.Module):
-    """`encoder`'s sentence vectors at one layer, (batch, dim): what an Embedder scores."""
-
-    def __init__(self, encoder: nn.Module, layer: int):
-        super().__init__()
-        self.vectors = LayerVectors(encoder, [layer])
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.vectors(input_ids, attention_mask)[:, 0]

@@ -16,7 +16,7 @@ from trainables.kinds.finetune import FinetuneConfig
 from trainables.models.architectures import stack_depth
 from trainables.models.batching import TokenCache
 from trainables.models.encoder import build_sentence_encoder, load_tokenizer, special_ids, used_parameter_count
-from trainables.models.layer_vectors import AtLayer, LayerVectors
+from trainables.models.layer_vectors import LayerVectors
 from trainables.models.lora import adapter_parameter_count, add_lora
 from trainables.objectives import build_loss
 from trainables.objectives.adaptive_layers import AdaptiveLayerLoss
@@ -111,11 +111,21 @@ class FinetuneLearner(Learner):
         as a model cut there with this head: `layer<j>_dev_spearman`, `layer<j>_test_spearman`, ..."""
         if not self.cfg.adaptive_layers:
             return {}
+        every = Embedder(LayerVectors(self.model, range(self.depth + 1)), self.tokens, self.device, self.embed.dtype)
+        encoded: dict[tuple[str, ...], torch.Tensor] = {}  # a split's sentences: one pass gives every layer
+
+        def at(layer: int):
+            def embed(sentences):
+                key = tuple(sentences)
+                if key not in encoded:
+                    encoded[key] = every(sentences)
+                return encoded[key][:, layer]
+            return embed
+
         scores: dict[str, float] = {}
         for layer in range(self.depth + 1):
-            embed = Embedder(AtLayer(self.model, layer), self.tokens, self.device, self.embed.dtype)
             for split in ("dev", "test"):
-                scores.update({f"layer{layer}_{k}": v for k, v in self.evaluator.evaluate(embed, split).items()})
+                scores.update({f"layer{layer}_{k}": v for k, v in self.evaluator.evaluate(at(layer), split).items()})
         return scores
 
     def postprocess_map(self):
