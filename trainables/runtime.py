@@ -117,6 +117,16 @@ def clip_gradients(parameters, max_norm: float) -> torch.Tensor:
     return total
 
 
+def optimizer_step(parameters, optimizer, scheduler, max_grad_norm: float | None) -> None:
+    """After `backward`: clip the gradients to `max_grad_norm` (none when 0 or None), step the optimizer
+    and its schedule, and drop the gradients; the one step every training loop of the project takes."""
+    if max_grad_norm:
+        clip_gradients(parameters, max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def release_memory() -> None:
     """After a trial in a reused worker: collect its objects and hand freed heap pages back to the
     system (each trial runs in a thread of its own, and glibc keeps what a finished thread's arena

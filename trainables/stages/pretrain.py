@@ -27,8 +27,8 @@ from trainables.models.architectures import attend_both_ways, native_bidirection
 from trainables.models.batching import tokenize
 from trainables.models.encoder import load_config, load_tokenizer, resolve_model_path
 from trainables.runtime import (
-    clip_gradients,
     linear_schedule,
+    optimizer_step,
     resolve_device,
     seed_everything,
     without_cudnn_attention,
@@ -192,10 +192,7 @@ def pretrain(cfg, seed: int, sentences: list[str], folder: Path) -> dict:
                                             f"(pretrain_lr={cfg.pretrain_lr}); lower pretrain_lr")
             loss.backward()
             step_loss += loss.item()
-        clip_gradients(objective.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer_step(objective.parameters(), optimizer, scheduler, 1.0)
         losses.append(step_loss)
     objective.encoder().save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)

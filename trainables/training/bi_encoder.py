@@ -12,7 +12,7 @@ import torch
 from trainables.errors import TrainingDivergedError
 from trainables.models.batching import TokenCache, encode_tokens
 from trainables.objectives.sts import CosineMSELoss
-from trainables.runtime import autocast, clip_gradients, linear_schedule
+from trainables.runtime import autocast, linear_schedule, optimizer_step
 from trainables.training.optimizer import RowAdamW
 
 
@@ -86,11 +86,7 @@ def train_step(model, loss_fn, optimizer, scheduler, token_lists: list[list[int]
         optimizer.zero_grad(set_to_none=True)
         return loss.detach()
     loss.backward()
-    if max_grad_norm:
-        clip_gradients(model.parameters(), max_grad_norm)
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
+    optimizer_step(model.parameters(), optimizer, scheduler, max_grad_norm)
     return loss.detach()
 
 

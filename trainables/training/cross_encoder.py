@@ -31,7 +31,7 @@ from trainables.models.encoder import (
 from trainables.models.packed import packed_linears
 from trainables.names import CROSS_HEADS, CROSS_LOSSES  # noqa: F401 (re-exported)
 from trainables.poolings import POOLINGS, build_pooling
-from trainables.runtime import autocast, clip_gradients, linear_schedule
+from trainables.runtime import autocast, linear_schedule, optimizer_step
 from trainables.training.bi_encoder import build_optimizer, check_finite, epoch_batches
 
 
@@ -162,11 +162,7 @@ def train_cross_epoch(model: CrossEncoder, optimizer, scheduler, token_lists: li
         loss = cross_loss(loss_name, logits, targets[batch].to(device))
         check_finite(loss.item(), f"{where}, step {step}", "lower the cross-encoder's learning rate")
         loss.backward()
-        if max_grad_norm:
-            clip_gradients(model.parameters(), max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer_step(model.parameters(), optimizer, scheduler, max_grad_norm)
         total += loss.item()
     return total / max(1, len(batches))
 

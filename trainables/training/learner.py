@@ -61,6 +61,20 @@ class Learner(ABC):
         return {}
 
 
+class OneModelLearner(Learner):
+    """A learner that trains one module, `model`, with one optimizer and its schedule."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+
+    def modules(self) -> dict[str, torch.nn.Module]:
+        return {"model": self.model}
+
+    def optimizers(self) -> list[tuple[torch.optim.Optimizer, Any]]:
+        return [(self.optimizer, self.scheduler)]
+
+
 class BuildsLearners(Protocol):
     """What the loop asks of a training kind (`trainables.kinds.base.TrainingKind` is one): the kind calls the
     loop and the loop only calls back into it, so it names this shape instead of importing the kinds."""

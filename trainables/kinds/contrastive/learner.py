@@ -27,9 +27,9 @@ from trainables.models.encoder import (
 from trainables.models.lora import adapter_parameter_count, add_lora
 from trainables.names import ATTENTION_LOSSES
 from trainables.objectives.contrastive import ContrastiveModel, contrastive_step, step_batches
-from trainables.runtime import clip_gradients, linear_schedule, scoring_dtype
+from trainables.runtime import linear_schedule, optimizer_step, scoring_dtype
 from trainables.training.bi_encoder import build_optimizer, check_finite
-from trainables.training.learner import Learner
+from trainables.training.learner import OneModelLearner
 
 
 def evaluation_length(cfg: ContrastiveConfig, tokenizer) -> int:
@@ -63,7 +63,7 @@ def fit_sample(sentences: list[str]) -> list[str]:
     return [distinct[i] for i in sorted(keep.tolist())]
 
 
-class ContrastiveLearner(Learner):
+class ContrastiveLearner(OneModelLearner):
     metric = "dev_spearman"
 
     def __init__(self, cfg: ContrastiveConfig, device, dtype):
@@ -112,12 +112,6 @@ class ContrastiveLearner(Learner):
         if cfg.lora_rank is not None:  # the encoder's size is the merged one's; what trained, beside it
             self.info["trained_params"] = sum(p.numel() for _, p in trained)
 
-    def modules(self):
-        return {"model": self.model}
-
-    def optimizers(self):
-        return [(self.optimizer, self.scheduler)]
-
     def train_round(self, round_: int) -> dict[str, float]:
         cfg = self.cfg
         losses, parts_sum = [], {}
@@ -132,11 +126,7 @@ class ContrastiveLearner(Learner):
             check_finite(loss.item(), f"step {step + 1} (lr={cfg.lr})",
                          "lower the learning rate or raise the temperature")
             loss.backward()
-            if cfg.max_grad_norm:
-                clip_gradients(self.model.parameters(), cfg.max_grad_norm)
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            optimizer_step(self.model.parameters(), self.optimizer, self.scheduler, cfg.max_grad_norm)
             losses.append(loss.item())
             for name, value in parts.items():
                 parts_sum[name] = parts_sum.get(name, 0.0) + value.item()

@@ -15,10 +15,10 @@ from trainables.runtime import linear_schedule, scoring_dtype
 from trainables.stages.pretrain import pretrained_start
 from trainables.training.bi_encoder import build_optimizer, epoch_batches
 from trainables.training.cross_encoder import CROSS_LOSSES, CrossEncoder, PairTokens, score_split, train_cross_epoch
-from trainables.training.learner import Learner
+from trainables.training.learner import OneModelLearner
 
 
-class CrossEncoderLearner(Learner):
+class CrossEncoderLearner(OneModelLearner):
     metric = "dev_spearman"
 
     def __init__(self, cfg: CrossEncoderConfig, device, dtype):
@@ -37,12 +37,6 @@ class CrossEncoderLearner(Learner):
         self.scheduler = linear_schedule(self.optimizer, round(cfg.warmup_ratio * total), total)
         self.test_frame = self.data.test
         self.info = {"params": used_parameter_count(self.model), **stage}
-
-    def modules(self):
-        return {"model": self.model}
-
-    def optimizers(self):
-        return [(self.optimizer, self.scheduler)]
 
     def train_round(self, round_: int) -> dict[str, float]:
         cfg = self.cfg

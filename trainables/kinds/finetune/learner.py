@@ -30,10 +30,10 @@ from trainables.training.bi_encoder import (
     pair_lengths,
     train_step,
 )
-from trainables.training.learner import Learner
+from trainables.training.learner import OneModelLearner
 
 
-class FinetuneLearner(Learner):
+class FinetuneLearner(OneModelLearner):
     def __init__(self, cfg: FinetuneConfig, device, dtype):
         self.cfg, self.device, self.dtype = cfg, device, dtype
         data = load_task(cfg.task, cfg.language, cfg.data_dir, cfg.max_train_samples, cfg.max_eval_samples)
@@ -76,9 +76,6 @@ class FinetuneLearner(Learner):
 
     def modules(self) -> dict[str, torch.nn.Module]:
         return {"model": self.model, "loss": self.loss_fn}
-
-    def optimizers(self):
-        return [(self.optimizer, self.scheduler)]
 
     def train_round(self, round_: int) -> dict[str, float]:
         cfg = self.cfg
