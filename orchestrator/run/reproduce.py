@@ -122,7 +122,10 @@ def check_data(record: StudyRecord, config: dict) -> list[str]:
     if not recorded:
         return ["data: not checked (the study's record has no data hashes)"]
     lines = []
-    for found in read_study_data([(config.get("task"), config.get("language"))], config.get("data_dir")):
+    read = [(config.get("task"), config.get("language"))]
+    if config.get("train_data") is not None:  # a finetune trained on another data set's train split
+        read.append((config["train_data"], None))
+    for found in read_study_data(read, config.get("data_dir")):
         before = recorded.get((found.name, found.language))
         name = f"{found.name}/{found.language}"
         if before is None:

@@ -31,9 +31,10 @@ def check_task(study: StudyConfig, valid_names: list[str]) -> None:
     from trainables.data.tasks import task_spec
 
     if isinstance(study.task, DataDeclaration):
-        if study.task.type == "unlabeled":
-            raise UserInputError("task.type", study.task.type, f"{study.trainable} needs a labeled pair task: sts or "
-                                                               "pair_classification")
+        if study.task.type not in ("sts", "pair_classification"):
+            fix = " (pairs and triplets train a finetune as train.train_data)" if study.task.kind == "pairs" else ""
+            raise UserInputError("task.type", study.task.type, f"{study.trainable} needs a labeled pair task with dev "
+                                                               f"and test splits: sts or pair_classification{fix}")
         if study.language is not None and study.language != study.task.language:
             raise UserInputError("language", study.language, f"task {study.task.name} is in {study.task.language} "
                                                               "(task.language): remove language")
@@ -46,18 +47,23 @@ def check_task(study: StudyConfig, valid_names: list[str]) -> None:
                              f"valid names: {', '.join(sorted(valid_names))}, or a mapping that declares a data set")
     if task_spec(study.task).kind == "unlabeled":
         raise UserInputError("task", study.task, f"{study.trainable} needs a labeled pair task")
+    if task_spec(study.task).kind == "pairs":
+        raise UserInputError("task", study.task, f"{study.trainable} needs a task with dev and test splits to select "
+                                                 f"and score on; {study.task} is training pairs: give it as "
+                                                 "train.train_data beside a task such as stsb")
 
 
-def read_study_data(tasks: list[tuple[Any, str | None]], data_dir: str | None) -> tuple[DataRecord, ...]:
-    """Every (task, language) the study's cells train on, read in full and checked (one line per
-    problem, naming the key under `task`, the file and the row), as the record keeps it; train/test
+def read_study_data(tasks: list[tuple[Any, str | None]] | list[tuple[Any, str | None, str]],
+                    data_dir: str | None) -> tuple[DataRecord, ...]:
+    """Every (task, language[, key]) the study's cells train on, read in full and checked (one line per
+    problem, naming the key under `task` or the given one, the file and the row), as the record keeps it; train/test
     pairs in common are a warning with their count for a declared data set (a built-in benchmark's
     own overlap, 7 pairs of STS-B, is only recorded: the report's provenance names it)."""
     from trainables.data.tasks import task_source
 
     records = []
-    for task, language in tasks:
-        source = task_source(task, language, data_dir)
+    for task, language, *key in tasks:  # key: the study file's key that names it (default task)
+        source = task_source(task, language, data_dir, *key)
         if source.overlap and not isinstance(task, str):  # a declared data set (a built-in benchmark's: recorded)
             log.warning("task %s: %d test pairs are also train pairs (same sentence1 and sentence2); scores on "
                         "test may be optimistic", source.name, source.overlap)

@@ -33,6 +33,7 @@ from search_spaces.optuna_samplers import space_problems
 from search_spaces.params import Fixed, Grid, Param, parse_tuned
 from search_spaces.presets import expand_seeds, expand_tuned_preset
 from trainables.contract import TrialConfig
+from trainables.data.declaration import resolve_paths
 from trainables.errors import Problems, UserInputError
 from trainables.kinds import KINDS, TrainableKind, load_kind
 from trainables.kinds.base import TrainingKind
@@ -191,7 +192,8 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
         if parsed:
             checked = found.check(check_models, study, cells, parsed, origins)
             found.check(check_saved_pooling, study, parsed, origins)
-        data = found.check(read_study_data, tasks_read(study, cells, base), base.get("data_dir"))
+        data = found.check(read_study_data, tasks_read(study, cells, base, origins, parsed is not None),
+                           base.get("data_dir"))
         if axes_ok:
             found.check(check_baseline, study, cells)
     found.check(check_tracking_uri, study.tracking.mlflow_uri, study_dir or Path.cwd())
@@ -271,6 +273,8 @@ def _base_config(study: StudyConfig, schema: type[TrialConfig], axes: dict[str, 
             found.add(UserInputError(f"train.{name}", value, f"{name} is also ablated or tuned; give it in one place"))
         else:
             base[name], origins[name] = value, f"train.{name}"
+    if isinstance(base.get("train_data"), dict):  # a declared data set: its files found from any node
+        base["train_data"] = resolve_paths(base["train_data"], study_dir or Path.cwd())
     for name in ("max_train_samples", "max_eval_samples"):
         value = getattr(study.data, name)
         if value is not None and name in schema.model_fields:

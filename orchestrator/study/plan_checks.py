@@ -57,19 +57,26 @@ def check_trials(kind: TrainableKind, cells: tuple[Cell, ...], base: dict[str, A
     return cast("list[TrialConfig]", parsed)  # no None: a failed check raised above
 
 
-def tasks_read(study: StudyConfig, cells: tuple[Cell, ...], base: dict[str, Any]) -> list[tuple[Any, str | None]]:
-    """Every (task, language) the cells train on, each once, in a stable order."""
-    seen: dict[str, tuple[Any, str | None]] = {}
+def tasks_read(study: StudyConfig, cells: tuple[Cell, ...], base: dict[str, Any], origins: dict[str, str],
+               train_data: bool = True) -> list[tuple[Any, str | None, str]]:
+    """Every (task, language, key) the cells train and score on, each once, in a stable order: the task,
+    and (`train_data`: when the trials' checks passed) the data set a finetune trains on instead of the
+    task's train split, in its own language, named by its key."""
+    seen: dict[str, tuple[Any, str | None, str]] = {}
     for cell in cells:
-        pair = (cell.values.get("task", base["task"]), cell.values.get("language", study.language))
-        seen.setdefault(json.dumps(pair, sort_keys=True, default=str), pair)
+        found = [(cell.values.get("task", base["task"]), cell.values.get("language", study.language), "task")]
+        trained = cell.values.get("train_data", base.get("train_data"))
+        if trained is not None and train_data:
+            found.append((trained, None, origins.get("train_data", "train.train_data")))
+        for read in found:
+            seen.setdefault(json.dumps(read[:2], sort_keys=True, default=str), read)
     return [seen[k] for k in sorted(seen)]
 
 
 def task_names() -> list[str]:
     from trainables.data.tasks import TASKS
 
-    return [name for name, spec in TASKS.items() if spec.kind != "unlabeled" and not spec.eval_only]
+    return [name for name, spec in TASKS.items() if spec.kind not in ("unlabeled", "pairs") and not spec.eval_only]
 
 
 def check_trial(kind: TrainableKind, config: dict[str, Any], origins: dict[str, str]) -> TrialConfig:

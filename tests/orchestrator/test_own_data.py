@@ -188,10 +188,11 @@ BAD = [  # (what to change in a good sts declaration or its files, the exact err
      "say which with task.format"),
     ("typo_key", lambda t, d: d | {"colums": {}},
      "error: task.colums: {} is not valid; unknown key; did you mean columns? valid keys here: name, type, files, "
-     "file, split_column, split_values, hf, format, columns, score_range, positive_label, header, quoting, "
-     "encoding, language"),
+     "file, split_column, split_values, hf, format, columns, score_range, positive_label, where, header, "
+     "quoting, encoding, language"),
     ("bad_type", lambda t, d: d | {"type": "regression"},
-     "error: task.type: 'regression' is not valid; use 'sts', 'pair_classification' or 'unlabeled'"),
+     "error: task.type: 'regression' is not valid; use 'sts', 'pair_classification', 'unlabeled', 'pairs' or "
+     "'triplets'"),
     ("unknown_target", lambda t, d: d | {"columns": {**d["columns"], "label": "score"}},
      "error: task.columns.label: 'score' is not valid; an sts data set maps the columns sentence1, sentence2, score"),
     ("file_without_column", lambda t, d: {**{k: v for k, v in d.items() if k != "files"}, "file": "data/train.jsonl"},
@@ -216,7 +217,7 @@ def test_a_malformed_declaration_is_one_line_exit_2_and_writes_nothing(tmp_path,
 LABELS = [
     ("three_classes", lambda rows: [r | {"label": i % 3} for i, r in enumerate(rows)],
      "error: task.columns.label: 'label' is not valid; a pair_classification data set has two classes; its labels "
-     "have 3: 0, 1, 2"),
+     "have 3: 0, 1, 2; name the matching one with positive_label (the rest: the other class)"),
     ("named_classes", lambda rows: [r | {"label": "yes" if r["label"] else "no"} for r in rows],
      "error: task.positive_label: None is not valid; the labels are no, yes, not 0/1: say which one marks a matching "
      "pair"),
@@ -333,7 +334,14 @@ def test_a_task_name_still_works_and_a_mapping_is_refused_where_a_kind_needs_lab
     (tmp_path / "corpus.txt").write_text("one sentence\nanother one\n")
     result = runner.invoke(app, ["validate", str(study_file(tmp_path, tiny_bert, task))])
     assert result.stderr.strip().splitlines() == ["error: task.type: 'unlabeled' is not valid; finetune needs a "
-                                                  "labeled pair task: sts or pair_classification"]
+                                                  "labeled pair task with dev and test splits: sts or "
+                                                  "pair_classification"]
+    pairs = {"name": "mine", "type": "pairs", "files": {"train": "pairs.jsonl"}}
+    (tmp_path / "pairs.jsonl").write_text('{"anchor": "a", "positive": "b"}\n')
+    result = runner.invoke(app, ["validate", str(study_file(tmp_path, tiny_bert, pairs))])
+    assert result.exit_code == 2 and result.stderr.strip().splitlines() == [
+        "error: task.type: 'pairs' is not valid; finetune needs a labeled pair task with dev and test splits: sts or "
+        "pair_classification (pairs and triplets train a finetune as train.train_data)"]
     with pytest.raises(UserInputError, match="task: 'stsbb' is not valid"):
         load_task("stsbb")
 

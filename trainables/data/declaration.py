@@ -18,10 +18,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from trainables.errors import UserInputError
 
 SPLITS = ("train", "dev", "test")
-TYPES = {"sts": "sts", "pair_classification": "classification", "unlabeled": "unlabeled"}  # -> task kind
+TYPES = {"sts": "sts", "pair_classification": "classification", "unlabeled": "unlabeled", "pairs": "pairs",
+         "triplets": "pairs"}  # -> task kind
 TARGETS = {"sts": ("sentence1", "sentence2", "score"), "pair_classification": ("sentence1", "sentence2", "label"),
-           "unlabeled": ("sentence",)}  # the columns each type gives, in this order
-NEEDED = {"sts": SPLITS, "pair_classification": SPLITS, "unlabeled": ("train",)}  # splits each type must have
+           "unlabeled": ("sentence",), "pairs": ("anchor", "positive"),
+           "triplets": ("anchor", "positive", "negative")}  # the columns each type gives, in this order
+NEEDED = {"sts": SPLITS, "pair_classification": SPLITS, "unlabeled": ("train",), "pairs": ("train",),
+          "triplets": ("train",)}  # splits each type must have
+TEXT_COLUMNS = ("sentence1", "sentence2", "sentence", "anchor", "positive", "negative")
 FORMATS = ("csv", "tsv", "jsonl", "parquet", "text")
 SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
             ".pq": "parquet", ".txt": "text"}
@@ -50,9 +54,11 @@ class DataDeclaration(Section):
     """`task:` as a mapping: a data set of your own."""
 
     name: str = Field(pattern=NAME_PATTERN, max_length=100, description="how reports and MLflow name it")
-    type: Literal["sts", "pair_classification", "unlabeled"] = Field(
-        description="sts (a similarity score per pair), pair_classification (two classes per pair) or unlabeled "
-                    "(sentences)")
+    type: Literal["sts", "pair_classification", "unlabeled", "pairs", "triplets"] = Field(
+        description="sts (a similarity score per pair), pair_classification (two classes per pair), unlabeled "
+                    "(sentences), pairs ((anchor, positive) without a score: training data for an in-batch "
+                    "negatives loss such as mnrl, named by finetune's train_data) or triplets (anchor, positive, "
+                    "negative: a hard negative beside each pair)")
     files: dict[str, str] | None = Field(None, description="train/dev/test -> a file, relative to the study file")
     file: str | None = Field(None, description="one file holding every split, told apart by split_column")
     split_column: str | None = Field(None, description="with file: the column that names each row's split")
@@ -67,7 +73,12 @@ class DataDeclaration(Section):
     score_range: tuple[float, float] | None = Field(None, description="sts: the scores' [min, max], scaled to "
                                                                       "[0, 1] (STS-B: [0, 5])")
     positive_label: str | int | bool | None = Field(None, description="pair_classification: the label value of a "
-                                                                      "matching pair, when the labels are not 0/1")
+                                                                      "matching pair, when the labels are not 0/1; "
+                                                                      "with it, every other value is the other class "
+                                                                      "(NLI's entailment against the rest)")
+    where: dict[str, str | int | bool | list[str | int | bool]] | None = Field(
+        None, description="keep only the rows whose column holds this value, or one of these values (compared as "
+                          "text), before anything else is read: {entailment_judgment: ENTAILMENT}")
     header: bool = Field(True, description="csv/tsv: the first row names the columns")
     quoting: Literal["minimal", "none"] = Field("minimal", description="csv/tsv: minimal (\"...\" quotes a field) "
                                                                        "or none (quotes are text, as in STS-B)")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from trainables.data.declaration import SPLITS, TARGETS, DataDeclaration
+from trainables.data.declaration import SPLITS, TARGETS, TEXT_COLUMNS, DataDeclaration
 from trainables.errors import UserInputError
 
 SENTEVAL = "senteval"  # the built-in STS12-16 layout: STS.input.<subset>.txt and STS.gs.<subset>.txt per folder
@@ -62,7 +62,7 @@ def read_declared(d: DataDeclaration, root: Path | None = None, key: str = "task
     if d.type == "pair_classification":
         _binary_labels(d, frames, key)
     overlap = 0
-    if "train" in frames and "test" in frames and d.type != "unlabeled":
+    if "train" in frames and "test" in frames and d.type in ("sts", "pair_classification"):
         train = set(zip(frames["train"].sentence1, frames["train"].sentence2, strict=True))
         overlap = len(set(zip(frames["test"].sentence1, frames["test"].sentence2, strict=True)) & train)
     return DeclaredData(frames, sources, overlap)
@@ -235,6 +235,14 @@ def _standard(d: DataDeclaration, frame: pd.DataFrame, split: str, source: str, 
     """The split's standard columns, checked; a problem names the row (1-based, in its file)."""
     if frame.empty:
         raise UserInputError(where, source, f"the {split} split has no rows")
+    for column, wanted in (d.where or {}).items():
+        if column not in frame.columns:
+            raise UserInputError(f"{key}.where.{column}", wanted, f"{source} has no such column; its columns are: "
+                                                                  f"{_columns(frame)}")
+        values = {_label_text(v) for v in (wanted if isinstance(wanted, list) else [wanted])}
+        frame = frame[frame[column].map(_label_text).isin(values)]
+        if frame.empty:
+            raise UserInputError(f"{key}.where.{column}", wanted, f"no row of the {split} split ({source}) holds it")
     out = {}
     for target in TARGETS[d.type]:
         column = d.columns.get(target, target)
@@ -244,7 +252,7 @@ def _standard(d: DataDeclaration, frame: pd.DataFrame, split: str, source: str, 
         values = frame[column]
         if values.isna().any():
             raise UserInputError(where, source, f"row {_row(values.isna())}: {column} is empty")
-        out[target] = values.astype(str) if target.startswith("sentence") else values
+        out[target] = values.astype(str) if target in TEXT_COLUMNS else values
     if d.type == "sts":
         out["score"] = _scores(d, out["score"], source, where, d.columns.get("score", "score"))
     if "subset" in frame.columns:  # the SentEval years' subsets
@@ -277,9 +285,11 @@ def _binary_labels(d: DataDeclaration, frames: dict[str, pd.DataFrame], key: str
     """Labels as 0/1: two classes over all splits, either 0/1 (or false/true) or named by positive_label."""
     column = d.columns.get("label", "label")
     seen = sorted({_label_text(v) for frame in frames.values() for v in frame["label"]})
-    if len(seen) != 2:
+    if len(seen) != 2 and (d.positive_label is None or len(seen) < 2):
         raise UserInputError(f"{key}.columns.label", column, f"a pair_classification data set has two classes; its "
-                                                             f"labels have {len(seen)}: {', '.join(seen[:10])}")
+                                                             f"labels have {len(seen)}: {', '.join(seen[:10])}"
+                                                             + ("" if len(seen) < 2 else "; name the matching one "
+                                                                "with positive_label (the rest: the other class)"))
     if d.positive_label is not None:
         positive = _label_text(d.positive_label)
         if positive not in seen:

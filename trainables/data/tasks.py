@@ -1,7 +1,8 @@
 """Task registry: every data set as train/dev/test DataFrames with the same columns.
 
 STS tasks give `sentence1`, `sentence2`, `score` (scaled to [0, 1]); pair classification gives
-`sentence1`, `sentence2`, `label`; unlabeled corpora give `sentence` (train only). A task is a
+`sentence1`, `sentence2`, `label`; unlabeled corpora give `sentence` (train only); pairs give `anchor`,
+`positive` and, as triplets, `negative` (train only: training data for in-batch-negative losses). A task is a
 built-in name — a declaration of its files in the data folder (the layout of `shared/data`) and,
 for some, of a hub copy read when the folder lacks them — or a study's own declaration
 (`trainables.data.declaration`); both are read by `trainables.data.sources`. The data folder is the
@@ -34,7 +35,7 @@ class TaskData:
     """One task's splits; `dev` and `test` are None for unlabeled corpora."""
 
     name: str
-    kind: str  # "sts" | "classification" | "unlabeled"
+    kind: str  # "sts" | "classification" | "unlabeled" | "pairs"
     language: str
     train: pd.DataFrame
     dev: pd.DataFrame | None = None
@@ -117,6 +118,10 @@ TASKS: dict[str, TaskSpec] = {
             name="sick_full", type="sts", file="sick/SICK.txt", split_column="SemEval_set",
             split_values={"train": "TRAIN", "dev": "TRIAL", "test": "TEST"}, format="tsv", quoting="none",
             columns=_SICK_COLUMNS, score_range=(1.0, 5.0))),
+        TaskSpec("sick_nli", "pairs", lambda language: DataDeclaration(  # SICK train's 1299 entailment pairs
+            name="sick_nli", type="pairs", files={"train": "sick/semeval2014/SICK_train.txt"}, format="tsv",
+            quoting="none", columns={"anchor": "sentence_A", "positive": "sentence_B"},
+            where={"entailment_judgment": "ENTAILMENT"}), layout="sick/semeval2014/SICK_train.txt"),
         TaskSpec("mrpc", "classification", lambda language: DataDeclaration(  # GLUE's split (3668/408/1725)
             name="mrpc", type="pair_classification", files={s: f"mrpc/glue/{s}.tsv" for s in SPLITS}, format="tsv",
             quoting="none", encoding="utf-8-sig",

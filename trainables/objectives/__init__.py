@@ -1,6 +1,6 @@
 """The registry of training objectives (`train.loss` of `finetune`): names -> `Objective`
-declarations (`base.py`), the built-in ones in `builtin.py` with their modules in `sts.py` and
-`classification.py`; an installed package adds objectives under the entry-point group
+declarations (`base.py`), the built-in ones in `builtin.py` with their modules in `sts.py`,
+`classification.py` and `ranking.py`; an installed package adds objectives under the entry-point group
 `ablation_orchestrator.objectives`. The unsupervised contrastive objectives (SimCSE, miCSE) are the
 `contrastive` kind's own building blocks (`contrastive.py`), not entries of this registry."""
 
@@ -22,6 +22,9 @@ BUILTIN = {
     "softmax": "trainables.objectives.builtin:SOFTMAX",
     "cosine_bce": "trainables.objectives.builtin:COSINE_BCE",
     "cosine_bce_affine": "trainables.objectives.builtin:COSINE_BCE_AFFINE",
+    "mnrl": "trainables.objectives.builtin:MNRL",
+    "mnrl_symmetric": "trainables.objectives.builtin:MNRL_SYMMETRIC",
+    "gte": "trainables.objectives.builtin:GTE",
 }
 OBJECTIVES = Registry("objectives", "objective", BUILTIN)
 
@@ -32,7 +35,7 @@ def objective(name: str, key: str = "train.loss") -> Objective:
 
 
 def loss_tasks() -> dict[str, str]:
-    """Every objective that can be imported -> the task kind it trains (sts or classification)."""
+    """Every objective that can be imported -> the task kind it trains (sts, classification or pairs)."""
     out = {}
     for name in OBJECTIVES:
         try:
@@ -43,11 +46,18 @@ def loss_tasks() -> dict[str, str]:
 
 
 def check_loss(name: str, task_kind: str, task: str, key: str = "train.loss") -> Objective:
-    """The objective `name`, which must train tasks of `task_kind` (`task` names the study's task)."""
+    """The objective `name`, which must train tasks of `task_kind`; `task` says what it trains on, as a
+    message names it ("task mrpc", "train_data sick_nli")."""
     declared = objective(name, key)
     if declared.task_kind != task_kind:
+        if declared.task_kind == "pairs":
+            article = "an" if task_kind == "sts" else "a"
+            raise UserInputError(key, name, f"it trains on (anchor, positive) pairs with in-batch negatives; {task} is "
+                                            f"{article} {task_kind} task: name training pairs as train.train_data "
+                                            "(sick_nli, or a data set of type pairs or triplets) and keep the task to "
+                                            "select and score on")
         fitting = OBJECTIVES.listing([n for n, k in loss_tasks().items() if k == task_kind], sort=False)
-        raise UserInputError(key, name, f"it trains {declared.task_kind} tasks; task {task} needs one of: {fitting}")
+        raise UserInputError(key, name, f"it trains {declared.task_kind} tasks; {task} needs one of: {fitting}")
     return declared
 
 

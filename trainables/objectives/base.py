@@ -14,7 +14,7 @@ from trainables.registry import load_target
 if TYPE_CHECKING:  # a declaration imports no torch: reading the registry stays light
     import torch
 
-TASKS = {"sts": "sts", "pair_classification": "classification"}  # what it trains -> the task kind it reads
+TASKS = {"sts": "sts", "pair_classification": "classification", "pairs": "pairs"}  # trains -> the task kind read
 
 
 class PairLoss(Protocol):
@@ -23,7 +23,9 @@ class PairLoss(Protocol):
 
     def __call__(self, u: torch.Tensor, v: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The loss of a batch: `u`, `v` (batch, dim) sentence vectors of the two sides of each pair,
-        `target` (batch,) a gold score in [0, 1] (sts) or a 0/1 label (pair_classification)."""
+        `target` (batch,) a gold score in [0, 1] (sts) or a 0/1 label (pair_classification). A `pairs`
+        objective gets the anchors as `u`, the positives then any hard negatives as `v`
+        (batch * (1 + negatives), dim), and as `target` the row of `v` that is each anchor's positive."""
         ...
 
 
@@ -31,7 +33,7 @@ class PairLoss(Protocol):
 class Objective:
     """A training objective as the registry declares it."""
 
-    task: str  # sts (a gold score in [0, 1]) or pair_classification (a 0/1 label)
+    task: str  # sts (a gold score in [0, 1]), pair_classification (a 0/1 label) or pairs (anchor, positive[, negative])
     loss: str  # `module:Class`; Class(dim) is a PairLoss
     description: str = ""
 
@@ -43,7 +45,7 @@ class Objective:
 
     @property
     def task_kind(self) -> str:
-        """The kind of task data it trains on, as `trainables.data` names it: sts or classification."""
+        """The kind of task data it trains on, as `trainables.data` names it: sts, classification or pairs."""
         return TASKS[self.task]
 
     def build(self, dim: int) -> torch.nn.Module:

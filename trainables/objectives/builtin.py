@@ -1,4 +1,4 @@
-"""The built-in objectives' declarations (their modules: `sts.py`, `classification.py`)."""
+"""The built-in objectives' declarations (their modules: `sts.py`, `classification.py`, `ranking.py`)."""
 
 from __future__ import annotations
 
@@ -15,3 +15,9 @@ COSINE_BCE = Objective("pair_classification", "trainables.objectives.classificat
                        "BCE with the raw cosine as the logit (the reference paper's MRPC objective)")
 COSINE_BCE_AFFINE = Objective("pair_classification", "trainables.objectives.classification:AffineCosineBCELoss",
                               "BCE on a learned affine logit of the cosine, w * cos + b")
+MNRL = Objective("pairs", "trainables.objectives.ranking:MultipleNegativesRankingLoss",
+                 "MultipleNegativesRankingLoss: InfoNCE with in-batch (and hard) negatives, cosine x 20")
+MNRL_SYMMETRIC = Objective("pairs", "trainables.objectives.ranking:SymmetricRankingLoss",
+                           "MNRL both ways (anchor->positives and positive->anchors), the two averaged")
+GTE = Objective("pairs", "trainables.objectives.ranking:GTERankingLoss",
+                "GTE's improved contrastive loss: MNRL's four directions in one softmax")

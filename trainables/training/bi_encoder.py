@@ -76,12 +76,13 @@ def build_optimizer(params: list[tuple[str, torch.nn.Parameter]], lr: float, wei
 
 def train_step(model, loss_fn, optimizer, scheduler, token_lists: list[list[int]], targets: torch.Tensor,
                pad_id: int, device, dtype, max_grad_norm: float | None) -> torch.Tensor:
-    """One optimizer step on a batch whose first half of `token_lists` pairs with its second half.
-    Returns the loss; nothing is updated when it is not finite."""
-    half = len(token_lists) // 2
+    """One optimizer step on a batch of `len(targets)` pairs: the first `len(targets)` of `token_lists` are
+    one side (`u`), the rest the other (`v`: the second sentences, or a pairs loss's positives then its hard
+    negatives). Returns the loss; nothing is updated when it is not finite."""
+    first = len(targets)
     with autocast(device, dtype):
         vectors = encode_tokens(model, token_lists, pad_id, device).float()
-        loss = loss_fn(vectors[:half], vectors[half:], targets.to(device))
+        loss = loss_fn(vectors[:first], vectors[first:], targets.to(device))
     if not torch.isfinite(loss):
         optimizer.zero_grad(set_to_none=True)
         return loss.detach()

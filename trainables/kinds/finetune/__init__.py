@@ -32,6 +32,11 @@ class FinetuneConfig(TrainingConfig, PretrainFields, PromptFields, LoraFields, P
     model: str
     task: TaskRef = Field("stsb", description=TASK_HELP)
     language: str | None = None
+    train_data: TaskRef | None = Field(None, description="train on this data set's train split instead of the "
+                                                         "task's (a built-in name such as sick_nli, or a mapping "
+                                                         "like task:); the task's dev still selects and its test "
+                                                         "scores. Pairs or triplets train a pairs loss (mnrl, "
+                                                         "mnrl_symmetric, gte)")
     layer: int | None = Field(None, ge=0, description="keep the first k layers; null keeps all")
     pooling: str = "mean"
     projection_dim: int | None = Field(None, ge=1)
@@ -74,7 +79,9 @@ class FinetuneKind(TrainingKind):
     def pilot(self, cfg):
         from trainables.data.tasks import load_task
 
-        return self.epoch_pilot(cfg, len(load_task(cfg.task, cfg.language, cfg.data_dir, cfg.max_train_samples).train))
+        trained = cfg.train_data if cfg.train_data is not None else cfg.task
+        language = None if cfg.train_data is not None else cfg.language
+        return self.epoch_pilot(cfg, len(load_task(trained, language, cfg.data_dir, cfg.max_train_samples).train))
 
     def tables(self, cfg) -> tuple[str, ...]:
         return super().tables(cfg) + (("layers",) if cfg.adaptive_layers else ())
@@ -84,7 +91,10 @@ class FinetuneKind(TrainingKind):
 
         super().check_names(cfg, key_of)
         kind = task_kind(cfg.task)
-        check_loss(cfg.loss, kind, task_name(cfg.task), key_of("loss"))
+        if cfg.train_data is None:
+            check_loss(cfg.loss, kind, f"task {task_name(cfg.task)}", key_of("loss"))
+        else:
+            check_train_data(cfg, key_of)
         if cfg.select is not None and (kind != "classification" or cfg.select not in SELECTS):
             raise UserInputError(key_of("select"), cfg.select, f"pair classification selects on one of: "
                                                                f"{', '.join(SELECTS)}; STS tasks select on Spearman")
@@ -94,6 +104,28 @@ class FinetuneKind(TrainingKind):
         check_postprocess(cfg, key_of)
         check_pooling_layers(cfg, key_of)
         check_special_tokens(cfg, key_of)
+
+
+def check_train_data(cfg, key_of) -> None:
+    """`train_data`: a data set with a train split (not a corpus of single sentences), whose kind the loss trains."""
+    import difflib
+
+    from trainables.data.tasks import TASKS, task_kind, task_name, task_spec
+
+    try:
+        kind = task_kind(cfg.train_data)
+    except UserInputError as exc:  # a name that is no task, or a declaration of a bad shape
+        close = difflib.get_close_matches(cfg.train_data, TASKS, n=1) if isinstance(cfg.train_data, str) else []
+        fix = f"did you mean {close[0]}? {exc.fix}" if close else exc.fix
+        raise UserInputError(key_of("train_data") + exc.key.removeprefix("task"), exc.value, fix) from None
+    if isinstance(cfg.train_data, str) and task_spec(cfg.train_data).eval_only:
+        raise UserInputError(key_of("train_data"), cfg.train_data, "it has a test split only: name a data set with a "
+                                                                 "train split")
+    if kind == "unlabeled":
+        raise UserInputError(key_of("train_data"), task_name(cfg.train_data), "it is single sentences: finetune "
+                                                                             "trains on pairs (sts, "
+                                                                             "pair_classification, pairs, triplets)")
+    check_loss(cfg.loss, kind, f"train_data {task_name(cfg.train_data)}", key_of("loss"))
 
 
 ADAPTIVE_SETTINGS = (("adaptive_layers_per_step", 1), ("adaptive_prior_weight", 1.0), ("adaptive_kl_weight", 1.0),

@@ -37,8 +37,10 @@ class FinetuneLearner(OneModelLearner):
     def __init__(self, cfg: FinetuneConfig, device, dtype):
         self.cfg, self.device, self.dtype = cfg, device, dtype
         data = load_task(cfg.task, cfg.language, cfg.data_dir, cfg.max_train_samples, cfg.max_eval_samples)
-        if data.kind == "unlabeled":
+        if data.kind in ("unlabeled", "pairs"):
             raise UserInputError("task", data.name, "finetune needs a labeled pair task (stsb, sick, mrpc, ...)")
+        trained = data if cfg.train_data is None else load_task(cfg.train_data, None, cfg.data_dir,
+                                                                cfg.max_train_samples)
         start, stage = pretrained_start(cfg, cfg.pooling)
         self.tokens = TokenCache(load_tokenizer(start, cfg.append_eos), cfg.max_seq_length, cfg.prompt)
         self.model = build_sentence_encoder(start, cfg.layer, cfg.pooling, cfg.projection_dim, cfg.random_init,
@@ -50,13 +52,17 @@ class FinetuneLearner(OneModelLearner):
         if cfg.lora_rank is not None:  # after the cut: adapters on the blocks kept, the encoder's weights frozen
             add_lora(self.model.encoder, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
         dim = self.model.projection[0].out_features if self.model.projection else self.model.encoder.config.hidden_size
-        self.loss_fn = build_loss(cfg.loss, data.kind, dim).to(device)
+        self.loss_fn = build_loss(cfg.loss, trained.kind, dim).to(device)
         self.depth = stack_depth(self.model.encoder)  # the cut's k: adaptive_layers draws from 0..k-1 below it
         self.train_loss = (AdaptiveLayerLoss(self.loss_fn, cfg.adaptive_prior_weight, cfg.adaptive_kl_weight,
                                              cfg.adaptive_kl_temperature) if cfg.adaptive_layers else self.loss_fn)
-        self.first, self.second = list(data.train["sentence1"]), list(data.train["sentence2"])
-        self.tokens.add(self.first + self.second)
-        self.targets = torch.as_tensor(data.train["score" if data.kind == "sts" else "label"].to_numpy().copy())
+        self.in_batch = trained.kind == "pairs"  # (anchor, positive[, negative]): the batch's own negatives
+        sides = ("anchor", "positive") if self.in_batch else ("sentence1", "sentence2")
+        self.first, self.second = list(trained.train[sides[0]]), list(trained.train[sides[1]])
+        self.negatives = list(trained.train["negative"]) if "negative" in trained.train else []
+        self.tokens.add(self.first + self.second + self.negatives)
+        self.targets = (None if self.in_batch else
+                        torch.as_tensor(trained.train["score" if trained.kind == "sts" else "label"].to_numpy().copy()))
         self.evaluator = make_evaluator(data.kind, {"dev": data.dev, "test": data.test}, cfg.select)
         self.metric, self.greater_is_better = self.evaluator.primary("dev"), self.evaluator.greater_is_better
         self.embed = Embedder(self.model, self.tokens, device, scoring_dtype(cfg.eval_precision, dtype))
@@ -84,10 +90,12 @@ class FinetuneLearner(OneModelLearner):
         total = 0.0
         batches = epoch_batches(self.lengths, cfg.batch_size, cfg.seed * 1_000 + round_, cfg.group_by_length)
         for step, batch in enumerate(batches, start=1):
-            token_lists = [self.tokens[self.first[i]] for i in batch] + [self.tokens[self.second[i]] for i in batch]
+            sides = (self.first, self.second, self.negatives) if self.negatives else (self.first, self.second)
+            token_lists = [self.tokens[side[i]] for side in sides for i in batch]
             model = self.model if not cfg.adaptive_layers else LayerVectors(self.model, self.drawn(round_, step))
+            targets = torch.arange(len(batch)) if self.in_batch else self.targets[batch]  # each anchor's positive
             loss = train_step(model, self.train_loss, self.optimizer, self.scheduler, token_lists,
-                              self.targets[batch], self.tokens.pad_id, self.device, self.dtype, cfg.max_grad_norm)
+                              targets, self.tokens.pad_id, self.device, self.dtype, cfg.max_grad_norm)
             total += check_finite(loss.item(), f"epoch {round_}, step {step} (lr={cfg.lr})",
                                   "lower the learning rate or use precision fp32")
         seconds = time.perf_counter() - started

@@ -1,0 +1,123 @@
+"""`train_data`: a finetune trains on another data set's train split (pairs or triplets for the in-batch
+negatives losses, or any labelled pair set) while its task's dev selects and its test scores; pairs and
+triplets as declared data sets, `where` and a `positive_label` among several classes."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from trainables.contract import collect
+from trainables.data.tasks import load_task
+from trainables.errors import UserInputError
+from trainables.kinds import get_kind
+from trainables.kinds.finetune import FinetuneConfig
+from trainables.kinds.finetune.learner import FinetuneLearner
+
+ANCHORS = [f"a man number {i} plays a guitar on stage" for i in range(12)]
+POSITIVES = [f"someone {i} is playing music" for i in range(12)]
+NEGATIVES = [f"the {i} cats sleep on a warm sofa" for i in range(12)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(one_torch_thread):
+    """Tiny models: one torch thread (conftest's `one_torch_thread`)."""
+
+
+def _jsonl(path, rows) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.fixture()
+def triplets(tmp_path) -> dict:
+    rows = [{"query": a, "pos": p, "neg": n} for a, p, n in zip(ANCHORS, POSITIVES, NEGATIVES, strict=True)]
+    return {"name": "mine", "type": "triplets", "files": {"train": _jsonl(tmp_path / "t.jsonl", rows)},
+            "columns": {"anchor": "query", "positive": "pos", "negative": "neg"}}
+
+
+@pytest.fixture()
+def config(tiny_bert, synthetic_data_dir, triplets):
+    return {"model": tiny_bert, "task": "stsb", "train_data": triplets, "loss": "mnrl", "epochs": 1, "lr": 1e-3,
+            "batch_size": 4, "max_eval_samples": 40, "data_dir": str(synthetic_data_dir), "device": "cpu",
+            "group_by_length": False}
+
+
+def test_a_batch_is_its_anchors_then_positives_then_negatives_with_each_positive_named(config, monkeypatch):
+    import trainables.kinds.finetune.learner as module
+
+    seen = []
+    real = module.train_step
+
+    def spy(model, loss_fn, optimizer, scheduler, token_lists, targets, *rest):
+        seen.append((token_lists, targets.clone()))
+        return real(model, loss_fn, optimizer, scheduler, token_lists, targets, *rest)
+
+    monkeypatch.setattr(module, "train_step", spy)
+    learner = FinetuneLearner(FinetuneConfig(**config), torch.device("cpu"), torch.float32)
+    learner.train_round(1)
+    assert len(seen) == 3  # 12 triplets, batches of 4
+    covered = []
+    for token_lists, targets in seen:
+        assert targets.tolist() == [0, 1, 2, 3] and len(token_lists) == 12
+        rows = [next(i for i, a in enumerate(ANCHORS) if learner.tokens[a] == t) for t in token_lists[:4]]
+        assert [learner.tokens[POSITIVES[i]] for i in rows] == token_lists[4:8]
+        assert [learner.tokens[NEGATIVES[i]] for i in rows] == token_lists[8:]
+        covered += rows
+    assert sorted(covered) == list(range(12))  # an epoch: every triplet once
+
+
+def test_a_trial_trains_on_train_data_and_scores_the_task(config, triplets, tmp_path):
+    final = get_kind("finetune").run(config, collect([]))
+    assert math.isfinite(final["test_spearman"]) and math.isfinite(final["best_dev_spearman"])
+    pairs = {**triplets, "type": "pairs", "columns": {"anchor": "query", "positive": "pos"}}
+    other = get_kind("finetune").run({**config, "train_data": pairs}, collect([]))  # no hard negatives
+    assert other["dev_spearman"] != pytest.approx(final["dev_spearman"], abs=1e-7)
+    on_task = get_kind("finetune").run({**config, "train_data": None, "loss": "cosine_mse"}, collect([]))
+    assert on_task["dev_spearman"] != pytest.approx(final["dev_spearman"], abs=1e-7)
+
+
+@pytest.mark.parametrize(("train_data", "loss", "key", "message"), [
+    (None, "mnrl", "train.loss", "it trains on (anchor, positive) pairs with in-batch negatives; task stsb is an sts "
+                                 "task: name training pairs as train.train_data"),
+    ("sick_nli", "cosine_mse", "train.loss", "it trains sts tasks; train_data sick_nli needs one of: mnrl, "
+                                             "mnrl_symmetric, gte"),
+    ("unlabeled_en", "mnrl", "train.train_data", "it is single sentences"),
+    ("sts12", "mnrl", "train.train_data", "it has a test split only"),
+    ("sick_nl", "mnrl", "train.train_data", "did you mean sick_nli"),
+])
+def test_what_cannot_train_is_one_line(tiny_bert, train_data, loss, key, message):
+    cfg = FinetuneConfig(model=tiny_bert, task="stsb", train_data=train_data, loss=loss)
+    with pytest.raises(UserInputError) as caught:
+        get_kind("finetune").check_names(cfg, lambda name: f"train.{name}")
+    assert caught.value.key == key and message in str(caught.value), str(caught.value)
+
+
+def test_sick_nli_is_sick_trains_entailment_pairs(data_dir):
+    found = load_task("sick_nli", None, str(data_dir))
+    assert found.kind == "pairs" and list(found.train.columns) == ["anchor", "positive"] and found.dev is None
+    assert len(found.train) == 1299  # SICK_train.txt's ENTAILMENT rows (PROVENANCE: 4500 pairs, 3 judgments)
+    assert (found.train.iloc[0].anchor, found.train.iloc[0].positive) == (
+        "The young boys are playing outdoors and the man is smiling nearby",
+        "The kids are playing outdoors near a man with a smile")
+
+
+def test_where_keeps_rows_and_positive_label_takes_one_class_of_several(tmp_path):
+    rows = [{"s1": f"a{i}", "s2": f"b{i}", "label": ["ENTAILMENT", "NEUTRAL", "CONTRADICTION"][i % 3], "src": i % 2}
+            for i in range(30)]
+    files = {s: _jsonl(tmp_path / f"{s}.jsonl", rows) for s in ("train", "dev", "test")}
+    declared = {"name": "nli", "type": "pair_classification", "files": files,
+                "columns": {"sentence1": "s1", "sentence2": "s2"}, "positive_label": "ENTAILMENT"}
+    found = load_task(declared)
+    assert found.train.label.tolist() == [int(i % 3 == 0) for i in range(30)]
+    kept = load_task({**declared, "where": {"src": 1, "label": ["ENTAILMENT", "NEUTRAL"]}})
+    assert kept.train.sentence1.tolist() == [f"a{i}" for i in range(30) if i % 2 == 1 and i % 3 != 2]
+    with pytest.raises(UserInputError, match="task.where.source: 1 is not valid; .* has no such column"):
+        load_task({**declared, "where": {"source": 1}})
+    with pytest.raises(UserInputError, match="no row of the train split"):
+        load_task({**declared, "where": {"label": "UNKNOWN"}})
+    with pytest.raises(UserInputError, match="name the matching one with positive_label"):
+        load_task({**declared, "positive_label": None})
