@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--layers", default="3,6")
     parser.add_argument("--settings", default=DEFAULT, help="key=value,... settings separated by ;")
     parser.add_argument("--lr", type=float, default=2e-5, help="where a setting does not name lr")
-    parser.add_argument("--train", type=int, default=2000, help="STS-B train pairs")
+    parser.add_argument("--train", type=int, default=2000, help="train pairs (STS-B's, or a setting's train_data's)")
     parser.add_argument("--eval", type=int, default=500, help="dev and test pairs (each)")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--seeds", default="0")
@@ -73,8 +73,8 @@ def main() -> None:
         except UserInputError as exc:
             parser.error(str(exc))
     width = max(24, *(len(label(s)) for s in settings))
-    print(f"{args.model}, STS-B {args.train} train pairs, {args.epochs} epoch(s), seeds {seeds}; Spearman x100 on "
-          f"{args.eval} pairs, dev (best epoch) / test")
+    print(f"{args.model}, at most {args.train} train pairs (STS-B's unless a setting names train_data), "
+          f"{args.epochs} epoch(s), seeds {seeds}; STS-B Spearman x100 on {args.eval} pairs, dev (best epoch) / test")
     print(f"{'layer':>5} " + " ".join(f"{label(s):>{width}}" for s in settings))
     for layer in layers:
         cells = []

@@ -48,7 +48,7 @@ from reports.equivalence import add_equivalence, equivalence_grid, equivalence_m
 from reports.evp import budget_grid, budget_plot
 from reports.labels import axis_label, in_sentence, metric_label, value_label
 from reports.latex import latex_document, to_latex
-from reports.layer_scores import every_layer_grid
+from reports.layer_scores import every_layer_grid, every_size_grid, layer_size_grid
 from reports.plots import layer_plot, pareto_plot
 from reports.power import add_power, attach_power_note
 from reports.provenance import provenance_lines, record_provenance
@@ -443,6 +443,8 @@ TABLES: dict[str, Callable[[TableContext], Grid | None]] = {
     "suite": lambda c: suite_grid(c.runs, c.decimals) if c.declared("suite") else None,
     "cycles": lambda c: cycle_grid(c.runs, c.decimals) if c.declared("rounds") else None,
     "layers": lambda c: every_layer_grid(c.runs, c.decimals) if c.declared("layers") else None,
+    "sizes": lambda c: every_size_grid(c.runs, c.decimals) if c.declared("sizes") else None,
+    "layer_sizes": lambda c: layer_size_grid(c.runs, c.decimals) if c.declared("layer_sizes") else None,
     "tuning": lambda c: tuning_grid(c.runs),
     "equivalence": lambda c: equivalence_grid(c.runs, c.stats, c.decimals),
     "aso": lambda c: aso_grid(c.runs, c.stats),

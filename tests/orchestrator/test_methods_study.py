@@ -57,3 +57,27 @@ def test_a_study_ablating_adaptive_layers_reports_every_layer_of_the_one_trainin
     assert "Every layer of one training" in report
     verified = run_cli("verify", str(tmp_path / "reports" / "e2e"), cwd=tmp_path)
     assert verified.returncode == 0 and verified.stdout.startswith("ok:"), verified.stdout + verified.stderr
+
+
+def test_a_2d_matryoshka_study_reports_every_layer_and_size_of_the_one_training_and_verifies(tiny_bert, data_dir,
+                                                                                              tmp_path):
+    study = write_study(tmp_path, tiny_bert, data_dir, ablate={"matryoshka_dims": [None, [32, 8]]},
+                        tune=None, replicate={"seeds": [0]},
+                        train={"layer": 2, "epochs": 1, "batch_size": 16, "max_seq_length": 16, "lr": 1e-3,
+                               "adaptive_layers": True},
+                        data={"max_train_samples": 64, "max_eval_samples": 40})
+    assert run_cli("validate", str(study), cwd=tmp_path).returncode == 0
+    launched = run_cli("launch", str(study), "--storage", str(tmp_path / "studies"), cwd=tmp_path)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    assert "finished: 2 completed" in launched.stdout, launched.stdout[-2000:]
+    runs = pd.read_csv(tmp_path / "reports" / "e2e" / "runs.csv")
+    both = runs[(runs.phase == "replicate") & runs.matryoshka_dims.notna()]
+    assert len(both) == 1
+    assert both[[f"layer{j}_dim{d}_test_spearman" for j in range(3) for d in (32, 8)]].notna().all().all()
+    assert (both.layer2_dim32_test_spearman - both.test_spearman).abs().max() < 1e-9  # the trial's own
+    report = (tmp_path / "reports" / "e2e" / "report.md").read_text()
+    assert "Every layer and size of one training (2D Matryoshka)" in report
+    assert "| [32, 8], layer 0 |" in report and "| d = 32 | d = 8 |" in report
+    assert (tmp_path / "reports" / "e2e" / "layer_sizes.tex").is_file()
+    verified = run_cli("verify", str(tmp_path / "reports" / "e2e"), cwd=tmp_path)
+    assert verified.returncode == 0 and verified.stdout.startswith("ok:"), verified.stdout + verified.stderr

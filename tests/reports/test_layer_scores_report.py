@@ -59,3 +59,29 @@ def test_a_seed_that_failed_is_left_out_and_the_caption_says_how_many_remain(tmp
     cells = [c.strip() for c in layer_table(tmp_path)[2].strip("|").split("|")]
     assert cells[1] == "40.00" and cells[4] == "**75.00**", cells  # seed 0's own scores, no std of one
     assert "at layer j, mean ± std over 1 of the 2 planned seeds" in (tmp_path / "report.md").read_text()
+
+
+def test_matryoshka_sizes_are_a_column_each_and_2d_a_row_per_layer(tmp_path):
+    """`matryoshka_dims` alone: one row per cell, a column per size, largest first; with adaptive_layers too
+    (2D Matryoshka): per cell a row per layer, the same columns, each layer's best size in bold."""
+    rows = []
+    for seed in (0, 1):
+        row = {"run_id": f"r{seed}", "trial_key": f"c-s{seed}", "cell": "matryoshka=on", "phase": "replicate",
+               "seed": seed, "outcome": "completed", "status": "FINISHED", "error": None, "matryoshka": "on",
+               "dev_spearman": 80.0, "test_spearman": 70.0 + seed}
+        row.update({"dim32_test_spearman": 70.0 + seed, "dim8_test_spearman": 60.0 + seed,
+                    "dim16_test_spearman": 66.0 + seed})
+        row.update({f"layer{j}_dim{d}_test_spearman": 10.0 * j + d / 8 + seed for j in range(3) for d in (32, 16, 8)})
+        rows.append(row)
+    build_report(StudyRuns("m", pd.DataFrame(rows), ["matryoshka"], "dev_spearman", {}, planned_seeds=2), tmp_path,
+                 ("markdown", "latex"))
+    report = (tmp_path / "report.md").read_text()
+    sizes = report.split("**Every size of one training")[1].split("\n\n")[1].splitlines()
+    assert [c.strip() for c in sizes[0].strip("|").split("|")][1:] == ["d = 32", "d = 16", "d = 8"]
+    cells = [c.strip() for c in sizes[2].strip("|").split("|")]
+    assert cells[1].startswith("**70.50 ± 0.71**") and cells[2].startswith("66.50") and cells[3].startswith("60.50")
+    grid = report.split("**Every layer and size of one training (2D Matryoshka)")[1].split("\n\n")[1].splitlines()
+    assert [r.split("|")[1].strip() for r in grid[2:]] == ["layer 0", "layer 1", "layer 2"]
+    layer2 = [c.strip() for c in grid[4].strip("|").split("|")]
+    assert layer2[1].startswith("**24.50 ± 0.71**") and layer2[3].startswith("21.50"), layer2  # 20 + d/8 + mean seed
+    assert (tmp_path / "sizes.tex").is_file() and (tmp_path / "layer_sizes.tex").is_file()

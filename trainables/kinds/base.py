@@ -115,8 +115,8 @@ class TrainableKind(ABC):
     def tables(self, cfg) -> tuple[str, ...]:
         """The report's extra tables a trial of this config feeds (beyond the ablation, headline and
         tuning tables every study gets): `rounds` (every round's dev, for a `round_table` kind), `suite`
-        (the STS suite) or `layers` (every layer of one training). The report builds exactly what the study
-        record lists."""
+        (the STS suite), `layers` (every layer of one training), `sizes` (every size of its vectors) or
+        `layer_sizes` (both: 2D Matryoshka). The report builds exactly what the study record lists."""
         return ("rounds",) if self.round_table else ()
 
     def layer_bounds(self, cfg) -> list[tuple[str, Any, str]]:

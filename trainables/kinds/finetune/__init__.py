@@ -67,6 +67,15 @@ class FinetuneConfig(TrainingConfig, PretrainFields, PromptFields, LoraFields, P
     adaptive_kl_weight: float = Field(1.0, ge=0, description="adaptive_layers: weight of the KL term")
     adaptive_kl_temperature: float = Field(0.3, ge=0, description="adaptive_layers: the KL term's temperature; "
                                                                   "0 drops the term")
+    matryoshka_dims: list[int] | None = Field(None, min_length=1, description="sentence-transformers' "
+                                              "MatryoshkaLoss: the loss also on each vector's first d dimensions "
+                                              "(unit-normalised), for each d here, summed; the trial then scores "
+                                              "every d (dim<d>_dev_*, dim<d>_test_*). With adaptive_layers: 2D "
+                                              "Matryoshka, every (layer, d) scored (layer<j>_dim<d>_*)")
+    matryoshka_weights: list[float] | None = Field(None, description="matryoshka_dims: each dimension's weight, in "
+                                                                     "the same order (default 1 each)")
+    matryoshka_dims_per_step: int | None = Field(None, ge=1, description="matryoshka_dims: dimensions drawn per step "
+                                                                         "(null: all; 2D Matryoshka's default: 1)")
 
 
 class FinetuneKind(TrainingKind):
@@ -84,7 +93,8 @@ class FinetuneKind(TrainingKind):
         return self.epoch_pilot(cfg, len(load_task(trained, language, cfg.data_dir, cfg.max_train_samples).train))
 
     def tables(self, cfg) -> tuple[str, ...]:
-        return super().tables(cfg) + (("layers",) if cfg.adaptive_layers else ())
+        sizes = () if cfg.matryoshka_dims is None else ("layer_sizes",) if cfg.adaptive_layers else ("sizes",)
+        return super().tables(cfg) + (("layers",) if cfg.adaptive_layers else ()) + sizes
 
     def check_names(self, cfg, key_of) -> None:
         from trainables.data.tasks import task_kind, task_name
@@ -100,6 +110,7 @@ class FinetuneKind(TrainingKind):
                                                                f"{', '.join(SELECTS)}; STS tasks select on Spearman")
         check_pretrain(cfg, key_of)
         check_adaptive_layers(cfg, key_of)
+        check_matryoshka(cfg, key_of)
         check_lora(cfg, key_of)
         check_postprocess(cfg, key_of)
         check_pooling_layers(cfg, key_of)
@@ -126,6 +137,47 @@ def check_train_data(cfg, key_of) -> None:
                                                                              "trains on pairs (sts, "
                                                                              "pair_classification, pairs, triplets)")
     check_loss(cfg.loss, kind, f"train_data {task_name(cfg.train_data)}", key_of("loss"))
+
+
+MATRYOSHKA_SETTINGS = (("matryoshka_weights", None), ("matryoshka_dims_per_step", None))
+
+
+def check_matryoshka(cfg, key_of) -> None:
+    """`matryoshka_dims`: distinct sizes no larger than the vectors the model gives, one weight each; scored at each
+    size without a post-processing fitted for the whole vector; its settings without it would be unused."""
+    if cfg.matryoshka_dims is None:
+        refuse_unused(cfg, key_of, "matryoshka_dims", MATRYOSHKA_SETTINGS,
+                      lambda name: f"{name} is read only with {key_of('matryoshka_dims')}: set it, or remove {name}")
+        return
+    dims = cfg.matryoshka_dims
+    if min(dims) < 1 or len(set(dims)) != len(dims):
+        raise UserInputError(key_of("matryoshka_dims"), dims, "give distinct sizes of at least 1, e.g. [384, 256, "
+                                                              "128, 64]")
+    width = cfg.projection_dim or _hidden_size(cfg.model)
+    if width is not None and max(dims) > width:
+        raise UserInputError(key_of("matryoshka_dims"), dims, f"the model's vectors have {width} dimensions: give "
+                                                              f"sizes up to {width} (and {width} itself, to train "
+                                                              "the whole vector too)")
+    if cfg.matryoshka_weights is not None and len(cfg.matryoshka_weights) != len(dims):
+        raise UserInputError(key_of("matryoshka_weights"), cfg.matryoshka_weights, f"give one weight per size of "
+                                                                                    f"matryoshka_dims ({len(dims)})")
+    if cfg.matryoshka_dims_per_step is not None and cfg.matryoshka_dims_per_step > len(dims):
+        raise UserInputError(key_of("matryoshka_dims_per_step"), cfg.matryoshka_dims_per_step,
+                             f"matryoshka_dims has {len(dims)} sizes: draw at most {len(dims)}, or null for all")
+    if cfg.postprocess != "none":
+        raise UserInputError(key_of("matryoshka_dims"), dims, f"each size is scored as the vector's first d "
+                                                              f"dimensions: use {key_of('postprocess')}: none with it")
+
+
+def _hidden_size(model: str) -> int | None:
+    """The model's hidden size from its config, or None where it cannot be read here (the trial says)."""
+    from trainables.models.files import model_config
+
+    try:
+        size = model_config(model).get("hidden_size")
+    except Exception:  # noqa: BLE001 (a model that cannot be read is named by the checks that load it)
+        return None
+    return size if isinstance(size, int) else None
 
 
 ADAPTIVE_SETTINGS = (("adaptive_layers_per_step", 1), ("adaptive_prior_weight", 1.0), ("adaptive_kl_weight", 1.0),

@@ -20,6 +20,7 @@ from trainables.models.layer_vectors import LayerVectors
 from trainables.models.lora import adapter_parameter_count, add_lora
 from trainables.objectives import build_loss
 from trainables.objectives.adaptive_layers import AdaptiveLayerLoss
+from trainables.objectives.matryoshka import MatryoshkaLoss
 from trainables.runtime import linear_schedule, scoring_dtype
 from trainables.stages.pretrain import pretrained_start
 from trainables.training.bi_encoder import (
@@ -54,8 +55,16 @@ class FinetuneLearner(OneModelLearner):
         dim = self.model.projection[0].out_features if self.model.projection else self.model.encoder.config.hidden_size
         self.loss_fn = build_loss(cfg.loss, trained.kind, dim).to(device)
         self.depth = stack_depth(self.model.encoder)  # the cut's k: adaptive_layers draws from 0..k-1 below it
-        self.train_loss = (AdaptiveLayerLoss(self.loss_fn, cfg.adaptive_prior_weight, cfg.adaptive_kl_weight,
-                                             cfg.adaptive_kl_temperature) if cfg.adaptive_layers else self.loss_fn)
+        self.matryoshka = None
+        if cfg.matryoshka_dims is not None:
+            if max(cfg.matryoshka_dims) > dim:
+                raise UserInputError("matryoshka_dims", cfg.matryoshka_dims, f"the model's vectors have {dim} "
+                                                                             f"dimensions: give sizes up to {dim}")
+            self.matryoshka = MatryoshkaLoss(self.loss_fn, cfg.matryoshka_dims, cfg.matryoshka_weights,
+                                             cfg.matryoshka_dims_per_step)
+        inner = self.matryoshka or self.loss_fn
+        self.train_loss = (AdaptiveLayerLoss(inner, cfg.adaptive_prior_weight, cfg.adaptive_kl_weight,
+                                             cfg.adaptive_kl_temperature) if cfg.adaptive_layers else inner)
         self.in_batch = trained.kind == "pairs"  # (anchor, positive[, negative]): the batch's own negatives
         sides = ("anchor", "positive") if self.in_batch else ("sentence1", "sentence2")
         self.first, self.second = list(trained.train[sides[0]]), list(trained.train[sides[1]])
@@ -94,6 +103,8 @@ class FinetuneLearner(OneModelLearner):
             token_lists = [self.tokens[side[i]] for side in sides for i in batch]
             model = self.model if not cfg.adaptive_layers else LayerVectors(self.model, self.drawn(round_, step))
             targets = torch.arange(len(batch)) if self.in_batch else self.targets[batch]  # each anchor's positive
+            if self.matryoshka is not None:
+                self.matryoshka.reseed(f"{cfg.seed}/{round_}/{step}/dims")
             loss = train_step(model, self.train_loss, self.optimizer, self.scheduler, token_lists,
                               targets, self.tokens.pad_id, self.device, self.dtype, cfg.max_grad_norm)
             total += check_finite(loss.item(), f"epoch {round_}, step {step} (lr={cfg.lr})",
@@ -112,25 +123,35 @@ class FinetuneLearner(OneModelLearner):
         return [*earlier, self.depth]
 
     def test_extras(self) -> dict[str, float]:
-        """adaptive_layers: dev and test at every layer 0..k of the trained model (its best-dev weights), each
-        as a model cut there with this head: `layer<j>_dev_spearman`, `layer<j>_test_spearman`, ..."""
-        if not self.cfg.adaptive_layers:
+        """Dev and test of the trained model (its best-dev weights) at every layer 0..k (adaptive_layers), each as
+        a model cut there with this head (`layer<j>_dev_spearman`, ...), at every size d of matryoshka_dims
+        (`dim<d>_dev_spearman`, ...), and with both at every pair (`layer<j>_dim<d>_dev_spearman`, ...)."""
+        cfg = self.cfg
+        if not cfg.adaptive_layers and cfg.matryoshka_dims is None:
             return {}
-        every = Embedder(LayerVectors(self.model, range(self.depth + 1)), self.tokens, self.device, self.embed.dtype)
+        layers = range(self.depth + 1) if cfg.adaptive_layers else [None]
+        model = LayerVectors(self.model, layers) if cfg.adaptive_layers else self.model
+        every = Embedder(model, self.tokens, self.device, self.embed.dtype)
         encoded: dict[tuple[str, ...], torch.Tensor] = {}  # a split's sentences: one pass gives every layer
 
-        def at(layer: int):
+        def at(layer: int | None, dims: int | None):
             def embed(sentences):
                 key = tuple(sentences)
                 if key not in encoded:
                     encoded[key] = every(sentences)
-                return encoded[key][:, layer]
+                vectors = encoded[key] if layer is None else encoded[key][:, layer]
+                return vectors if dims is None else vectors[..., :dims]
             return embed
 
         scores: dict[str, float] = {}
-        for layer in range(self.depth + 1):
-            for split in ("dev", "test"):
-                scores.update({f"layer{layer}_{k}": v for k, v in self.evaluator.evaluate(at(layer), split).items()})
+        for layer in layers:
+            for dims in [None, *(cfg.matryoshka_dims or [])]:
+                if layer is None and dims is None:
+                    continue  # the trial's own scores
+                name = "_".join(([f"layer{layer}"] if layer is not None else []) + ([f"dim{dims}"] if dims else []))
+                for split in ("dev", "test"):
+                    found = self.evaluator.evaluate(at(layer, dims), split)
+                    scores.update({f"{name}_{k}": v for k, v in found.items()})
         return scores
 
     def postprocess_map(self):
