@@ -46,9 +46,10 @@ from reports.compute import compute_grid
 from reports.diagnostics import diagnostics_grid
 from reports.equivalence import add_equivalence, equivalence_grid, equivalence_marks, equivalence_note
 from reports.evp import budget_grid, budget_plot
-from reports.labels import axis_label, in_sentence, metric_label, value_label
+from reports.labels import axis_label, format_value, in_sentence, metric_label, value_label
 from reports.latex import latex_document, to_latex
 from reports.layer_scores import every_layer_grid, every_size_grid, layer_size_grid
+from reports.pareto import frontier_figure, frontier_grid
 from reports.plots import layer_plot, pareto_plot
 from reports.power import add_power, attach_power_note
 from reports.provenance import provenance_lines, record_provenance
@@ -329,17 +330,6 @@ def cycle_grid(runs: StudyRuns, decimals: int) -> Grid | None:
                 [str(c) for c in numbers], rows, notes, decimals, column_axis="Cycle")
 
 
-def format_value(value) -> str:
-    """A tuned value as a table shows it: learning rates in scientific notation, others plainly."""
-    if isinstance(value, bool) or value is None:
-        return "—" if value is None else str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "—"
-        return f"{value:.2e}" if value != 0 and (abs(value) < 1e-2 or abs(value) >= 1e4) else f"{value:g}"
-    return str(value)
-
-
 COUNTS = ("Pruned", "Failed", "Degenerate")  # the tuning table's outcome columns (left out where all 0)
 
 
@@ -446,6 +436,7 @@ TABLES: dict[str, Callable[[TableContext], Grid | None]] = {
     "sizes": lambda c: every_size_grid(c.runs, c.decimals) if c.declared("sizes") else None,
     "layer_sizes": lambda c: layer_size_grid(c.runs, c.decimals) if c.declared("layer_sizes") else None,
     "tuning": lambda c: tuning_grid(c.runs),
+    "pareto": lambda c: frontier_grid(c.runs),
     "equivalence": lambda c: equivalence_grid(c.runs, c.stats, c.decimals),
     "aso": lambda c: aso_grid(c.runs, c.stats),
     "diagnostics": lambda c: diagnostics_grid(
@@ -538,6 +529,8 @@ def write_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] | None = N
             figures.append(pareto_plot(summary, rows, runs.test_metric, out / "score_by_params", labels))
     tuned_curves = budget_plot(runs, out / "expected_dev_by_trials")
     figures += [tuned_curves] if tuned_curves is not None else []
+    frontier = frontier_figure(runs, out / "dev_by_params")
+    figures += [frontier] if frontier is not None else []
     written += [p for stem in figures for p in (stem.with_suffix(".png"), stem.with_suffix(".pdf"))]
 
     runs.runs.to_csv(out / "runs.csv", index=False)  # always: every table is recomputed from it
@@ -567,7 +560,9 @@ def write_report(runs: StudyRuns, out: Path, formats: tuple[str, ...] | None = N
                                       "circle: the dev-selected cell",
                     "score_by_params": f"{metric} against the truncated model's parameters",
                     "expected_dev_by_trials": "expected best dev score against the tuning trials of each cell "
-                                              "(Dodge et al. 2019), ± the sd of that best"}
+                                              "(Dodge et al. 2019), ± the sd of that best",
+                    "dev_by_params": "every tuning trial's best dev score against its parameters; filled and "
+                                     "joined: each cell's Pareto frontier; circled: the trial its replicates rerun"}
         (out / "report.tex").write_text(latex_document([name for name, _ in grids],
                                                        [(stem.name, captions[stem.name]) for stem in figures],
                                                        runs.name, appendix=SECTION))

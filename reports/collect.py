@@ -19,6 +19,7 @@ from reports.store import (
     CONFIG_TAG,
     CONSTANT_PARAMS,
     HARDWARE_TAG,
+    PARETO_TAG,
     open_store,
     search_all,
     study_parent,
@@ -108,6 +109,7 @@ def collect(tracking_uri: str, study: str, study_uid: str | None = None) -> Stud
     record = read_parent_record(client, parent.info.run_id, study, study_file.get("trainable", "finetune"))
     axes, tuned, planned = record.axes, list(record.tuned), record.planned_cells
     rows, superseded, configs = [], [], {}
+    several = len(record.search.get("objectives") or ()) > 1  # tune.objectives: the tuning runs' frontier marks
     for run in children:
         tags = run.data.tags
         if tags.get("orchestrator.role") == "stage":  # a shared stage (e.g. DAPT) is not a trial
@@ -123,6 +125,8 @@ def collect(tracking_uri: str, study: str, study_uid: str | None = None) -> Stud
         row.update({k: _number(tags[k]) for k in BOOKKEEPING_TAGS if k in tags})
         row.update({k: _number(run.data.params[k]) for k in CONSTANT_PARAMS if k in run.data.params})
         row.update({k: v for k, v in tags.items() if k.startswith(HARDWARE_TAG)})
+        if several and tags.get("phase") == "tune":
+            row["pareto"] = int(tags.get(PARETO_TAG) == "1")
         if CONFIG_TAG in tags:
             configs[run.info.run_id] = json.loads(tags[CONFIG_TAG])
         # a replicate of a config more tuning replaced: out of every table, but it spent compute

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 AXES = {"layer": "Layer", "pooling": "Pooling", "model": "Model", "epochs": "Epochs", "lr": "LR",
         "batch_size": "Batch size", "loss": "Loss", "method": "Method", "language": "Language", "task": "Task",
         "study": "Study", "mode": "Mode", "pretrain": "Pretraining", "pretrain_steps": "DAPT steps",
@@ -55,3 +57,14 @@ def metric_label(metric: str, labels: dict | None = None, split: bool = True) ->
 def in_sentence(label: str) -> str:
     """A label inside a caption: `Layer` -> `layer`, while `DAPT steps` and `LR` stay."""
     return label[0].lower() + label[1:] if len(label) > 1 and label[1].islower() else label
+
+
+def format_value(value) -> str:
+    """A tuned value as a table shows it: learning rates in scientific notation, others plainly."""
+    if isinstance(value, bool) or value is None:
+        return "—" if value is None else str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "—"
+        return f"{value:.2e}" if value != 0 and (abs(value) < 1e-2 or abs(value) >= 1e4) else f"{value:g}"
+    return str(value)

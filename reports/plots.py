@@ -1,5 +1,6 @@
-"""Figures: test score by layer with a ±std band and the dev-selected layer marked, and score
-against the truncated model's parameters (a Pareto view). PNG and PDF."""
+"""Figures: test score by layer with a ±std band and the dev-selected layer marked, score against the
+truncated model's parameters (a Pareto view), and a multi-objective search's tuning trials with each cell's
+frontier. PNG and PDF."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 from matplotlib.figure import Figure  # not pyplot: a report must not change the backend of a notebook it runs in
+from matplotlib.ticker import MaxNLocator
 
 from reports.aggregate import row_groups
 from reports.labels import axis_label, metric_label, value_label
@@ -82,4 +84,33 @@ def pareto_plot(summary: pd.DataFrame, rows: list[str], metric: str, stem: Path,
     axis.grid(alpha=0.3)
     if axis.get_legend_handles_labels()[0]:
         axis.legend(fontsize="small", title=_legend_title(labels, rows), title_fontsize="small")
+    return _save(figure, stem)
+
+
+def frontier_plot(groups: list[tuple[str, pd.DataFrame]], metric: str, legend_title: str, stem: Path) -> Path:
+    """Every tuning trial of a multi-objective study, best dev score against parameters: one colour per cell
+    (`groups`: its label and its trials, with `dev`, `params`, `pareto` and `chosen`), its frontier trials
+    filled and joined by a step line (the best dev score within each parameter budget), the others hollow,
+    the trial its replicates rerun circled."""
+    figure = Figure(figsize=(6, 4))
+    axis = figure.subplots()
+    for label, group in groups:
+        front = group[group["pareto"] == 1].sort_values("params")
+        others = group[group["pareto"] != 1]
+        line, = axis.plot(front["params"] / 1e6, front["dev"], marker="o", linestyle="none",
+                          label=label or "frontier")
+        colour = line.get_color()
+        if len(front) > 1:
+            axis.step(front["params"] / 1e6, front["dev"], where="post", color=colour, alpha=0.6)
+        axis.scatter(others["params"] / 1e6, others["dev"], facecolors="none", edgecolors=colour, alpha=0.7)
+        picked = group[group["chosen"]]
+        axis.scatter(picked["params"] / 1e6, picked["dev"], s=160, facecolors="none", edgecolors=colour,
+                     linewidths=2, zorder=3)
+    axis.set_xlabel("parameters (M)")
+    axis.xaxis.set_major_locator(MaxNLocator(5))
+    axis.set_ylabel(f"{metric} ×100, best round")
+    axis.set_title("tuning trials; filled, joined: Pareto frontier; circle: replicated", fontsize="medium")
+    axis.grid(alpha=0.3)
+    if any(label for label, _ in groups):
+        axis.legend(fontsize="small", title=legend_title or None, title_fontsize="small")
     return _save(figure, stem)

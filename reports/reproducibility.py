@@ -19,7 +19,7 @@ from reports.compute import hardware, hours, spent, study_resources, study_trial
 from reports.environment import KEY_PACKAGES
 from reports.evp import NAMES as ESTIMATORS
 from reports.evp import tuning_budget
-from search_spaces.optuna_samplers import SAMPLER_CLASSES, STARTUP_SAMPLERS, hyperband_brackets
+from search_spaces.optuna_samplers import OBJECTIVES, SAMPLER_CLASSES, STARTUP_SAMPLERS, hyperband_brackets
 
 NOT_RECORDED = "not recorded"
 UNICODE_LATEX = {"…": r"\ldots{}", "α": r"$\alpha$", "≤": r"$\leq$", "≥": r"$\geq$", "∞": r"$\infty$", "σ": r"$\sigma$"}
@@ -174,10 +174,13 @@ def search_item(runs) -> Item:
     chosen = chosen_values(runs)
     picked = "; ".join(f"{cell}: " + ", ".join(f"{k} {_short(v)}" for k, v in values.items())
                        for cell, values in chosen.items())
+    several = search.get("objectives") or []
+    choice = (objectives_text(several, runs.metric, runs.mode) if len(several) > 1 else
+              f"The cell's trial with the best {runs.metric} among the fully trained ones was chosen")
     answer = (f"Per ablation cell, {search['trials']} trials of {sampler} over {space}, with {pruner}; every "
-              f"tuning trial trained with seed {search['seed']}, never a replicate seed. The cell's trial with the "
-              f"best {runs.metric} among the fully trained ones was chosen (dev only; test is never seen by the "
-              f"search). Fixed for every trial: {fixed_text}. Chosen: {picked or 'no cell finished its tuning'}.")
+              f"tuning trial trained with seed {search['seed']}, never a replicate seed. {choice} (dev only; test "
+              f"is never seen by the search). Fixed for every trial: {fixed_text}. Chosen: "
+              f"{picked or 'no cell finished its tuning'}.")
     table = [["Cell", *runs.tuned]] + [[cell, *(_short(values.get(k)) for k in runs.tuned)]
                                         for cell, values in chosen.items()]
     return Item("search", checklists, question, answer,
@@ -186,7 +189,18 @@ def search_item(runs) -> Item:
 
 
 SAMPLER_NAMES = {"tpe": "TPE", "random": "random search", "gp": "Gaussian-process Bayesian "
-                 "optimisation", "cmaes": "CMA-ES", "qmc": "quasi-Monte Carlo search", "bruteforce": "brute force"}
+                 "optimisation", "cmaes": "CMA-ES", "qmc": "quasi-Monte Carlo search", "bruteforce": "brute force",
+                 "nsga2": "NSGA-II"}
+
+
+def objectives_text(objectives: list[str], metric: str, mode: str = "max") -> str:
+    """How a multi-objective cell chose its replicated trial, naming each objective and its direction."""
+    dev = f"{metric} ({'maximised' if mode == 'max' else 'minimised'})"
+    named = [dev if name == "dev" else f"{OBJECTIVES[name][0]} (minimised)" if name in OBJECTIVES else name
+             for name in objectives]
+    return (f"Each cell's Optuna study optimised {len(objectives)} objectives, {', '.join(named)}, and kept its "
+            f"Pareto set (the report's frontier table); the cell's Pareto trial with the best {metric} was chosen, "
+            f"a tie going to the better value of the next objective, then to the trial asked first")
 
 
 def sampler_text(search: dict, has_choices: bool = False) -> str:
@@ -201,6 +215,8 @@ def sampler_text(search: dict, has_choices: bool = False) -> str:
         settings.append(f"a scrambled {search.get('qmc_type', 'sobol').capitalize()} sequence")
     if name == "bruteforce":
         settings.append("each configuration at most once, in an order the seed shuffles")
+    if name == "nsga2":
+        settings.append(f"population {search.get('population_size', 50)} per generation, the first drawn at random")
     return f"{SAMPLER_NAMES.get(name, name)} (Optuna's `{SAMPLER_CLASSES.get(name, name)}`, {', '.join(settings)})"
 
 

@@ -22,6 +22,7 @@ BOOKKEEPING_TAGS = ("epoch", "round", "cycle", "best_epoch", "degenerate", "test
                     "corpus_sentences", "pairs", "transductive")
 CONSTANT_PARAMS = ("params",)
 HARDWARE_TAG = "hardware."  # a trial run's tags: hardware.cpu_model, hardware.gpu_model, ... of its worker
+PARETO_TAG = "orchestrator.pareto"  # a tuning run on its cell's Pareto set (several tune.objectives): 1
 CONFIG_TAG = "orchestrator.config"  # a trial run's exact config as JSON: what `orchestrator reproduce` reruns
 
 

@@ -1,9 +1,11 @@
-"""The study file's `tune.sampler` and `tune.scheduler` names as Optuna's own samplers and pruners.
+"""The study file's `tune.sampler` and `tune.scheduler` names as Optuna's own samplers and pruners, and its
+`tune.objectives` as the directions of each cell's Optuna study.
 
-Every decision (which configuration next, which trial stops) is the library's: each name is one Optuna class
-built with the settings the study gives, nothing rewritten. `space_problems` says, before launch, where a
-sampler cannot search a space the way its name promises. Optuna is imported only when a sampler or pruner is
-built, so `validate` and `plan` stay light.
+Every decision (which configuration next, which trial stops, which trials form the Pareto set) is the
+library's: each name is one Optuna class built with the settings the study gives, nothing rewritten.
+`space_problems` says, before launch, where a sampler cannot search a space the way its name promises, and
+`objective_problems` where the objectives and the sampler or pruner do not go together. Optuna is imported
+only when a sampler or pruner is built, so `validate` and `plan` stay light.
 """
 
 from __future__ import annotations
@@ -20,17 +22,22 @@ if TYPE_CHECKING:
     from optuna.pruners import BasePruner
     from optuna.samplers import BaseSampler
 
-SAMPLERS = ("tpe", "random", "gp", "cmaes", "qmc", "bruteforce")
+SAMPLERS = ("tpe", "random", "gp", "cmaes", "qmc", "bruteforce", "nsga2")
 PRUNERS = ("asha", "hyperband", "none")
 # the Optuna class behind each name (the reproducibility section names it)
 SAMPLER_CLASSES = {"tpe": "TPESampler", "random": "RandomSampler", "gp": "GPSampler", "cmaes": "CmaEsSampler",
-                   "qmc": "QMCSampler", "bruteforce": "BruteForceSampler"}
+                   "qmc": "QMCSampler", "bruteforce": "BruteForceSampler", "nsga2": "NSGAIISampler"}
 PRUNER_CLASSES = {"asha": "SuccessiveHalvingPruner", "hyperband": "HyperbandPruner", "none": "NopPruner"}
 STARTUP_SAMPLERS = ("tpe", "gp", "cmaes")  # the samplers that draw `startup_trials` at random before modelling
+# tune.objectives: what each names (the report and the record say it) and its direction (None: the dev metric's)
+OBJECTIVES = {"dev": ("the dev metric", None), "params": ("the parameter count", "minimize")}
+SINGLE_OBJECTIVE_SAMPLERS = ("cmaes",)  # Optuna's samplers that optimise one objective only
 
 
-def make_sampler(name: str, seed: int, startup_trials: int = 3, qmc_type: str = "sobol") -> BaseSampler:
-    """Optuna's sampler for `tune.sampler: name`, seeded (a cell passes `sampler_seed` plus its index)."""
+def make_sampler(name: str, seed: int, startup_trials: int = 3, qmc_type: str = "sobol",
+                 population_size: int = 50) -> BaseSampler:
+    """Optuna's sampler for `tune.sampler: name`, seeded (a cell passes `sampler_seed` plus its index);
+    `population_size`: NSGA-II's (`nsga2_population` resolves the study file's)."""
     import optuna
     from optuna.exceptions import ExperimentalWarning
 
@@ -50,6 +57,8 @@ def make_sampler(name: str, seed: int, startup_trials: int = 3, qmc_type: str = 
             return samplers.QMCSampler(qmc_type=qmc_type, scramble=True, seed=seed)
         if name == "bruteforce":
             return planned_brute_force()(seed=seed)
+        if name == "nsga2":
+            return samplers.NSGAIISampler(seed=seed, population_size=population_size)
     raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, but got sampler={name!r}")
 
 
@@ -66,6 +75,55 @@ def make_pruner(name: str, grace: int, reduction_factor: int, max_rounds: int) -
     if name == "none":
         return optuna.pruners.NopPruner()
     raise ValueError(f"scheduler must be one of {', '.join(PRUNERS)}, but got scheduler={name!r}")
+
+
+def nsga2_population(trials: int, population_size: int | None) -> int:
+    """NSGA-II's trials per generation: the study file's, else a quarter of the cell's trials, within 4 to 50
+    (Optuna's own default) and at most half of them (at least 2), so that a search of any size breeds for at
+    least one generation after its random first one."""
+    if population_size is not None:
+        return population_size
+    return max(2, min(max(4, min(50, trials // 4)), trials // 2))
+
+
+def objective_directions(objectives: list[str] | tuple[str, ...], mode: str) -> list[str]:
+    """Optuna's direction of each of `tune.objectives`: dev in the dev metric's `mode`, the others their own."""
+    dev = "maximize" if mode == "max" else "minimize"
+    return [OBJECTIVES[name][1] or dev for name in objectives]
+
+
+def objective_problems(objectives: list[str], sampler: str, scheduler: str, trials: int,
+                       population_size: int | None) -> list[UserInputError]:
+    """Where `tune.objectives` and the sampler or pruner do not go together, one line each (empty: they do)."""
+    problems = []
+    written = f"[{', '.join(objectives)}]"
+    if "dev" not in objectives:
+        problems.append(UserInputError("tune.objectives", written, "list dev among them (e.g. [dev, params]): the "
+                                                                   "replicates are chosen by dev, and a search on "
+                                                                   "size alone only finds the smallest model"))
+    repeated = sorted({name for name in objectives if objectives.count(name) > 1})
+    if repeated:
+        problems.append(UserInputError("tune.objectives", written, f"{', '.join(repeated)} is listed twice: name "
+                                                                   "each objective once"))
+    several = len(set(objectives)) > 1
+    if several and scheduler != "none":
+        problems.append(UserInputError("tune.scheduler", scheduler, f"Optuna cannot prune a study of several "
+                                                                    f"objectives (tune.objectives {written}): use "
+                                                                    f"scheduler: none (their default)"))
+    if several and sampler in SINGLE_OBJECTIVE_SAMPLERS:
+        problems.append(UserInputError("tune.sampler", sampler, f"Optuna's {SAMPLER_CLASSES[sampler]} optimises one "
+                                                                f"objective and tune.objectives lists "
+                                                                f"{len(objectives)}: use nsga2 (their default), tpe, "
+                                                                f"gp, random, qmc or bruteforce"))
+    if sampler == "nsga2" and population_size is not None and population_size >= trials:
+        problems.append(UserInputError("tune.population_size", population_size, f"NSGA-II draws its first "
+                                                                                f"generation of population_size "
+                                                                                f"trials at random and breeds "
+                                                                                f"after it, so with tune.trials "
+                                                                                f"{trials} it never would: set it "
+                                                                                f"below {trials}, or use sampler: "
+                                                                                f"random"))
+    return problems
 
 
 def hyperband_brackets(max_rounds: int, grace: int, reduction_factor: int) -> list[int]:

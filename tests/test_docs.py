@@ -98,7 +98,7 @@ def test_the_study_file_reference_has_every_key_of_every_section():
         for key in section["properties"]:
             assert f"| `{key}` |" in text
     assert "| `tune` | TuneSection or null |" in text
-    assert "| `sampler` | tpe \\| random \\| gp \\| cmaes \\| qmc \\| bruteforce | `'tpe'` |" in text
+    assert "| `sampler` | tpe \\| random \\| gp \\| cmaes \\| qmc \\| bruteforce \\| nsga2 | `'tpe'` |" in text
 
 
 def test_the_kind_reference_lists_each_kinds_own_keys_and_not_the_managed_ones():

@@ -242,7 +242,7 @@ def close_tracking(resilient, state: StudyState, finished: bool) -> dict[str, in
         if resilient.offline_since is not None:
             raise ConnectionError(f"still unreachable after {grace:g} s")
         resilient.tracker.log_compute(state.records, {c.index: c.key for c in state.plan.cells})
-        return {**resilient.tracker.reconcile(state.records, finished), **{
+        return {**resilient.tracker.reconcile(state.records, finished, state.pareto_marks()), **{
             f"replayed_{k}": v for k, v in resilient.synced.items()}, "outages": resilient.outages}
     except Exception as exc:
         logging.getLogger("orchestrator").warning(
@@ -360,5 +360,5 @@ def _sync(study: StudyFolder) -> dict[str, int]:
         raise UserInputError("NAME", study.name, f"{exc}; give the study's name as launched") from None
     counts = tracker.sync(state.records, {c.index: c.key for c in state.plan.cells})
     tracker.log_compute(state.records, {c.index: c.key for c in state.plan.cells})
-    closed = tracker.reconcile(state.records, state.is_complete())
+    closed = tracker.reconcile(state.records, state.is_complete(), state.pareto_marks())
     return {**counts, "closed": counts["closed"] + closed["closed"], "killed": closed["killed"]}

@@ -22,7 +22,15 @@ from orchestrator.study.config import flatten
 from orchestrator.study.journal import ATTEMPT_S, Outcome, TrialRecord, remove_checkpoint
 from reports.compute import trial_compute
 from reports.record import RECORD_FILE, DataRecord, StudyRecord
-from reports.store import BOOKKEEPING_TAGS, CONFIG_TAG, CONSTANT_PARAMS, HARDWARE_TAG, open_store, search_all
+from reports.store import (
+    BOOKKEEPING_TAGS,
+    CONFIG_TAG,
+    CONSTANT_PARAMS,
+    HARDWARE_TAG,
+    PARETO_TAG,
+    open_store,
+    search_all,
+)
 from trainables.training.checkpoints import ARTIFACTS
 
 log = logging.getLogger("orchestrator.tracking")
@@ -327,6 +335,16 @@ class StudyTracker:
             self.client.log_artifact(self.parent_id, str(path))
         return figures
 
+    def mark_pareto(self, pareto: dict[str, bool]) -> int:
+        """Tag each tuning run on its cell's Pareto set `orchestrator.pareto: 1`, and one that more tuning
+        took off it `0`; only the runs whose tag changes are written. How many were."""
+        tagged = {run.data.tags.get(TRIAL_KEY, "") for run in self._runs(
+            f"tags.`mlflow.parentRunId` = '{self.parent_id}' AND tags.`{PARETO_TAG}` = '1'")}
+        changed = [(key, on) for key, on in pareto.items() if on != (key in tagged) and key in self.children]
+        for key, on in changed:
+            self.client.set_tag(self.children[key], PARETO_TAG, "1" if on else "0")
+        return len(changed)
+
     def attach_parent(self, study_uid: str | None = None) -> str:
         """The study folder's existing parent run and its children, without changing their status."""
         existing = self._parents(study_uid)
@@ -375,13 +393,18 @@ class StudyTracker:
                 remove_checkpoint(record.checkpoint)  # its results are safe now
         return counts
 
-    def reconcile(self, records: dict[str, TrialRecord], finished: bool) -> dict[str, int]:
+    def reconcile(self, records: dict[str, TrialRecord], finished: bool,
+                  pareto: dict[str, bool] | None = None) -> dict[str, int]:
         """Close every child run the journal has an outcome for; runs of trials that are not
-        finished are KILLED (a later resume sets them RUNNING again). Counts what it changed."""
+        finished are KILLED (a later resume sets them RUNNING again). `pareto`: each tuning trial of a
+        multi-objective study's finished cells, on its cell's Pareto set or not (`StudyState.pareto_marks`).
+        Counts what it changed."""
         changed = {"closed": 0, "killed": 0}
         for key, record in records.items():
             if record.superseded and key in self.children:
                 self.client.set_tag(self.children[key], SUPERSEDED, "1")  # the report leaves it out
+        if pareto:
+            self.mark_pareto(pareto)
         # only the runs still open: a finished 10,000-trial study is not read again in full
         for run in self._runs(f"tags.`mlflow.parentRunId` = '{self.parent_id}' AND attributes.status = 'RUNNING'"):
             record = records.get(run.data.tags.get(TRIAL_KEY, ""))

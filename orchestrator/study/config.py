@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from orchestrator.study.yaml_file import apply_overrides, read_study_file
 from trainables.data.declaration import DataDeclaration, parse_declaration
@@ -39,28 +39,52 @@ class TuneSection(Section):
                                                               "({loguniform: [1e-5, 1e-4]}, {choice: [...]}, ...) "
                                                               "or a preset name (lr: default)")
     trials: int = Field(default=8, ge=1, description="Optuna trials per ablation cell")
-    sampler: Literal["tpe", "random", "gp", "cmaes", "qmc", "bruteforce"] = Field(
+    objectives: list[Literal["dev", "params"]] = Field(
+        default=["dev"], min_length=1, description="what each cell's search optimises: dev (the study's dev metric, "
+                                                   "in its direction) and, for a trade-off, params (the trained "
+                                                   "encoder's parameter count, minimised); two objectives make each "
+                                                   "cell's Optuna study multi-objective (sampler nsga2 and scheduler "
+                                                   "none by default), keep its Pareto set, and replicate its "
+                                                   "Pareto trial with the best dev score")
+    sampler: Literal["tpe", "random", "gp", "cmaes", "qmc", "bruteforce", "nsga2"] = Field(
         default="tpe", description="Optuna's sampler in each cell: tpe (TPE), random, gp (Gaussian-process Bayesian "
                                    "optimisation), cmaes (CMA-ES over the numeric ranges; lists of values drawn at "
                                    "random), qmc (a scrambled quasi-random sequence, qmc_type), bruteforce (each "
-                                   "configuration of a space of lists and int ranges once, in a seeded order); tpe, gp "
-                                   "and cmaes draw startup_trials at random first")
+                                   "configuration of a space of lists and int ranges once, in a seeded order), nsga2 "
+                                   "(NSGA-II, a genetic algorithm: population_size; the default with several "
+                                   "objectives); tpe, gp and cmaes draw startup_trials at random first")
     scheduler: Literal["asha", "hyperband", "none"] = Field(
         default="asha", description="the pruner in each cell, compared only with trials of the same cell: asha "
                                     "(Optuna's successive halving, asynchronous), hyperband (Optuna's Hyperband: "
                                     "successive halving in several brackets, each trial in one), none (train every "
-                                    "trial to the end)")
+                                    "trial to the end; the default with several objectives, which Optuna cannot "
+                                    "prune)")
     grace_epochs: int = Field(default=1, ge=1, description="rounds before the pruner may stop a trial (min_resource; "
                                                            "hyperband: in its most aggressive bracket)")
     reduction_factor: int = Field(default=3, ge=2, description="the pruner's η: 1 in η trials goes on at each rung")
     startup_trials: int = Field(default=3, ge=1, description="random trials per cell before tpe, gp or cmaes models "
                                                              "the space")
     qmc_type: Literal["sobol", "halton"] = Field(default="sobol", description="the sequence of sampler: qmc")
+    population_size: int | None = Field(default=None, ge=2, description="sampler nsga2: trials per generation, the "
+                                                                        "first drawn at random (default: a quarter "
+                                                                        "of tune.trials within 4..50, at most half "
+                                                                        "of them; Optuna's own 50 would leave a "
+                                                                        "smaller search random)")
     sampler_seed: int = Field(default=1_000, description="seeds each cell's sampler (plus the cell's index): another "
                                                         "value draws other configurations, for a searcher's spread")
     seed: int = Field(default=10_000, description="the seed every tuning trial trains with; never one of "
                                                   "replicate.seeds, so no replicate reruns the trial that won the "
                                                   "tuning")
+
+    @model_validator(mode="before")
+    @classmethod
+    def several_objectives_defaults(cls, data: Any) -> Any:
+        """Several objectives: NSGA-II and no pruner unless the file names others (Optuna cannot prune a
+        multi-objective study; a pruner named anyway is refused by `objective_problems`)."""
+        objectives = data.get("objectives") if isinstance(data, dict) else None
+        if isinstance(objectives, list) and len(objectives) > 1:
+            return {"sampler": "nsga2", "scheduler": "none", **data}
+        return data
 
 
 class UntilSection(Section):

@@ -49,6 +49,8 @@ class TrialRecord:
     ended: float | None = None
     rungs: dict[str, float] = field(default_factory=dict)  # its pruner's rung records (Optuna's
     #                                         completed_rung_N of the trial), as the results that set them say
+    sampler_attrs: dict[str, Any] = field(default_factory=dict)  # what its sampler noted on it when it was asked
+    #                                         (NSGA-II's generation), given back to it on replay
 
     @property
     def finished(self) -> bool:
@@ -209,6 +211,8 @@ class Journal:
                 previous = records.get(event["key"])
                 record = TrialRecord(**{k: event[k] for k in ("key", "cell", "phase", "seed", "tuned", "config")},
                                      number=event.get("number"))
+                if isinstance(event.get("sampler_attrs"), dict):
+                    record.sampler_attrs = event["sampler_attrs"]
                 record.cell_key = event.get("cell_key") or (cells[event["cell"]] if cells and
                                                             event["cell"] < len(cells) else None)
                 if previous is not None and (not previous.finished or previous.outcome == Outcome.FAILED

@@ -29,7 +29,7 @@ from orchestrator.study.plan_checks import (
 from orchestrator.study.plugins import plugins_used
 from orchestrator.study.store_check import check_tracking_uri
 from reports.record import DataRecord, KindRecord, PluginRecord, StudyRecord
-from search_spaces.optuna_samplers import space_problems
+from search_spaces.optuna_samplers import nsga2_population, objective_problems, space_problems
 from search_spaces.params import Fixed, Grid, Param, parse_tuned
 from search_spaces.presets import expand_seeds, expand_tuned_preset
 from trainables.contract import TrialConfig
@@ -74,6 +74,11 @@ class StudyPlan:
         return self.cell_reports[cell_index] if self.cell_reports else self.epochs
 
     @property
+    def objectives(self) -> tuple[str, ...]:
+        """What each cell's search optimises (`tune.objectives`): `("dev",)` unless the study names more."""
+        return tuple(self.study.tune.objectives) if self.study.tune else ("dev",)
+
+    @property
     def trials_per_cell(self) -> int:
         return self.study.tune.trials if self.study.tune else 0
 
@@ -104,13 +109,17 @@ class StudyPlan:
 
 def search_settings(study: StudyConfig) -> dict[str, Any]:
     """How each cell was tuned, as the record keeps it for the report: sampler, its seed and random
-    startup trials, the pruner and its rungs, trials per cell, the tuning trials' training seed."""
+    startup trials, the pruner and its rungs, trials per cell, the tuning trials' training seed; with several
+    objectives, they (and NSGA-II's population)."""
     tune = study.tune
     if tune is None:
         return {}
     return {"sampler": tune.sampler, "sampler_seed": tune.sampler_seed, "startup_trials": tune.startup_trials,
             "scheduler": tune.scheduler, "grace_epochs": tune.grace_epochs, "reduction_factor": tune.reduction_factor,
-            "trials": tune.trials, "seed": tune.seed, **({"qmc_type": tune.qmc_type} if tune.sampler == "qmc" else {})}
+            "trials": tune.trials, "seed": tune.seed, **({"qmc_type": tune.qmc_type} if tune.sampler == "qmc" else {}),
+            **({"population_size": nsga2_population(tune.trials, tune.population_size)} if tune.sampler == "nsga2"
+               else {}),
+            **({"objectives": list(tune.objectives)} if len(tune.objectives) > 1 else {})}
 
 
 def defaults_of(plan: StudyPlan) -> dict[str, Any]:
@@ -183,6 +192,10 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
     tuned = found.check(_tuned_params, study, kind, axes)
     if tuned and study.tune is not None:  # a sampler that cannot search this space as its name promises
         found.add(*space_problems(study.tune.sampler, study.tune.trials, tuned))
+    if study.tune is not None:  # objectives with a sampler or pruner that cannot serve them
+        tune = study.tune
+        found.add(*objective_problems(list(tune.objectives), tune.sampler, tune.scheduler, tune.trials,
+                                      tune.population_size))
     based = found.check(_base_config, study, kind.Config, axes, tuned or {}, study_dir, stage_root, found)
     values = found.check(grid_cells, study, axes, found)
     if task_ok and tuned is not None and based is not None and values is not None:  # each trial names the task

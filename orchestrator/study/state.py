@@ -1,7 +1,8 @@
 """What runs next, and what each outcome means: the ablate x tune x replicate semantics.
 
 One in-memory Optuna study per ablation cell (its seeded sampler, TPE by default, through ask/tell; its
-pruner, successive halving by default, only ever sees that cell's trials). Order of work: trials interrupted
+pruner, successive halving by default, only ever sees that cell's trials; with several `tune.objectives`, a
+multi-objective study whose Pareto set `orchestrator.study.objectives` reads). Order of work: trials interrupted
 by a previous launch first, then replicates of cells whose tuning is done (the best fully-trained config x
 seeds), then tuning trials round-robin over cells. Rebuilt from the journal on resume.
 Pure Python: no Ray import, so it is tested directly.
@@ -20,10 +21,17 @@ from optuna.trial import TrialState
 
 from orchestrator.study.cells import Cell
 from orchestrator.study.journal import Journal, Outcome, TrialRecord
+from orchestrator.study.objectives import (
+    KEY_ATTR,
+    generation_attrs,
+    objective_values,
+    pareto_keys,
+    replicate_choice,
+)
 from orchestrator.study.plan import StudyPlan
 from orchestrator.study.seed_rules import ci95_half, stein_half, wants_another
 from search_spaces.optuna_domains import optuna_space
-from search_spaces.optuna_samplers import make_pruner, make_sampler
+from search_spaces.optuna_samplers import make_pruner, make_sampler, nsga2_population, objective_directions
 from trainables.errors import storage_full
 
 if TYPE_CHECKING:
@@ -47,6 +55,8 @@ class StudyState:
             optuna_log.unlink(missing_ok=True)
             self.storage = JournalStorage(JournalFileBackend(str(optuna_log)))
         self.space: dict[str, BaseDistribution] = optuna_space(plan.tuned)
+        self.directions = objective_directions(plan.objectives, plan.mode)
+        self.multi = len(plan.objectives) > 1  # several objectives: told as values, never pruned
         self.studies = {cell.index: self._new_study(cell) for cell in plan.cells} if plan.study.tune else {}
         self.records: dict[str, TrialRecord] = {}
         # what the driver asks about on every trial, kept as it changes so that no question scans the
@@ -70,11 +80,17 @@ class StudyState:
 
     def _new_study(self, cell: Cell) -> optuna.Study:
         tune = cast("TuneSection", self.plan.study.tune)  # a study's cells have studies only when it tunes
-        direction: Literal["maximize", "minimize"] = "maximize" if self.plan.mode == "max" else "minimize"
-        sampler = make_sampler(tune.sampler, tune.sampler_seed + cell.index, tune.startup_trials, tune.qmc_type)
+        sampler = make_sampler(tune.sampler, tune.sampler_seed + cell.index, tune.startup_trials, tune.qmc_type,
+                               nsga2_population(tune.trials, tune.population_size))
         pruner = make_pruner(tune.scheduler, tune.grace_epochs, tune.reduction_factor, self.plan.reports_of(cell.index))
+        name = f"{self.plan.study.name} {cell.key}"
+        if self.multi:
+            directions = cast(list[Literal["maximize", "minimize"]], self.directions)
+            return optuna.create_study(directions=directions, sampler=sampler, pruner=pruner,
+                                       storage=self.storage, study_name=name)
+        direction = cast(Literal["maximize", "minimize"], self.directions[0])
         return optuna.create_study(direction=direction, sampler=sampler, pruner=pruner, storage=self.storage,
-                                   study_name=f"{self.plan.study.name} {cell.key}")
+                                   study_name=name)
 
     def _replay(self) -> None:
         """Rebuild from the journal: finished tuning trials go back into their cell's study;
@@ -100,11 +116,14 @@ class StudyState:
         states: dict[Outcome | None, TrialState] = {Outcome.COMPLETED: TrialState.COMPLETE,
                                                     Outcome.PRUNED: TrialState.PRUNED}
         state = states.get(record.outcome, TrialState.FAIL)
-        value = self._value(record) if state == TrialState.COMPLETE else None
-        if state == TrialState.COMPLETE and value is None:  # degenerate: finished, but no dev score to tell
+        told = self._told(record) if state == TrialState.COMPLETE else None
+        if state == TrialState.COMPLETE and told is None:  # degenerate: finished, but no dev score to tell
             state = TrialState.FAIL
-        trial = optuna.trial.create_trial(params=record.tuned, distributions=self.space, value=value, state=state,
-                                          intermediate_values=self._steps(record), system_attrs=self._rungs(record))
+        trial = optuna.trial.create_trial(
+            params=record.tuned, distributions=self.space, state=state, user_attrs={KEY_ATTR: record.key},
+            **({"values": told} if isinstance(told, list) else {"value": told}),
+            intermediate_values={} if self.multi else self._steps(record),
+            system_attrs={**self._rungs(record), **record.sampler_attrs})
         if record.started is not None:  # the journal's times, not the moment of this replay
             trial.datetime_start = datetime.fromtimestamp(record.started)
             trial.datetime_complete = datetime.fromtimestamp(record.ended) if record.ended is not None else None
@@ -148,9 +167,12 @@ class StudyState:
             if record.phase == "tune":
                 self.studies[record.cell].enqueue_trial(record.tuned, skip_if_exists=False)
                 trial = self.asked[record.key] = self.studies[record.cell].ask(self.space)
-                for step, value in self._steps(record).items():  # its epochs before the interruption, and
-                    trial.report(value, step=step)                 # what the pruner made of them: it goes on
-                for name, value in self._rungs(record).items():    # from the rung it had reached
+                trial.set_user_attr(KEY_ATTR, record.key)
+                # its epochs before the interruption and what the pruner made of them (it goes on from the rung
+                # it had reached; a multi-objective study reports none), and the generation NSGA-II bred it in
+                for step, value in ({} if self.multi else self._steps(record)).items():
+                    trial.report(value, step=step)
+                for name, value in {**self._rungs(record), **record.sampler_attrs}.items():
                     trial.storage.set_trial_system_attr(trial._trial_id, name, value)
             self._issue(record)
             return record
@@ -183,21 +205,47 @@ class StudyState:
         return len(self.by_cell.get(key, ())) >= self.plan.trials_per_cell and not self._open.get(key, 0)
 
     def best_tuned(self, cell: Cell) -> TrialRecord | None:
-        """The cell's best fully-trained tuning trial, by the dev metric only."""
+        """The cell's best fully-trained tuning trial, by the dev metric only (with several objectives: its
+        Pareto trial with the best dev score, `orchestrator.study.objectives.replicate_choice`)."""
         if cell.index in self._best:
             return self._best[cell.index]
         done = [r for r in self.issued(cell, "tune") if r.outcome == Outcome.COMPLETED and _finite(self._value(r))]
         sign = 1 if self.plan.mode == "max" else -1
         best = max(done, key=lambda r: sign * cast(float, self._value(r))) if done else None  # finite: scored
+        if self.multi:
+            front = self.pareto(cell)
+            told = {r.key: cast("list[float]", self._told(r)) for r in front}  # on the frontier: told values
+            best = replicate_choice(front, told, self.plan.objectives, self.directions)
         if self.tuning_done(cell):  # a finished tuning never changes in this state: asked once per trial
             self._best[cell.index] = best
         return best
+
+    def pareto(self, cell: Cell) -> list[TrialRecord]:
+        """The cell's Pareto set with several objectives (Optuna's `best_trials`), in the order its trials
+        were asked; empty with one objective."""
+        if not self.multi:
+            return []
+        return [self.records[key] for key in pareto_keys(self.studies[cell.index]) if key in self.records]
+
+    def pareto_marks(self) -> dict[str, bool]:
+        """With several objectives: whether each tuning trial of a cell whose tuning is done is on the cell's
+        Pareto set (MLflow's `orchestrator.pareto` tags; the report marks them); empty with one objective."""
+        marks: dict[str, bool] = {}
+        for cell in self.plan.cells if self.multi else ():
+            if self.tuning_done(cell):
+                front = {r.key for r in self.pareto(cell)}
+                marks.update({r.key: r.key in front for r in self.issued(cell, "tune")})
+        return marks
 
     def skip_reason(self, cell: Cell) -> str | None:
         """Why a cell gets no replicates (its tuning finished and left no config with a dev score to
         replicate), else None. A degenerate trial completed but never had a dev score to compare."""
         if not self.plan.study.tune or not self.tuning_done(cell) or self.best_tuned(cell) is not None:
             return None
+        if self.multi and any(r.outcome == Outcome.COMPLETED and _finite(self._value(r))
+                              for r in self.issued(cell, "tune")):
+            missing = ", ".join(name for name in self.plan.objectives if name != "dev")
+            return f"skipped: no tuning trial reported {missing} (tune.objectives)"
         outcomes = [r.outcome for r in self.issued(cell, "tune")]
         names: dict[Outcome | None, str] = {Outcome.COMPLETED: "degenerate", Outcome.DIVERGED: "diverged",
                                             Outcome.FAILED: "failed", Outcome.PRUNED: "pruned"}
@@ -299,11 +347,13 @@ class StudyState:
         cell = min(open_cells, key=lambda c: (len(self.by_cell.get((c.index, "tune"), ())), rank[c.index]))
         trial = self.studies[cell.index].ask(self.space)
         n = len(self.by_cell.get((cell.index, "tune"), ()))
+        trial.set_user_attr(KEY_ATTR, f"c{cell.index}-t{n}")
         seed = self.plan.study.tune.seed  # disjoint from the replicate seeds (checked by the plan)
         record = TrialRecord(key=f"c{cell.index}-t{n}", cell=cell.index, phase="tune", seed=seed,
                              tuned=dict(trial.params),
                              config=self.plan.trial_config(cell, dict(trial.params), seed, "tune"),
-                             number=trial.number)
+                             number=trial.number,
+                             sampler_attrs=generation_attrs(self.studies[cell.index], trial._trial_id))
         self.asked[record.key] = trial
         self._issue(record)
         return record
@@ -312,7 +362,8 @@ class StudyState:
         record.cell_key = self.plan.cells[record.cell].key
         self._index(record)
         self.journal.write("issued", key=record.key, cell=record.cell, cell_key=record.cell_key, phase=record.phase,
-                           seed=record.seed, tuned=record.tuned, config=record.config, number=record.number)
+                           seed=record.seed, tuned=record.tuned, config=record.config, number=record.number,
+                           **({"sampler_attrs": record.sampler_attrs} if record.sampler_attrs else {}))
 
     # --- outcomes ----------------------------------------------------------------------------------
 
@@ -323,7 +374,8 @@ class StudyState:
         trial = self.asked.get(key)
         value = metrics.get(self.plan.metric)
         stop, rungs = False, {}
-        if record.phase == "tune" and trial is not None and "epoch" in metrics and _finite(value):
+        if record.phase == "tune" and trial is not None and "epoch" in metrics and _finite(value) and not self.multi:
+            # a multi-objective study is never pruned (Optuna has no intermediate values for several objectives)
             trial.report(value, step=int(metrics["epoch"]))
             stop = int(metrics["epoch"]) < self.plan.reports_of(record.cell) and trial.should_prune()
             rungs = {k: v for k, v in trial.storage.get_trial_system_attrs(trial._trial_id).items()
@@ -368,13 +420,21 @@ class StudyState:
         self.journal.write("finished", key=key, outcome=outcome.value, error=error, wall_s=record.wall_s)
         trial = self.asked.pop(key, None)
         if trial is not None:
-            study = self.studies[record.cell]
-            if outcome == Outcome.COMPLETED and _finite(self._value(record)):
-                study.tell(trial, self._value(record))
+            study, told = self.studies[record.cell], self._told(record)
+            if outcome == Outcome.COMPLETED and told is not None:
+                study.tell(trial, told)
             elif outcome == Outcome.PRUNED:
                 study.tell(trial, state=TrialState.PRUNED)
             else:
                 study.tell(trial, state=TrialState.FAIL)
+
+    def _told(self, record: TrialRecord) -> float | list[float] | None:
+        """What a completed trial tells its cell's study: its best dev score, or with several objectives its
+        value of each (None: it has none to tell, and is told failed)."""
+        if self.multi:
+            return objective_values(record, self.plan.objectives, self._value(record))
+        value = self._value(record)
+        return value if _finite(value) else None
 
     def _value(self, record: TrialRecord) -> float | None:
         """A trial's score: its best dev value over epochs (what the best-dev epoch reached)."""

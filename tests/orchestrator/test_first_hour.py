@@ -203,7 +203,8 @@ def test_validate_reports_every_structural_error_at_once(tmp_path):
         "error: name: 'bad study' is not valid; use letters, digits, '_', '.' or '-' (it names folders)",
         "error: tune.trials: 0 is not valid; input should be greater than or equal to 1",
         "error: tune.schedular: 'asha' is not valid; unknown key; did you mean scheduler? Valid keys here: params, "
-        "trials, sampler, scheduler, grace_epochs, reduction_factor, startup_trials, qmc_type, sampler_seed, seed",
+        "trials, objectives, sampler, scheduler, grace_epochs, reduction_factor, startup_trials, qmc_type, "
+        "population_size, sampler_seed, seed",
         "error: report.alpha: 2 is not valid; input should be less than 1"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]  # nothing written
 

@@ -52,7 +52,8 @@ def optuna_reference(name: str):
             "gp": lambda: samplers.GPSampler(seed=SEED, n_startup_trials=2),
             "cmaes": lambda: samplers.CmaEsSampler(seed=SEED, n_startup_trials=2),
             "qmc": lambda: samplers.QMCSampler(qmc_type="halton", scramble=True, seed=SEED),
-            "bruteforce": lambda: samplers.BruteForceSampler(seed=SEED)}[name]()
+            "bruteforce": lambda: samplers.BruteForceSampler(seed=SEED),
+            "nsga2": lambda: samplers.NSGAIISampler(seed=SEED, population_size=3)}[name]()  # 7 trials: a default of 3
 
 
 def suggest(trial: optuna.Trial, space: dict) -> dict:
@@ -170,7 +171,7 @@ def test_each_pruner_stops_exactly_the_trials_its_optuna_pruner_stops(scheduler,
      "(Optuna would draw every trial at random): use tpe, gp, qmc or bruteforce, or give a range "
      "({loguniform: [a, b]})"),
     ({"sampler": "hyperopt", "params": {"lr": [1e-4]}},
-     "tune.sampler: 'hyperopt' is not valid; use 'tpe', 'random', 'gp', 'cmaes', 'qmc' or 'bruteforce'"),
+     "tune.sampler: 'hyperopt' is not valid; use 'tpe', 'random', 'gp', 'cmaes', 'qmc', 'bruteforce' or 'nsga2'"),
     ({"scheduler": "pbt", "params": {"lr": [1e-4]}},
      "tune.scheduler: 'pbt' is not valid; use 'asha', 'hyperband' or 'none'"),
     ({"sampler": "qmc", "qmc_type": "lhs", "params": {"lr": [1e-4]}},
