@@ -20,7 +20,6 @@ import torch
 from profile_step import stsb_steps, turns_model, turns_parser  # benchmarks/, the script's own folder
 
 import trainables.runtime as runtime
-import trainables.training.bi_encoder as bi_encoder
 from trainables.training.bi_encoder import train_step
 
 SIDES = ("rows", "table")
@@ -51,7 +50,7 @@ def main() -> None:
     norm_of = {"rows": ours, "table": torchs, "both": both_norms}
     print(f"torch {torch.__version__}, {args.threads} threads, precision auto -> {str(dtype).split('.')[-1]}; "
           f"{name.split('/')[-1]}, STS-B train batches of 32 pairs, clipping at 1.0")
-    bi_encoder.clip_gradients = timed_clip  # the step's clipping, timed
+    runtime.clip_gradients = timed_clip  # the step's clipping (runtime.optimizer_step calls it), timed
 
     def step(rows):
         token_lists, y = run.batch(rows)
@@ -76,7 +75,7 @@ def main() -> None:
         for rows in run.batches[2:]:
             step(rows)
     finally:
-        runtime.total_norm, bi_encoder.clip_gradients = ours, runtime_clip
+        runtime.total_norm, runtime.clip_gradients = ours, runtime_clip
     for now in SIDES:
         print(f"{now:>6}: " + " ".join(f"{t:.1f}" for t in times[now])
               + f" ms/step, best {min(times[now]):.1f} ({min(times['table']) / min(times[now]):.3f}x the table's); "

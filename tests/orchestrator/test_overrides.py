@@ -82,8 +82,8 @@ BAD = [
     (["trian.lr=3"], f"trian: {{'lr': 3}} is not valid; unknown key; did you mean train? Valid keys here: "
                      f"{VALID_TOP}"),
     (["tune.trails=4"], "tune.trails: 4 is not valid; unknown key; did you mean trials? Valid keys here: params, "
-                        "trials, sampler, scheduler, grace_epochs, reduction_factor, startup_trials, qmc_type, "
-                        "sampler_seed, seed"),
+                        "trials, objectives, sampler, scheduler, grace_epochs, reduction_factor, startup_trials, "
+                        "qmc_type, population_size, sampler_seed, seed"),
     (["tune.trials=zero"], "tune.trials: 'zero' is not valid; input should be a valid integer, unable to parse "
                            "string as an integer"),
     (["tune.scheduler=pbt"], "tune.scheduler: 'pbt' is not valid; use 'asha', 'hyperband' or 'none'"),
