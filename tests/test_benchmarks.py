@@ -778,3 +778,25 @@ def test_the_equivalence_simulation_holds_the_edge_near_five_percent_and_marks_c
     assert 0.03 < rows[1.0]["bayes"] < 0.07 and 0.03 < rows[1.0]["tost"] < 0.07  # 4,000 draws: se 0.35 %
     assert rows[2.0]["bayes"] == 0.0 and rows[2.0]["tost"] == 0.0
     assert "false equivalence, the largest at delta >= rope" in capsys.readouterr().out
+
+
+def test_the_2d_matryoshka_benchmark_puts_one_training_beside_a_training_per_cell(tiny_bert, synthetic_data_dir,
+                                                                                   tmp_path):
+    """benchmarks/matryoshka_2d.py on a tiny encoder: a row a layer, a cell a size with the one training's score,
+    the separate one's and their difference (which must be the two subtracted), then the mean and the seconds."""
+    script = GPU.parent / "matryoshka_2d.py"
+    done = subprocess.run([sys.executable, str(script), "--data-dir", str(synthetic_data_dir), "--model", tiny_bert,
+                           "--layers", "1,2", "--dims", "32,8", "--train", "48", "--eval", "30"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = re.findall(r"^\s+(\d) +(.+)$", done.stdout, re.MULTILINE)
+    assert [layer for layer, _ in rows] == ["1", "2"], done.stdout
+    for _, cells in rows:
+        found = re.findall(r"(-?[0-9.]+) / (-?[0-9.]+) \(([+-][0-9.]+)\)", cells)
+        assert len(found) == 2, cells
+        for one, alone, difference in found:
+            assert abs(float(one) - float(alone) - float(difference)) < 0.011
+    assert re.search(r"seconds: one 2D training \d+, 4 trainings alone \d+", done.stdout), done.stdout
+    refused = subprocess.run([sys.executable, str(script), "--dims", "32,x"], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode == 2 and "comma lists of integers" in refused.stderr

@@ -61,7 +61,8 @@ def test_the_default_data_folder_is_shared_data_beside_a_checkout(tmp_path, monk
 def test_examples_validate_with_the_default_data_folder_and_no_variable(data_dir):
     if data.default_data_dir() is None:
         pytest.skip("no ../shared/data beside this checkout")
-    for example in ("stsb_layers", "stsb_languages", "quickstart"):
+    for example in ("stsb_layers", "stsb_languages", "quickstart", "nli_mnrl", "stsb_matryoshka_2d",
+                    "stsb_layer_mixes", "stsb_truncation_tradeoff"):
         result = run_cli("validate", f"examples/{example}.yaml")
         assert result.returncode == 0, result.stderr
         assert result.stderr == ""  # nothing to warn of: STS-B's own 7 train/test pairs are recorded, not said
