@@ -77,7 +77,7 @@ CASES = [
     ("replicate.seeds", "five", "replicate.seeds: 'five' is not valid;"),
     ("train.epochs", 0, "train.epochs: 0 is not valid; input should be greater than or equal to 1"),
     ("train.epochs", "ten", "train.epochs: 'ten' is not valid; input should be a valid integer"),
-    ("train.loss", "cosine", "train.loss: 'cosine' is not valid; use one of: angle, cosent, cosine_bce"),
+    ("train.loss", "cosine", "train.loss: 'cosine' is not valid; use one of: angle, cached_mnrl, cosent"),
     ("train.loss", "softmax", "train.loss: 'softmax' is not valid; it trains classification tasks; task stsb needs "
                               "one of: cosine_mse, cosent, angle"),
     ("train.learning_rate", 1e-3,

@@ -76,6 +76,8 @@ def test_a_trial_trains_on_train_data_and_scores_the_task(config, triplets, tmp_
     pairs = {**triplets, "type": "pairs", "columns": {"anchor": "query", "positive": "pos"}}
     other = get_kind("finetune").run({**config, "train_data": pairs}, collect([]))  # no hard negatives
     assert other["dev_spearman"] != pytest.approx(final["dev_spearman"], abs=1e-7)
+    cached = get_kind("finetune").run({**config, "loss": "cached_mnrl", "mini_batch_size": 3}, collect([]))
+    assert math.isfinite(cached["test_spearman"])  # GradCache's own numbers: tests/trainables/test_gradient_cache.py
     on_task = get_kind("finetune").run({**config, "train_data": None, "loss": "cosine_mse"}, collect([]))
     assert on_task["dev_spearman"] != pytest.approx(final["dev_spearman"], abs=1e-7)
 
@@ -84,7 +86,7 @@ def test_a_trial_trains_on_train_data_and_scores_the_task(config, triplets, tmp_
     (None, "mnrl", "train.loss", "it trains on (anchor, positive) pairs with in-batch negatives; task stsb is an sts "
                                  "task: name training pairs as train.train_data"),
     ("sick_nli", "cosine_mse", "train.loss", "it trains sts tasks; train_data sick_nli needs one of: mnrl, "
-                                             "mnrl_symmetric, gte"),
+                                             "mnrl_symmetric, gte, cached_mnrl"),
     ("unlabeled_en", "mnrl", "train.train_data", "it is single sentences"),
     ("sts12", "mnrl", "train.train_data", "it has a test split only"),
     ("sick_nl", "mnrl", "train.train_data", "did you mean sick_nli"),

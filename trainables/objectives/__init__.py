@@ -25,6 +25,7 @@ BUILTIN = {
     "mnrl": "trainables.objectives.builtin:MNRL",
     "mnrl_symmetric": "trainables.objectives.builtin:MNRL_SYMMETRIC",
     "gte": "trainables.objectives.builtin:GTE",
+    "cached_mnrl": "trainables.objectives.builtin:CACHED_MNRL",
 }
 OBJECTIVES = Registry("objectives", "objective", BUILTIN)
 

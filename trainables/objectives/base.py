@@ -36,6 +36,7 @@ class Objective:
     task: str  # sts (a gold score in [0, 1]), pair_classification (a 0/1 label) or pairs (anchor, positive[, negative])
     loss: str  # `module:Class`; Class(dim) is a PairLoss
     description: str = ""
+    gradient_cache: bool = False  # trained through GradCache, `mini_batch_size` sentences encoded at a time
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:

@@ -21,3 +21,6 @@ MNRL_SYMMETRIC = Objective("pairs", "trainables.objectives.ranking:SymmetricRank
                            "MNRL both ways (anchor->positives and positive->anchors), the two averaged")
 GTE = Objective("pairs", "trainables.objectives.ranking:GTERankingLoss",
                 "GTE's improved contrastive loss: MNRL's four directions in one softmax")
+CACHED_MNRL = Objective("pairs", "trainables.objectives.ranking:CachedRankingLoss",
+                        "MNRL through GradCache: the same loss and gradients, a mini-batch's memory",
+                        gradient_cache=True)

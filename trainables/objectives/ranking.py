@@ -4,7 +4,9 @@ variants its documentation names, each equal to it on the same embeddings (tests
 
 - `mnrl`: InfoNCE, directions ("query_to_doc",), the default (SBERT's NLI v2 recipe, SimCSE's supervised loss);
 - `mnrl_symmetric`: ("query_to_doc", "doc_to_query"), per_direction (MultipleNegativesSymmetricRankingLoss);
-- `gte`: all four directions, one joint softmax (GTE's improved contrastive loss, Li et al. 2023).
+- `gte`: all four directions, one joint softmax (GTE's improved contrastive loss, Li et al. 2023);
+- `cached_mnrl`: `mnrl` through GradCache (CachedMultipleNegativesRankingLoss): a large batch in a small one's
+  memory, each mini-batch encoded twice.
 
 As a `PairLoss` it is called with `u` the anchors (batch, dim), `v` the candidates: the batch's positives,
 then its hard negatives if any (batch * (1 + negatives), dim), and `target` the column of `v` that holds each
@@ -59,6 +61,13 @@ class RankingLoss(nn.Module):
 
 class MultipleNegativesRankingLoss(RankingLoss):
     """InfoNCE with in-batch negatives: each anchor against every candidate of the batch."""
+
+
+class CachedRankingLoss(RankingLoss):
+    """MNRL trained through GradCache (`trainables.training.bi_encoder.cached_step`): the same loss and
+    gradients as `mnrl` (sentence-transformers' CachedMultipleNegativesRankingLoss), with the activations of
+    `mini_batch_size` sentences at a time, so `batch_size` (the in-batch negatives) can grow past memory (its
+    declaration says `gradient_cache=True`; the loss itself is MNRL's)."""
 
 
 class SymmetricRankingLoss(RankingLoss):

@@ -75,19 +75,71 @@ def build_optimizer(params: list[tuple[str, torch.nn.Parameter]], lr: float, wei
 
 
 def train_step(model, loss_fn, optimizer, scheduler, token_lists: list[list[int]], targets: torch.Tensor,
-               pad_id: int, device, dtype, max_grad_norm: float | None) -> torch.Tensor:
+               pad_id: int, device, dtype, max_grad_norm: float | None, cache: int | None = None) -> torch.Tensor:
     """One optimizer step on a batch of `len(targets)` pairs: the first `len(targets)` of `token_lists` are
     one side (`u`), the rest the other (`v`: the second sentences, or a pairs loss's positives then its hard
-    negatives). Returns the loss; nothing is updated when it is not finite."""
+    negatives). `cache`: encode at most this many sentences at once with gradients (`cached_step`). Returns
+    the loss; nothing is updated when it is not finite."""
     first = len(targets)
-    with autocast(device, dtype):
-        vectors = encode_tokens(model, token_lists, pad_id, device).float()
-        loss = loss_fn(vectors[:first], vectors[first:], targets.to(device))
+    if cache is not None:
+        loss = cached_step(model, loss_fn, token_lists, targets, pad_id, device, dtype, cache)
+    else:
+        with autocast(device, dtype):
+            vectors = _at_least_fp32(encode_tokens(model, token_lists, pad_id, device))
+            loss = loss_fn(vectors[:first], vectors[first:], targets.to(device))
+        if torch.isfinite(loss):
+            loss.backward()
     if not torch.isfinite(loss):
         optimizer.zero_grad(set_to_none=True)
         return loss.detach()
-    loss.backward()
     optimizer_step(model.parameters(), optimizer, scheduler, max_grad_norm)
+    return loss.detach()
+
+
+def _at_least_fp32(vectors: torch.Tensor) -> torch.Tensor:
+    """Vectors for the loss: bf16/fp16 ones in fp32 (the loss's softmax and cosines), fp32 and fp64 as they are."""
+    return vectors.to(torch.promote_types(vectors.dtype, torch.float32))
+
+
+def _rng_state(device) -> tuple:
+    return torch.get_rng_state(), torch.cuda.get_rng_state(device) if torch.device(device).type == "cuda" else None
+
+
+def _set_rng_state(state: tuple, device) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+def cached_step(model, loss_fn, token_lists: list[list[int]], targets: torch.Tensor, pad_id: int, device, dtype,
+                mini_batch: int) -> torch.Tensor:
+    """GradCache (Gao et al. 2021), as sentence-transformers' Cached* losses compute it: every sentence encoded
+    without a graph, `mini_batch` at a time; the loss and its gradient on those vectors; then each mini-batch
+    encoded again with the random state it had (the same dropout masks) and its share of the gradient
+    back-propagated. The parameters' gradients are the whole batch's, while activations are kept for one
+    mini-batch at a time: a batch of in-batch negatives as large as the loss wants, in a mini-batch's memory.
+    Leaves the gradients in place (not finite: none) and returns the loss."""
+    pieces = [list(range(i, min(i + mini_batch, len(token_lists)))) for i in range(0, len(token_lists), mini_batch)]
+    states, encoded = [], []
+    with torch.no_grad():
+        for piece in pieces:
+            states.append(_rng_state(device))
+            with autocast(device, dtype):
+                encoded.append(_at_least_fp32(encode_tokens(model, [token_lists[i] for i in piece], pad_id, device)))
+    vectors = torch.cat(encoded).requires_grad_()
+    first = len(targets)
+    with autocast(device, dtype):
+        loss = loss_fn(vectors[:first], vectors[first:], targets.to(device))
+    if not torch.isfinite(loss):
+        return loss.detach()
+    loss.backward()
+    after = _rng_state(device)
+    for piece, state, grad in zip(pieces, states, vectors.grad.split([len(p) for p in pieces]), strict=True):
+        _set_rng_state(state, device)
+        with autocast(device, dtype):
+            again = _at_least_fp32(encode_tokens(model, [token_lists[i] for i in piece], pad_id, device))
+        again.backward(grad)
+    _set_rng_state(after, device)  # the stream goes on as if each sentence had been encoded once
     return loss.detach()
 
 

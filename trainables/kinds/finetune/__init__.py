@@ -37,6 +37,9 @@ class FinetuneConfig(TrainingConfig, PretrainFields, PromptFields, LoraFields, P
                                                          "like task:); the task's dev still selects and its test "
                                                          "scores. Pairs or triplets train a pairs loss (mnrl, "
                                                          "mnrl_symmetric, gte)")
+    mini_batch_size: int = Field(32, ge=1, description="a GradCache loss (cached_mnrl): sentences encoded at once "
+                                                      "with gradients (sentence-transformers' mini_batch_size); "
+                                                      "batch_size stays the pairs a step's loss sees")
     layer: int | None = Field(None, ge=0, description="keep the first k layers; null keeps all")
     pooling: str = "mean"
     projection_dim: int | None = Field(None, ge=1)
@@ -105,6 +108,14 @@ class FinetuneKind(TrainingKind):
             check_loss(cfg.loss, kind, f"task {task_name(cfg.task)}", key_of("loss"))
         else:
             check_train_data(cfg, key_of)
+        if cfg.mini_batch_size != 32 and not key_of("loss").startswith(("ablate.", "tune.")):
+            from trainables.objectives import objective
+
+            if not objective(cfg.loss, key_of("loss")).gradient_cache:
+                raise UserInputError(key_of("mini_batch_size"), cfg.mini_batch_size, f"only a GradCache loss reads "
+                                                                                      f"it (cached_mnrl); loss "
+                                                                                      f"{cfg.loss} encodes the whole "
+                                                                                      f"batch: remove mini_batch_size")
         if cfg.select is not None and (kind != "classification" or cfg.select not in SELECTS):
             raise UserInputError(key_of("select"), cfg.select, f"pair classification selects on one of: "
                                                                f"{', '.join(SELECTS)}; STS tasks select on Spearman")

@@ -18,7 +18,7 @@ from trainables.models.batching import TokenCache
 from trainables.models.encoder import build_sentence_encoder, load_tokenizer, special_ids, used_parameter_count
 from trainables.models.layer_vectors import LayerVectors
 from trainables.models.lora import adapter_parameter_count, add_lora
-from trainables.objectives import build_loss
+from trainables.objectives import build_loss, objective
 from trainables.objectives.adaptive_layers import AdaptiveLayerLoss
 from trainables.objectives.matryoshka import MatryoshkaLoss
 from trainables.runtime import linear_schedule, scoring_dtype
@@ -54,6 +54,7 @@ class FinetuneLearner(OneModelLearner):
             add_lora(self.model.encoder, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
         dim = self.model.projection[0].out_features if self.model.projection else self.model.encoder.config.hidden_size
         self.loss_fn = build_loss(cfg.loss, trained.kind, dim).to(device)
+        self.cache = cfg.mini_batch_size if objective(cfg.loss).gradient_cache else None
         self.depth = stack_depth(self.model.encoder)  # the cut's k: adaptive_layers draws from 0..k-1 below it
         self.matryoshka = None
         if cfg.matryoshka_dims is not None:
@@ -106,7 +107,7 @@ class FinetuneLearner(OneModelLearner):
             if self.matryoshka is not None:
                 self.matryoshka.reseed(f"{cfg.seed}/{round_}/{step}/dims")
             loss = train_step(model, self.train_loss, self.optimizer, self.scheduler, token_lists,
-                              targets, self.tokens.pad_id, self.device, self.dtype, cfg.max_grad_norm)
+                              targets, self.tokens.pad_id, self.device, self.dtype, cfg.max_grad_norm, self.cache)
             total += check_finite(loss.item(), f"epoch {round_}, step {step} (lr={cfg.lr})",
                                   "lower the learning rate or use precision fp32")
         seconds = time.perf_counter() - started
