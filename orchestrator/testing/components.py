@@ -32,12 +32,15 @@ def _targets(task_kind: str, batch: int, generator) -> Any:
 
     if task_kind == "sts":
         return torch.rand(batch, generator=generator)
+    if task_kind == "pairs":
+        return torch.arange(batch)  # each anchor's positive: its own row of v
     return torch.tensor([i % 2 for i in range(batch)])  # both classes, as a 0/1 label
 
 
 def check_objective(declared: str | Objective, dim: int = 16, batch: int = 8, seed: int = 0) -> None:
     """An objective builds from the embedding size, returns a finite scalar for a batch of pairs and
-    their targets (a score in [0, 1] for sts, a 0/1 label for pair_classification), lets gradients
+    their targets (a score in [0, 1] for sts, a 0/1 label for pair_classification, each anchor's row of v for
+    pairs; a guided objective also gets its guide's vectors as `.guide`), lets gradients
     reach both sides' vectors and its own parameters, reads the target, works for any batch size, and
     is deterministic: built under one seed, the same parameters and the same loss."""
     import torch
@@ -51,6 +54,9 @@ def check_objective(declared: str | Objective, dim: int = 16, batch: int = 8, se
     torch.manual_seed(seed)
     second = declaration.build(dim)
     assert isinstance(first, torch.nn.Module), f"{declaration.loss} built a {type(first).__name__}, not a torch module"
+    guide = (torch.randn(batch, dim, generator=generator), torch.randn(batch, dim, generator=generator))
+    if declaration.guided:  # a guided objective reads the guide model's vectors of the batch, laid out as u and v
+        first.guide = second.guide = guide
     for (name, a), (_, b) in zip(first.state_dict().items(), second.state_dict().items(), strict=True):
         assert torch.equal(a, b), f"built twice under one seed, its parameter {name} differs"
     u_, v_ = u.clone().requires_grad_(), v.clone().requires_grad_()
@@ -65,7 +71,10 @@ def check_objective(declared: str | Objective, dim: int = 16, batch: int = 8, se
         assert vectors.grad.abs().sum() > 0, f"the gradient on {side} is zero everywhere"
     for name, parameter in first.named_parameters():
         assert parameter.grad is not None, f"no gradient reaches its parameter {name}"
-    assert not torch.equal(first(u, v, 1 - target).detach(), loss.detach()), "another target gave the same loss"
+    other = target.roll(1) if declaration.task_kind == "pairs" else 1 - target
+    assert not torch.equal(first(u, v, other).detach(), loss.detach()), "another target gave the same loss"
+    if declaration.guided:
+        first.guide = (guide[0][:2], guide[1][:2])
     small = first(u[:2], v[:2], target[:2])
     assert small.dim() == 0 and torch.isfinite(small), "a batch of two gave no finite scalar"
 

@@ -60,3 +60,37 @@ def test_candidates_that_are_not_whole_columns_are_refused():
     anchors, positives = _columns(4, 0)
     with pytest.raises(ValueError, match="whole columns"):
         build_loss("mnrl", "pairs", 24)(anchors, positives[:3], torch.arange(4))
+
+
+class _Columns(torch.nn.Module):
+    """A stand-in SentenceTransformer whose 'features' carry its embeddings under `key` (the guide reads its own)."""
+
+    def __init__(self, key: str, tokenizer):
+        super().__init__()
+        self.key, self.tokenizer, self.max_seq_length = key, tokenizer, 128
+
+    def forward(self, features):
+        return {"sentence_embedding": features[self.key]}
+
+
+@pytest.mark.parametrize("negatives", [0, 1])
+@pytest.mark.parametrize(("strategy", "margin"), [("absolute", 0.0), ("absolute", 0.1), ("relative", 0.05)])
+def test_gist_equals_sentence_transformers_gist_embed_loss(tiny_bert, negatives, strategy, margin):
+    from trainables.models.encoder import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_bert)
+    generator = torch.Generator().manual_seed(1)
+    columns = [torch.randn(6, 24, generator=generator, dtype=torch.float64) for _ in range(2 + negatives)]
+    guide = [c + 0.8 * torch.randn(6, 24, generator=generator, dtype=torch.float64) for c in columns]
+    guide[1][2] = guide[0][4]  # the guide sees anchor 4's twin among the positives: a false negative to mask
+    theirs = losses.GISTEmbedLoss(_Columns("embedding", tokenizer), _Columns("guide", tokenizer),
+                                  margin_strategy=strategy, margin=margin)
+    expected = theirs([{"embedding": c, "guide": g} for c, g in zip(columns, guide, strict=True)], torch.zeros(6))
+    mine = build_loss("gist", "pairs", 24)
+    mine.strategy, mine.margin = strategy, margin
+    mine.guide = (guide[0], torch.cat(guide[1:]))
+    ours = mine(columns[0], torch.cat(columns[1:]), torch.arange(6))
+    assert abs(ours.item() - expected.item()) < 1e-6
+    unguided = build_loss("gist", "pairs", 24)
+    unguided.guide = (columns[0], torch.cat(columns[1:]))  # the model as its own guide: another loss
+    assert abs(unguided(columns[0], torch.cat(columns[1:]), torch.arange(6)).item() - ours.item()) > 1e-3

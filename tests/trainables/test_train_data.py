@@ -86,7 +86,7 @@ def test_a_trial_trains_on_train_data_and_scores_the_task(config, triplets, tmp_
     (None, "mnrl", "train.loss", "it trains on (anchor, positive) pairs with in-batch negatives; task stsb is an sts "
                                  "task: name training pairs as train.train_data"),
     ("sick_nli", "cosine_mse", "train.loss", "it trains sts tasks; train_data sick_nli needs one of: mnrl, "
-                                             "mnrl_symmetric, gte, cached_mnrl"),
+                                             "mnrl_symmetric, gte, cached_mnrl, gist"),
     ("unlabeled_en", "mnrl", "train.train_data", "it is single sentences"),
     ("sts12", "mnrl", "train.train_data", "it has a test split only"),
     ("sick_nl", "mnrl", "train.train_data", "did you mean sick_nli"),
@@ -123,3 +123,35 @@ def test_where_keeps_rows_and_positive_label_takes_one_class_of_several(tmp_path
         load_task({**declared, "where": {"label": "UNKNOWN"}})
     with pytest.raises(UserInputError, match="name the matching one with positive_label"):
         load_task({**declared, "positive_label": None})
+
+
+def test_gist_trains_with_its_guide_s_vectors_of_each_batch(config, tiny_bert, monkeypatch):
+    import trainables.kinds.finetune.learner as module
+
+    guides = []
+    real = module.train_step
+
+    def spy(model, loss_fn, *rest):
+        guides.append(tuple(g.shape for g in loss_fn.guide))
+        return real(model, loss_fn, *rest)
+
+    monkeypatch.setattr(module, "train_step", spy)
+    learner = FinetuneLearner(FinetuneConfig(**{**config, "loss": "gist", "guide_model": tiny_bert}),
+                              torch.device("cpu"), torch.float32)
+    assert len(learner.guide_rows) == 36 and learner.guide_vectors.shape == (36, 32)  # every distinct sentence
+    learner.train_round(1)
+    assert guides == [((4, 32), (8, 32))] * 3  # anchors; positives then negatives
+
+
+@pytest.mark.parametrize(("change", "key", "message"), [
+    ({"loss": "gist"}, "train.guide_model", "judges its in-batch negatives with a guide model: name one"),
+    ({"loss": "gist", "guide_model": "/nowhere/model"}, "train.guide_model", "/nowhere/model"),
+    ({"loss": "mnrl", "gist_margin": 0.1}, "train.gist_margin", "only a guided loss reads it (gist)"),
+    ({"loss": "gist", "guide_model": "TINY", "guide_pooling": "meen"}, "train.guide_pooling", "is not valid"),
+])
+def test_a_guide_where_it_cannot_apply_is_one_line(tiny_bert, change, key, message):
+    change = {k: tiny_bert if v == "TINY" else v for k, v in change.items()}
+    cfg = FinetuneConfig(model=tiny_bert, task="stsb", train_data="sick_nli", **change)
+    with pytest.raises(UserInputError) as caught:
+        get_kind("finetune").check_names(cfg, lambda name: f"train.{name}")
+    assert caught.value.key == key and message in str(caught.value), str(caught.value)

@@ -26,6 +26,7 @@ BUILTIN = {
     "mnrl_symmetric": "trainables.objectives.builtin:MNRL_SYMMETRIC",
     "gte": "trainables.objectives.builtin:GTE",
     "cached_mnrl": "trainables.objectives.builtin:CACHED_MNRL",
+    "gist": "trainables.objectives.builtin:GIST",
 }
 OBJECTIVES = Registry("objectives", "objective", BUILTIN)
 

@@ -37,6 +37,7 @@ class Objective:
     loss: str  # `module:Class`; Class(dim) is a PairLoss
     description: str = ""
     gradient_cache: bool = False  # trained through GradCache, `mini_batch_size` sentences encoded at a time
+    guided: bool = False  # reads a frozen guide model's vectors of the batch (GISTEmbed: `guide_model`)
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:

@@ -24,3 +24,6 @@ GTE = Objective("pairs", "trainables.objectives.ranking:GTERankingLoss",
 CACHED_MNRL = Objective("pairs", "trainables.objectives.ranking:CachedRankingLoss",
                         "MNRL through GradCache: the same loss and gradients, a mini-batch's memory",
                         gradient_cache=True)
+GIST = Objective("pairs", "trainables.objectives.ranking:GISTLoss",
+                 "GISTEmbed: in-batch negatives a frozen guide model judges false are left out (train.guide_model)",
+                 guided=True)

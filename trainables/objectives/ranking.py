@@ -81,3 +81,51 @@ class GTERankingLoss(RankingLoss):
     """Anchor->candidates, anchor->anchors, positive->anchors and positive->candidates in one softmax."""
 
     directions = ("query_to_doc", "query_to_query", "doc_to_query", "doc_to_doc")
+
+
+class GISTLoss(nn.Module):
+    """sentence-transformers' GISTEmbedLoss (`sentence_transformer/losses/gist_embed.py`, 6.2; Solatorio 2024):
+    in-batch negatives like MNRL, but a frozen guide model's cosines decide which are false negatives: any
+    candidate the guide finds more similar to the anchor than the anchor's own positive (minus `margin`,
+    `absolute`, or minus |sim| x margin, `relative`) is left out of the softmax. Anchor->positives and
+    anchor->negatives, anchor->anchors and positive->positives (their contrast_anchors and contrast_positives,
+    on), one softmax at temperature 0.01; `target` names each anchor's positive among the first `batch` rows of
+    `v` (`arange`, as there). The learner gives the batch's guide vectors (`guide`) before each step, laid out
+    as `u` and `v` are."""
+
+    guided = True
+
+    def __init__(self, dim: int, temperature: float = 0.01, margin: float = 0.0, strategy: str = "absolute"):
+        super().__init__()
+        self.temperature, self.margin, self.strategy = temperature, margin, strategy
+        self.guide: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _masked(self, guided: torch.Tensor, sims: torch.Tensor, own: torch.Tensor,
+                keep: torch.Tensor | None = None) -> torch.Tensor:
+        limit = own - (own.abs() * self.margin if self.strategy == "relative" else self.margin)
+        mask = guided > limit
+        if keep is not None:
+            mask = mask & ~keep
+        return sims.masked_fill(mask, -torch.inf)
+
+    def forward(self, u: torch.Tensor, v: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if self.guide is None:
+            raise RuntimeError("GISTLoss needs the batch's guide vectors (set .guide before the step)")
+        gu, gv = self.guide
+        batch = u.shape[0]
+        positives, negatives = v[:batch], v[batch:]
+        guide_positives, guide_negatives = gv[:batch], gv[batch:]
+        guided_ap = cosine_matrix(gu, guide_positives)
+        rows = torch.arange(batch, device=u.device)
+        own = guided_ap[rows, target].view(-1, 1)  # the guide's cosine of each anchor and its positive
+        keep = torch.zeros_like(guided_ap, dtype=torch.bool)
+        keep[rows, target] = True  # the anchor's own positive is never masked
+        scores = [self._masked(guided_ap, cosine_matrix(u, positives), own, keep),
+                  self._masked(cosine_matrix(gu, gu), cosine_matrix(u, u), own),
+                  self._masked(cosine_matrix(guide_positives, guide_positives), cosine_matrix(positives, positives),
+                               own)]
+        if len(negatives):
+            for j in range(0, len(negatives), batch):  # each column of hard negatives, as its own block
+                scores.append(self._masked(cosine_matrix(gu, guide_negatives[j:j + batch]),
+                                           cosine_matrix(u, negatives[j:j + batch]), own))
+        return F.cross_entropy(torch.cat(scores, dim=1) / self.temperature, target)

@@ -8,6 +8,8 @@ classification (softmax over (u, v, |u-v|) as SBERT, cosine_bce); `select: f1` s
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from trainables.contract import LoraFields, PoolingLayersFields, PostprocessFields, PromptFields, TrainingConfig
@@ -40,6 +42,14 @@ class FinetuneConfig(TrainingConfig, PretrainFields, PromptFields, LoraFields, P
     mini_batch_size: int = Field(32, ge=1, description="a GradCache loss (cached_mnrl): sentences encoded at once "
                                                       "with gradients (sentence-transformers' mini_batch_size); "
                                                       "batch_size stays the pairs a step's loss sees")
+    guide_model: str | None = Field(None, description="a guided loss (gist): the frozen model whose cosines judge "
+                                                       "which in-batch negatives are false (GISTEmbed's guide), a "
+                                                       "hub id or folder")
+    guide_pooling: str = Field("mean", description="guide_model: how its token states are pooled")
+    gist_margin: float = Field(0.0, ge=0, description="gist: a candidate the guide finds within this of the "
+                                                      "anchor's positive is still a negative")
+    gist_margin_strategy: Literal["absolute", "relative"] = Field("absolute", description="gist: the margin as a "
+                                                                  "cosine (absolute) or a share of the positive's")
     layer: int | None = Field(None, ge=0, description="keep the first k layers; null keeps all")
     pooling: str = "mean"
     projection_dim: int | None = Field(None, ge=1)
@@ -108,6 +118,7 @@ class FinetuneKind(TrainingKind):
             check_loss(cfg.loss, kind, f"task {task_name(cfg.task)}", key_of("loss"))
         else:
             check_train_data(cfg, key_of)
+        check_guide(cfg, key_of)
         if cfg.mini_batch_size != 32 and not key_of("loss").startswith(("ablate.", "tune.")):
             from trainables.objectives import objective
 
@@ -148,6 +159,35 @@ def check_train_data(cfg, key_of) -> None:
                                                                              "trains on pairs (sts, "
                                                                              "pair_classification, pairs, triplets)")
     check_loss(cfg.loss, kind, f"train_data {task_name(cfg.train_data)}", key_of("loss"))
+
+
+GIST_SETTINGS = (("guide_model", None), ("guide_pooling", "mean"), ("gist_margin", 0.0),
+                 ("gist_margin_strategy", "absolute"))
+
+
+def check_guide(cfg, key_of) -> None:
+    """A guided loss (gist) needs `guide_model`, a model this machine can read; without one its settings would
+    be unused (a study that ablates or tunes the loss uses them in the cells that name gist)."""
+    from trainables.objectives import objective
+
+    if not objective(cfg.loss, key_of("loss")).guided:
+        refuse_unused(cfg, key_of, "loss", GIST_SETTINGS,
+                      lambda name: f"only a guided loss reads it (gist); loss {cfg.loss} has no guide: remove {name}")
+        return
+    if cfg.guide_model is None:
+        raise UserInputError(key_of("guide_model"), None, f"loss {cfg.loss} judges its in-batch negatives with a "
+                                                           "guide model: name one (a hub id or folder, e.g. "
+                                                           "sentence-transformers/all-MiniLM-L6-v2)")
+    from trainables.models.files import model_config
+
+    try:
+        model_config(cfg.guide_model)
+    except UserInputError as exc:
+        raise UserInputError(key_of("guide_model"), cfg.guide_model, exc.fix) from None
+    if cfg.guide_pooling not in POOLINGS:
+        from trainables.errors import one_of
+
+        raise one_of(key_of("guide_pooling"), cfg.guide_pooling, list(POOLINGS))
 
 
 MATRYOSHKA_SETTINGS = (("matryoshka_weights", None), ("matryoshka_dims_per_step", None))

@@ -55,6 +55,7 @@ class FinetuneLearner(OneModelLearner):
         dim = self.model.projection[0].out_features if self.model.projection else self.model.encoder.config.hidden_size
         self.loss_fn = build_loss(cfg.loss, trained.kind, dim).to(device)
         self.cache = cfg.mini_batch_size if objective(cfg.loss).gradient_cache else None
+        self.guided = objective(cfg.loss).guided
         self.depth = stack_depth(self.model.encoder)  # the cut's k: adaptive_layers draws from 0..k-1 below it
         self.matryoshka = None
         if cfg.matryoshka_dims is not None:
@@ -71,6 +72,10 @@ class FinetuneLearner(OneModelLearner):
         self.first, self.second = list(trained.train[sides[0]]), list(trained.train[sides[1]])
         self.negatives = list(trained.train["negative"]) if "negative" in trained.train else []
         self.tokens.add(self.first + self.second + self.negatives)
+        if self.guided:  # the frozen guide's vectors of every train sentence, once (GISTEmbed)
+            self.guide_rows, self.guide_vectors = guide_vectors(cfg, self.first + self.second + self.negatives,
+                                                                device)
+            self.loss_fn.margin, self.loss_fn.strategy = cfg.gist_margin, cfg.gist_margin_strategy
         self.targets = (None if self.in_batch else
                         torch.as_tensor(trained.train["score" if trained.kind == "sts" else "label"].to_numpy().copy()))
         self.evaluator = make_evaluator(data.kind, {"dev": data.dev, "test": data.test}, cfg.select)
@@ -104,6 +109,10 @@ class FinetuneLearner(OneModelLearner):
             token_lists = [self.tokens[side[i]] for side in sides for i in batch]
             model = self.model if not cfg.adaptive_layers else LayerVectors(self.model, self.drawn(round_, step))
             targets = torch.arange(len(batch)) if self.in_batch else self.targets[batch]  # each anchor's positive
+            if self.guided:
+                rows = [self.guide_rows[side[i]] for side in sides for i in batch]
+                guide = self.guide_vectors[rows].to(self.device)
+                self.loss_fn.guide = (guide[:len(batch)], guide[len(batch):])
             if self.matryoshka is not None:
                 self.matryoshka.reseed(f"{cfg.seed}/{round_}/{step}/dims")
             loss = train_step(model, self.train_loss, self.optimizer, self.scheduler, token_lists,
@@ -165,3 +174,13 @@ class FinetuneLearner(OneModelLearner):
 
     def sentence_model(self):
         return self.model, self.tokens.tokenizer, self.cfg.max_seq_length
+
+
+def guide_vectors(cfg: FinetuneConfig, sentences: list[str], device) -> tuple[dict[str, int], torch.Tensor]:
+    """`guide_model`'s vectors of the distinct sentences (in inference mode, fp32) and each sentence's row."""
+    distinct = list(dict.fromkeys(sentences))
+    guide = build_sentence_encoder(cfg.guide_model, None, cfg.guide_pooling).to(device)
+    tokens = TokenCache(load_tokenizer(cfg.guide_model), cfg.max_seq_length)
+    tokens.add(distinct)
+    vectors = Embedder(guide, tokens, device)(distinct)
+    return {s: i for i, s in enumerate(distinct)}, vectors
