@@ -5,6 +5,8 @@ one line at validate."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import yaml
@@ -158,3 +160,23 @@ def test_validate_says_it_in_one_line_exit_2(config, tmp_path):
     study["train"]["bidirectional"] = True
     path.write_text(yaml.safe_dump(study))
     assert runner.invoke(app, ["validate", str(path)]).exit_code == 0
+
+
+def test_llm2vec_whole_recipe_mntp_then_simcse_starts_contrastive_from_the_same_cached_stage(config):
+    """LLM2Vec's three steps: attend both ways, masked next-token prediction, then unsupervised SimCSE (the
+    `contrastive` kind with `pretrain: mntp`); its stage is the one a finetune of the same settings uses."""
+    stage = {k: config[k] for k in config if k.startswith("pretrain") or k in ("cache_dir", "bidirectional")}
+    simcse = {"model": config["model"], "task": "stsb", "corpus": "task", "steps": 4, "eval_every": 2,
+              "batch_size": 16, "pooling": "mean", "max_train_samples": 64, "max_eval_samples": 32,
+              "data_dir": config["data_dir"], "device": "cpu", **stage, "pretrain_steps": 20}
+    first = get_kind("contrastive").run(simcse, collect([]))
+    assert first["dapt_cache_hit"] == 0 and math.isfinite(first["test_spearman"])
+    again = get_kind("finetune").run({**config, "pretrain_steps": 20}, collect([]))
+    assert again["dapt_cache_hit"] == 1 and again["dapt_stage_dir"] == first["dapt_stage_dir"]
+    without = get_kind("contrastive").run({**simcse, "pretrain": None}, collect([]))
+    assert "dapt_stage_dir" not in without and without["test_spearman"] != pytest.approx(first["test_spearman"])
+    key_of = lambda key: f"train.{key}"  # noqa: E731
+    with pytest.raises(UserInputError, match="contrastive is that training already: adapt the model first with "
+                                             "mlm, rtd or mntp"):
+        get_kind("contrastive").check_names(get_kind("contrastive").Config(**{**simcse, "pretrain": "simcse"}),
+                                            key_of)

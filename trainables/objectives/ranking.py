@@ -1,12 +1,14 @@
 """In-batch negatives on (anchor, positive[, negative]) pairs: sentence-transformers'
-MultipleNegativesRankingLoss (`sentence_transformer/losses/multiple_negatives_ranking.py`, 6.2) and the two
-variants its documentation names, each equal to it on the same embeddings (tests/trainables/test_ranking.py):
+MultipleNegativesRankingLoss (`sentence_transformer/losses/multiple_negatives_ranking.py`, 6.2), the variants its
+documentation names and its GradCache form, each equal to it on the same embeddings, and GISTEmbedLoss
+(`GISTLoss` below, equal to theirs) (tests/trainables/test_ranking.py, test_gradient_cache.py):
 
 - `mnrl`: InfoNCE, directions ("query_to_doc",), the default (SBERT's NLI v2 recipe, SimCSE's supervised loss);
 - `mnrl_symmetric`: ("query_to_doc", "doc_to_query"), per_direction (MultipleNegativesSymmetricRankingLoss);
 - `gte`: all four directions, one joint softmax (GTE's improved contrastive loss, Li et al. 2023);
 - `cached_mnrl`: `mnrl` through GradCache (CachedMultipleNegativesRankingLoss): a large batch in a small one's
-  memory, each mini-batch encoded twice.
+  memory, each mini-batch encoded twice;
+- `gist`: GISTEmbed, in-batch negatives a frozen guide model judges false left out.
 
 As a `PairLoss` it is called with `u` the anchors (batch, dim), `v` the candidates: the batch's positives,
 then its hard negatives if any (batch * (1 + negatives), dim), and `target` the column of `v` that holds each

@@ -26,11 +26,13 @@ from trainables.kinds.base import (
 from trainables.models.files import model_depth
 from trainables.names import ATTENTION_LOSSES, METHODS
 from trainables.poolings import POOLINGS
+from trainables.stages.fields import PretrainFields, check_pretrain
 
 MODEL_MAX_LENGTH = 512
 
 
-class ContrastiveConfig(TrainingConfig, PromptFields, PoolingLayersFields, LoraFields, PostprocessFields):
+class ContrastiveConfig(TrainingConfig, PromptFields, PoolingLayersFields, LoraFields, PostprocessFields,
+                        PretrainFields):
     model: str
     method: str = Field("simcse", description="simcse, or micse (plus attention alignment of the two views)")
     task: TaskRef = Field("stsb", description="the STS task whose dev split selects steps, trials and layers")
@@ -117,3 +119,8 @@ class ContrastiveKind(TrainingKind):
         check_special_tokens(cfg, key_of)
         check_postprocess(cfg, key_of)
         check_lora(cfg, key_of)
+        if cfg.pretrain in ("simcse", "micse"):
+            raise UserInputError(key_of("pretrain"), cfg.pretrain, "contrastive is that training already: adapt "
+                                                                   "the model first with mlm, rtd or mntp (LLM2Vec: "
+                                                                   "mntp, then simcse), or remove pretrain")
+        check_pretrain(cfg, key_of)

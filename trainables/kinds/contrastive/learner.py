@@ -28,6 +28,7 @@ from trainables.models.lora import adapter_parameter_count, add_lora
 from trainables.names import ATTENTION_LOSSES
 from trainables.objectives.contrastive import ContrastiveModel, contrastive_step, step_batches
 from trainables.runtime import linear_schedule, optimizer_step, scoring_dtype
+from trainables.stages.pretrain import pretrained_start
 from trainables.training.bi_encoder import build_optimizer, check_finite
 from trainables.training.learner import OneModelLearner
 
@@ -79,11 +80,12 @@ class ContrastiveLearner(OneModelLearner):
         if len(sentences) < 2:
             raise UserInputError("corpus", cfg.corpus, "the corpus has fewer than 2 sentences")
         self.sentences = sentences
-        tokenizer = load_tokenizer(cfg.model, cfg.append_eos)
+        start, stage = pretrained_start(cfg, cfg.pooling)  # model, or model adapted first (LLM2Vec: mntp)
+        tokenizer = load_tokenizer(start, cfg.append_eos)
         self.tokens = TokenCache(tokenizer, cfg.max_seq_length, cfg.prompt)
         self.tokens.add(sentences)
         self.eval_tokens = TokenCache(tokenizer, evaluation_length(cfg, tokenizer), cfg.prompt)
-        encoder = build_sentence_encoder(cfg.model, cfg.layer, cfg.pooling, seed=cfg.seed,
+        encoder = build_sentence_encoder(start, cfg.layer, cfg.pooling, seed=cfg.seed,
                                          dropout_masks=cfg.dropout_masks,
                                          prompt_tokens=0 if cfg.include_prompt else self.tokens.prompt_length,
                                          pooling_layers=cfg.pooling_layers, bidirectional=cfg.bidirectional,
@@ -108,7 +110,7 @@ class ContrastiveLearner(OneModelLearner):
         self.test_frame = self.data.test
         self.info = {"params": used_parameter_count(self.model.sentence_encoder)
                      - adapter_parameter_count(self.model.sentence_encoder), "corpus_sentences": len(sentences),
-                     "transductive": int(cfg.transductive)}
+                     "transductive": int(cfg.transductive), **stage}
         if cfg.lora_rank is not None:  # the encoder's size is the merged one's; what trained, beside it
             self.info["trained_params"] = sum(p.numel() for _, p in trained)
 
