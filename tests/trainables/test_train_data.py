@@ -155,3 +155,41 @@ def test_a_guide_where_it_cannot_apply_is_one_line(tiny_bert, change, key, messa
     with pytest.raises(UserInputError) as caught:
         get_kind("finetune").check_names(cfg, lambda name: f"train.{name}")
     assert caught.value.key == key and message in str(caught.value), str(caught.value)
+
+
+def test_each_training_column_reads_its_own_prompt_and_the_task_is_scored_with_prompt(config, monkeypatch):
+    import trainables.kinds.finetune.learner as module
+
+    seen = []
+    real = module.train_step
+
+    def spy(model, loss_fn, optimizer, scheduler, token_lists, *rest):
+        seen.append(token_lists)
+        return real(model, loss_fn, optimizer, scheduler, token_lists, *rest)
+
+    monkeypatch.setattr(module, "train_step", spy)
+    prompts = {"anchor": "query: ", "positive": "passage: "}
+    learner = FinetuneLearner(FinetuneConfig(**{**config, "prompts": prompts, "prompt": "x: "}), torch.device("cpu"),
+                              torch.float32)
+    learner.train_round(1)
+    tokenizer = learner.tokens.tokenizer
+    query, passage, x = (tokenizer(text, add_special_tokens=False)["input_ids"] for text in ("query:", "passage:",
+                                                                                             "x:"))
+    for token_lists in seen:
+        for ids, prefix in zip(token_lists, [query] * 4 + [passage] * 4 + [x] * 4, strict=True):
+            assert ids[1:1 + len(prefix)] == prefix, tokenizer.decode(ids)  # after [CLS]: the column's prompt
+    assert learner.tokens.prompt == "x: "  # dev and test: the study's prompt
+
+
+@pytest.mark.parametrize(("change", "key", "message"), [
+    ({"prompts": {"query": "q: "}}, "train.prompts.query", "the columns of training pairs are anchor, positive, "
+                                                           "negative"),
+    ({"prompts": {"anchor": "q: "}, "train_data": None, "loss": "cosine_mse"}, "train.prompts",
+     "the task's two sentences take one prompt: use prompt"),
+    ({"prompts": {"anchor": "q: "}, "include_prompt": False}, "train.prompts", "use include_prompt: true with prompts"),
+])
+def test_prompts_where_they_cannot_apply_are_one_line(config, change, key, message):
+    cfg = FinetuneConfig(**{**config, **change})
+    with pytest.raises(UserInputError) as caught:
+        get_kind("finetune").check_names(cfg, lambda name: f"train.{name}")
+    assert caught.value.key == key and message in str(caught.value), str(caught.value)

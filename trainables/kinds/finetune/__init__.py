@@ -39,6 +39,11 @@ class FinetuneConfig(TrainingConfig, PretrainFields, PromptFields, LoraFields, P
                                                          "like task:); the task's dev still selects and its test "
                                                          "scores. Pairs or triplets train a pairs loss (mnrl, "
                                                          "mnrl_symmetric, gte)")
+    prompts: dict[str, str] | None = Field(None, description="train_data pairs or triplets: each column's own "
+                                                             "prompt, as sentence-transformers' prompts "
+                                                             "({anchor: 'query: ', positive: 'passage: '}); a "
+                                                             "column not named takes prompt, and dev and test are "
+                                                             "scored with prompt")
     mini_batch_size: int = Field(32, ge=1, description="a GradCache loss (cached_mnrl): sentences encoded at once "
                                                       "with gradients (sentence-transformers' mini_batch_size); "
                                                       "batch_size stays the pairs a step's loss sees")
@@ -119,6 +124,7 @@ class FinetuneKind(TrainingKind):
         else:
             check_train_data(cfg, key_of)
         check_guide(cfg, key_of)
+        check_prompts(cfg, key_of)
         if cfg.mini_batch_size != 32 and not key_of("loss").startswith(("ablate.", "tune.")):
             from trainables.objectives import objective
 
@@ -159,6 +165,30 @@ def check_train_data(cfg, key_of) -> None:
                                                                              "trains on pairs (sts, "
                                                                              "pair_classification, pairs, triplets)")
     check_loss(cfg.loss, kind, f"train_data {task_name(cfg.train_data)}", key_of("loss"))
+
+
+ROLES = ("anchor", "positive", "negative")
+
+
+def check_prompts(cfg, key_of) -> None:
+    """`prompts`: a prompt per column of training pairs or triplets; pooling without the prompt reads one
+    prompt length, so not with include_prompt: false."""
+    if cfg.prompts is None:
+        return
+    from trainables.data.tasks import task_kind
+
+    bad = [role for role in cfg.prompts if role not in ROLES]
+    if bad:
+        raise UserInputError(f"{key_of('prompts')}.{bad[0]}", cfg.prompts[bad[0]], f"the columns of training pairs "
+                                                                                   f"are {', '.join(ROLES)}")
+    if cfg.train_data is None or task_kind(cfg.train_data) != "pairs":
+        raise UserInputError(key_of("prompts"), cfg.prompts, "a prompt per column is for training pairs or "
+                                                             "triplets (train_data); the task's two sentences "
+                                                             "take one prompt: use prompt")
+    if not cfg.include_prompt:
+        raise UserInputError(key_of("prompts"), cfg.prompts, f"{key_of('include_prompt')}: false pools without one "
+                                                             "prompt's tokens, and these differ per column: use "
+                                                             "include_prompt: true with prompts")
 
 
 GIST_SETTINGS = (("guide_model", None), ("guide_pooling", "mean"), ("gist_margin", 0.0),

@@ -28,7 +28,6 @@ from trainables.training.bi_encoder import (
     check_finite,
     epoch_batches,
     layer_lr_scales,
-    pair_lengths,
     train_step,
 )
 from trainables.training.learner import OneModelLearner
@@ -72,6 +71,12 @@ class FinetuneLearner(OneModelLearner):
         self.first, self.second = list(trained.train[sides[0]]), list(trained.train[sides[1]])
         self.negatives = list(trained.train["negative"]) if "negative" in trained.train else []
         self.tokens.add(self.first + self.second + self.negatives)
+        roles = cfg.prompts or {}  # each training column's own prompt (sentence-transformers' prompts)
+        self.columns = [TokenCache(self.tokens.tokenizer, cfg.max_seq_length, roles.get(role, cfg.prompt))
+                        if roles.get(role, cfg.prompt) != cfg.prompt else self.tokens
+                        for role in ("anchor", "positive", "negative")]
+        for cache, sentences in zip(self.columns, (self.first, self.second, self.negatives), strict=True):
+            cache.add(sentences)
         if self.guided:  # the frozen guide's vectors of every train sentence, once (GISTEmbed)
             self.guide_rows, self.guide_vectors = guide_vectors(cfg, self.first + self.second + self.negatives,
                                                                 device)
@@ -83,7 +88,8 @@ class FinetuneLearner(OneModelLearner):
         self.embed = Embedder(self.model, self.tokens, device, scoring_dtype(cfg.eval_precision, dtype))
         self.postprocess = FittedOnTrain(cfg.postprocess, cfg.postprocess_dim, self.model, self.embed,
                                          self.first + self.second)
-        self.lengths = pair_lengths(self.tokens, self.first, self.second)
+        self.lengths = [max(len(self.columns[0][a]), len(self.columns[1][b]))
+                        for a, b in zip(self.first, self.second, strict=True)]
         total = math.ceil(len(self.lengths) / cfg.batch_size) * cfg.epochs
         scales = layer_lr_scales(self.model, cfg.layer_lr_decay) if cfg.layer_lr_decay != 1.0 else None
         head = [(f"loss.{name}", p) for name, p in self.loss_fn.named_parameters()]  # the head: at lr
@@ -106,7 +112,7 @@ class FinetuneLearner(OneModelLearner):
         batches = epoch_batches(self.lengths, cfg.batch_size, cfg.seed * 1_000 + round_, cfg.group_by_length)
         for step, batch in enumerate(batches, start=1):
             sides = (self.first, self.second, self.negatives) if self.negatives else (self.first, self.second)
-            token_lists = [self.tokens[side[i]] for side in sides for i in batch]
+            token_lists = [cache[side[i]] for cache, side in zip(self.columns, sides, strict=False) for i in batch]
             model = self.model if not cfg.adaptive_layers else LayerVectors(self.model, self.drawn(round_, step))
             targets = torch.arange(len(batch)) if self.in_batch else self.targets[batch]  # each anchor's positive
             if self.guided:
