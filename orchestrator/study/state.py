@@ -11,7 +11,6 @@ Pure Python: no Ray import, so it is tested directly.
 from __future__ import annotations
 
 import math
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeGuard, cast
 
@@ -29,6 +28,7 @@ from orchestrator.study.objectives import (
     replicate_choice,
 )
 from orchestrator.study.plan import StudyPlan
+from orchestrator.study.replay import RUNG, frozen_trial, reported_steps, rung_records
 from orchestrator.study.seed_rules import ci95_half, stein_half, wants_another
 from search_spaces.optuna_domains import optuna_space
 from search_spaces.optuna_samplers import make_pruner, make_sampler, nsga2_population, objective_directions
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from orchestrator.study.config import TuneSection
 
 FINISHED = "FINISHED"
-RUNG = "completed_rung_"  # Optuna's successive halving keeps a trial's value at rung N as this system attribute
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
@@ -113,49 +112,15 @@ class StudyState:
                 self.requeue.append(record)
 
     def _frozen(self, record: TrialRecord) -> optuna.trial.FrozenTrial:
-        states: dict[Outcome | None, TrialState] = {Outcome.COMPLETED: TrialState.COMPLETE,
-                                                    Outcome.PRUNED: TrialState.PRUNED}
-        state = states.get(record.outcome, TrialState.FAIL)
-        told = self._told(record) if state == TrialState.COMPLETE else None
-        if state == TrialState.COMPLETE and told is None:  # degenerate: finished, but no dev score to tell
-            state = TrialState.FAIL
-        trial = optuna.trial.create_trial(
-            params=record.tuned, distributions=self.space, state=state, user_attrs={KEY_ATTR: record.key},
-            **({"values": told} if isinstance(told, list) else {"value": told}),
-            intermediate_values={} if self.multi else self._steps(record),
-            system_attrs={**self._rungs(record), **record.sampler_attrs})
-        if record.started is not None:  # the journal's times, not the moment of this replay
-            trial.datetime_start = datetime.fromtimestamp(record.started)
-            trial.datetime_complete = datetime.fromtimestamp(record.ended) if record.ended is not None else None
-        return trial
+        told = self._told(record) if record.outcome == Outcome.COMPLETED else None
+        return frozen_trial(record, self.space, told, {} if self.multi else self._steps(record), self._rungs(record))
 
     def _steps(self, record: TrialRecord) -> dict[int, float]:
-        """The dev scores a trial reported to its cell's pruner, by epoch."""
-        return {int(r["epoch"]): r[self.plan.metric] for r in record.results
-                if "epoch" in r and _finite(r.get(self.plan.metric))}
+        return reported_steps(record, self.plan.metric)
 
     def _rungs(self, record: TrialRecord) -> dict[str, float]:
-        """The trial's rung records as its results journaled them. A journal from before they were (or a
-        trial that reached no rung) under successive halving: recomputed, as Optuna's pruner made them:
-        at each report before the last epoch, the current rung's record is the report's value once its
-        epoch reaches the rung's promotion step (grace x reduction_factor^rung); a trial goes on to the next
-        rung unless that report stopped it."""
-        if record.rungs or record.phase != "tune":
-            return dict(record.rungs)
-        pruner = self.studies[record.cell].pruner
-        if type(pruner) is not optuna.pruners.SuccessiveHalvingPruner or not pruner._min_resource:
-            return {}
-        checked = [(step, value) for step, value in sorted(self._steps(record).items())
-                   if step < self.plan.reports_of(record.cell)]
-        rungs: dict[str, float] = {}
-        for n, (step, value) in enumerate(checked):
-            rung = len(rungs)
-            while step >= pruner._min_resource * pruner._reduction_factor ** (pruner._min_early_stopping_rate + rung):
-                rungs[f"{RUNG}{rung}"] = value
-                if record.outcome == Outcome.PRUNED and n == len(checked) - 1:
-                    break  # stopped at this rung
-                rung += 1
-        return rungs
+        return rung_records(record, self._steps(record), self.studies[record.cell].pruner,
+                            self.plan.reports_of(record.cell))
 
     # --- what runs next -------------------------------------------------------------------------
 
