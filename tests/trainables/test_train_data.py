@@ -9,6 +9,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trainables.contract import collect
 from trainables.data.tasks import load_task
@@ -193,3 +195,46 @@ def test_prompts_where_they_cannot_apply_are_one_line(config, change, key, messa
     with pytest.raises(UserInputError) as caught:
         get_kind("finetune").check_names(cfg, lambda name: f"train.{name}")
     assert caught.value.key == key and message in str(caught.value), str(caught.value)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 12), st.integers(0, 12)), min_size=1, max_size=60),
+       st.integers(1, 9), st.integers(0, 5), st.integers(0, 3))
+def test_no_duplicates_batches_are_sentence_transformers_own(pairs, batch_size, seed, epoch):
+    """The same batches as their NoDuplicatesBatchSampler on the same rows, seed and epoch, whatever the repeats."""
+    datasets = pytest.importorskip("datasets")
+    from sentence_transformers.base.sampler import NoDuplicatesBatchSampler
+
+    from trainables.training.bi_encoder import no_duplicate_batches
+
+    rows = [(f"s{a}", f"t{b}" if b % 3 else f"s{b}") for a, b in pairs]  # repeats within and across columns
+    dataset = datasets.Dataset.from_dict({"anchor": [a for a, _ in rows], "positive": [b for _, b in rows]})
+    sampler = NoDuplicatesBatchSampler(dataset, batch_size=batch_size, drop_last=False, generator=torch.Generator(),
+                                       seed=seed)
+    sampler.set_epoch(epoch)
+    ours = no_duplicate_batches(rows, batch_size, seed, epoch)
+    assert ours == list(sampler)
+    assert sorted(i for batch in ours for i in batch) == list(range(len(rows)))  # every row once
+    for batch in ours:
+        sentences = [s for i in batch for s in set(rows[i])]
+        assert len(sentences) == len(set(sentences))  # no sentence twice in a batch
+
+
+def test_a_trial_with_no_duplicates_trains_on_batches_without_a_repeated_sentence(config, monkeypatch):
+    import trainables.kinds.finetune.learner as module
+
+    seen = []
+    real = module.train_step
+
+    def spy(model, loss_fn, optimizer, scheduler, token_lists, *rest):
+        seen.append(token_lists)
+        return real(model, loss_fn, optimizer, scheduler, token_lists, *rest)
+
+    monkeypatch.setattr(module, "train_step", spy)
+    learner = FinetuneLearner(FinetuneConfig(**{**config, "no_duplicates": True}), torch.device("cpu"),
+                              torch.float32)
+    learner.first[1] = learner.first[0]  # two rows share an anchor: never in one batch
+    learner.train_round(1)
+    for token_lists in seen:
+        assert len({tuple(t) for t in token_lists}) == len(token_lists)
+    assert sum(len(t) for t in seen) == 36  # every triplet once

@@ -32,6 +32,33 @@ def epoch_batches(lengths: list[int], batch_size: int, seed: int, group_by_lengt
     return batches
 
 
+def no_duplicate_batches(rows: list[tuple[str, ...]], batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    """sentence-transformers' NoDuplicatesBatchSampler (`base/sampler.py`, 6.2): the rows in a random order
+    (`torch.randperm` from a generator seeded `seed + epoch`, as there), each batch filled greedily with the next
+    rows none of whose sentences it holds already; a row that would repeat one waits, in its place, for a later
+    batch. No sentence twice in a batch, so no in-batch negative is a copy of an anchor or a positive; the last
+    batches may be smaller (their drop_last=False)."""
+    generator = torch.Generator().manual_seed(seed + epoch)
+    remaining = torch.randperm(len(rows), generator=generator, dtype=torch.int32).tolist()
+    batches = []
+    while remaining:
+        batch: list[int] = []
+        held: set[str] = set()
+        waiting: list[int] = []
+        for position, row in enumerate(remaining):
+            if held.intersection(rows[row]):
+                waiting.append(row)
+                continue
+            batch.append(row)
+            if len(batch) == batch_size:
+                waiting.extend(remaining[position + 1:])
+                break
+            held.update(rows[row])
+        batches.append(batch)
+        remaining = waiting
+    return batches
+
+
 def layer_lr_scales(model: torch.nn.Module, decay: float) -> dict[str, float]:
     """ELECTRA's layer-wise learning-rate decay (google-research/electra, model/optimization.py
     `_get_layer_lrs`) for a SentenceEncoder as cut: each parameter's factor on the lr,

@@ -44,6 +44,10 @@ class FinetuneConfig(TrainingConfig, PretrainFields, PromptFields, LoraFields, P
                                                              "({anchor: 'query: ', positive: 'passage: '}); a "
                                                              "column not named takes prompt, and dev and test are "
                                                              "scored with prompt")
+    no_duplicates: bool = Field(False, description="sentence-transformers' NoDuplicatesBatchSampler: no sentence "
+                                                   "twice in a batch (no in-batch negative that copies an anchor or "
+                                                   "positive; their advice for mnrl and gist), in place of the "
+                                                   "length-grouped order")
     mini_batch_size: int = Field(32, ge=1, description="a GradCache loss (cached_mnrl): sentences encoded at once "
                                                       "with gradients (sentence-transformers' mini_batch_size); "
                                                       "batch_size stays the pairs a step's loss sees")

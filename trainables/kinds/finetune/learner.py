@@ -28,6 +28,7 @@ from trainables.training.bi_encoder import (
     check_finite,
     epoch_batches,
     layer_lr_scales,
+    no_duplicate_batches,
     train_step,
 )
 from trainables.training.learner import OneModelLearner
@@ -109,7 +110,11 @@ class FinetuneLearner(OneModelLearner):
         started = time.perf_counter()
         self.model.train()
         total = 0.0
-        batches = epoch_batches(self.lengths, cfg.batch_size, cfg.seed * 1_000 + round_, cfg.group_by_length)
+        if cfg.no_duplicates:  # sentence-transformers' sampler: its seed + epoch (0 first)
+            rows = list(zip(*(side for side in (self.first, self.second, self.negatives) if side), strict=True))
+            batches = no_duplicate_batches(rows, cfg.batch_size, cfg.seed, round_ - 1)
+        else:
+            batches = epoch_batches(self.lengths, cfg.batch_size, cfg.seed * 1_000 + round_, cfg.group_by_length)
         for step, batch in enumerate(batches, start=1):
             sides = (self.first, self.second, self.negatives) if self.negatives else (self.first, self.second)
             token_lists = [cache[side[i]] for cache, side in zip(self.columns, sides, strict=False) for i in batch]
