@@ -32,7 +32,8 @@ def check_task(study: StudyConfig, valid_names: list[str]) -> None:
 
     if isinstance(study.task, DataDeclaration):
         if study.task.type not in ("sts", "pair_classification"):
-            fix = " (pairs and triplets train a finetune as train.train_data)" if study.task.kind == "pairs" else ""
+            trains = study.task.kind in ("pairs", "nli")
+            fix = " (pairs, triplets and nli train a finetune as train.train_data)" if trains else ""
             raise UserInputError("task.type", study.task.type, f"{study.trainable} needs a labeled pair task with dev "
                                                                f"and test splits: sts or pair_classification{fix}")
         if study.language is not None and study.language != study.task.language:
@@ -47,7 +48,7 @@ def check_task(study: StudyConfig, valid_names: list[str]) -> None:
                              f"valid names: {', '.join(sorted(valid_names))}, or a mapping that declares a data set")
     if task_spec(study.task).kind == "unlabeled":
         raise UserInputError("task", study.task, f"{study.trainable} needs a labeled pair task")
-    if task_spec(study.task).kind == "pairs":
+    if task_spec(study.task).kind in ("pairs", "nli"):
         raise UserInputError("task", study.task, f"{study.trainable} needs a task with dev and test splits to select "
                                                  f"and score on; {study.task} is training pairs: give it as "
                                                  "train.train_data beside a task such as stsb")

@@ -76,7 +76,8 @@ def tasks_read(study: StudyConfig, cells: tuple[Cell, ...], base: dict[str, Any]
 def task_names() -> list[str]:
     from trainables.data.tasks import TASKS
 
-    return [name for name, spec in TASKS.items() if spec.kind not in ("unlabeled", "pairs") and not spec.eval_only]
+    trains_only = ("unlabeled", "pairs", "nli")  # no dev or test split: a corpus, or a finetune's train_data
+    return [name for name, spec in TASKS.items() if spec.kind not in trains_only and not spec.eval_only]
 
 
 def check_trial(kind: TrainableKind, config: dict[str, Any], origins: dict[str, str]) -> TrialConfig:

@@ -34,6 +34,8 @@ def _targets(task_kind: str, batch: int, generator) -> Any:
         return torch.rand(batch, generator=generator)
     if task_kind == "pairs":
         return torch.arange(batch)  # each anchor's positive: its own row of v
+    if task_kind == "nli":
+        return torch.tensor([i % 3 for i in range(batch)])  # entailment, neutral, contradiction
     return torch.tensor([i % 2 for i in range(batch)])  # both classes, as a 0/1 label
 
 
@@ -71,7 +73,7 @@ def check_objective(declared: str | Objective, dim: int = 16, batch: int = 8, se
         assert vectors.grad.abs().sum() > 0, f"the gradient on {side} is zero everywhere"
     for name, parameter in first.named_parameters():
         assert parameter.grad is not None, f"no gradient reaches its parameter {name}"
-    other = target.roll(1) if declaration.task_kind == "pairs" else 1 - target
+    other = target.roll(1) if declaration.task_kind in ("pairs", "nli") else 1 - target
     assert not torch.equal(first(u, v, other).detach(), loss.detach()), "another target gave the same loss"
     if declaration.guided:
         first.guide = (guide[0][:2], guide[1][:2])

@@ -191,8 +191,8 @@ BAD = [  # (what to change in a good sts declaration or its files, the exact err
      "file, split_column, split_values, hf, format, columns, score_range, positive_label, where, header, "
      "quoting, encoding, language"),
     ("bad_type", lambda t, d: d | {"type": "regression"},
-     "error: task.type: 'regression' is not valid; use 'sts', 'pair_classification', 'unlabeled', 'pairs' or "
-     "'triplets'"),
+     "error: task.type: 'regression' is not valid; use 'sts', 'pair_classification', 'unlabeled', 'pairs', "
+     "'triplets' or 'nli'"),
     ("unknown_target", lambda t, d: d | {"columns": {**d["columns"], "label": "score"}},
      "error: task.columns.label: 'score' is not valid; an sts data set maps the columns sentence1, sentence2, score"),
     ("file_without_column", lambda t, d: {**{k: v for k, v in d.items() if k != "files"}, "file": "data/train.jsonl"},
@@ -341,7 +341,7 @@ def test_a_task_name_still_works_and_a_mapping_is_refused_where_a_kind_needs_lab
     result = runner.invoke(app, ["validate", str(study_file(tmp_path, tiny_bert, pairs))])
     assert result.exit_code == 2 and result.stderr.strip().splitlines() == [
         "error: task.type: 'pairs' is not valid; finetune needs a labeled pair task with dev and test splits: sts or "
-        "pair_classification (pairs and triplets train a finetune as train.train_data)"]
+        "pair_classification (pairs, triplets and nli train a finetune as train.train_data)"]
     with pytest.raises(UserInputError, match="task: 'stsbb' is not valid"):
         load_task("stsbb")
 

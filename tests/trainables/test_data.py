@@ -53,8 +53,8 @@ def test_caps_take_the_same_rows_in_their_original_order(synthetic_data_dir):
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"task": "stsbb"}, "task: 'stsbb' is not valid; use one of: korsts, mrpc, sick, sick_full, sick_nli, sts12, "
-                        "sts13, sts14, sts15, sts16, stsb, stsb_multi_mt, unlabeled_en"),
+    ({"task": "stsbb"}, "task: 'stsbb' is not valid; use one of: korsts, mrpc, sick, sick_full, sick_nli, sick_nli3, "
+                        "sts12, sts13, sts14, sts15, sts16, stsb, stsb_multi_mt, unlabeled_en"),
     ({"task": "stsb_multi_mt"}, "language: None is not valid; task stsb_multi_mt needs a language, one of: de, en"),
     ({"task": "stsb_multi_mt", "language": "ko"}, "(Korean STS-B is the task korsts)"),
     ({"task": "stsb", "language": "de"}, "language: 'de' is not valid; task stsb has the languages: en"),
@@ -99,8 +99,8 @@ def test_hub_copy_is_used_when_the_folder_lacks_the_files(tmp_path, monkeypatch)
 
 
 def test_registry_is_closed_and_every_task_names_its_files():
-    assert set(TASKS) == {"stsb", "stsb_multi_mt", "korsts", "sick", "sick_full", "sick_nli", "mrpc", "unlabeled_en",
-                          "sts12", "sts13", "sts14", "sts15", "sts16"}
+    assert set(TASKS) == {"stsb", "stsb_multi_mt", "korsts", "sick", "sick_full", "sick_nli", "sick_nli3", "mrpc",
+                          "unlabeled_en", "sts12", "sts13", "sts14", "sts15", "sts16"}
     for spec in TASKS.values():
         assert spec.local_files(spec.languages[0])
     assert all(spec.local_files(language) for spec in TASKS.values() for language in spec.languages)

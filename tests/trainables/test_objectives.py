@@ -67,11 +67,11 @@ def test_classification_objectives_train_their_own_parameters():
 
 def test_loss_must_suit_the_task_and_exist():
     assert set(OBJECTIVES) == {"cosine_mse", "cosent", "angle", "softmax", "cosine_bce", "cosine_bce_affine", "mnrl",
-                               "mnrl_symmetric", "gte", "cached_mnrl", "gist"}
+                               "mnrl_symmetric", "gte", "cached_mnrl", "gist", "softmax_nli"}
     with pytest.raises(UserInputError, match="train.loss: 'cosine_mse' is not valid; it trains sts tasks; "
                                              "for a classification task use one of: softmax, cosine_bce, "
                                              "cosine_bce_affine"):
         build_loss("cosine_mse", "classification", 8)
     with pytest.raises(UserInputError, match="use one of: angle, cached_mnrl, cosent, cosine_bce, cosine_bce_affine, "
-                                             "cosine_mse, gist, gte, mnrl, mnrl_symmetric, softmax"):
+                                             "cosine_mse, gist, gte, mnrl, mnrl_symmetric, softmax, softmax_nli"):
         build_loss("mse", "sts", 8)

@@ -136,7 +136,8 @@ def test_an_unknown_name_lists_the_installed_ones_with_their_package(fake_plugin
     path = study(tmp_path, tiny_bert, synthetic_data_dir, train={"epochs": 1, "loss": "squaredd"})
     assert error_line(runner.invoke(app, ["validate", str(path)])) == (
         "error: train.loss: 'squaredd' is not valid; use one of: angle, cached_mnrl, cosent, cosine_bce, "
-        "cosine_bce_affine, cosine_mse, gist, gte, mnrl, mnrl_symmetric, softmax, squared (fake-plugin 1.2.3)")
+        "cosine_bce_affine, cosine_mse, gist, gte, mnrl, mnrl_symmetric, softmax, softmax_nli, squared "
+        "(fake-plugin 1.2.3)")
     path = study(tmp_path, tiny_bert, synthetic_data_dir, ablate={"pooling": ["mean", "first"]})
     assert error_line(runner.invoke(app, ["validate", str(path)])) == (
         "error: ablate.pooling: 'first' is not valid; use all or names from: mean, cls, max, mean_sqrt_len, "

@@ -18,6 +18,7 @@ from trainables.errors import UserInputError
 from trainables.kinds import get_kind
 from trainables.kinds.finetune import FinetuneConfig
 from trainables.kinds.finetune.learner import FinetuneLearner
+from trainables.objectives import build_loss
 
 ANCHORS = [f"a man number {i} plays a guitar on stage" for i in range(12)]
 POSITIVES = [f"someone {i} is playing music" for i in range(12)]
@@ -238,3 +239,31 @@ def test_a_trial_with_no_duplicates_trains_on_batches_without_a_repeated_sentenc
     for token_lists in seen:
         assert len({tuple(t) for t in token_lists}) == len(token_lists)
     assert sum(len(t) for t in seen) == 36  # every triplet once
+
+
+def test_sbert_s_nli_softmax_trains_on_three_judgments(config, data_dir, tiny_bert):
+    """`softmax_nli` (SBERT's NLI objective) on `sick_nli3`: SICK's pairs with their three judgments as 0/1/2."""
+    found = load_task("sick_nli3", None, str(data_dir))
+    assert found.kind == "nli" and found.train.label.value_counts().to_dict() == {1: 2536, 0: 1299, 2: 665}
+    loss = build_loss("softmax_nli", "nli", 32)
+    assert loss.classifier.out_features == 3
+    final = get_kind("finetune").run({**config, "train_data": "sick_nli3", "loss": "softmax_nli",
+                                      "data_dir": str(data_dir), "task": "stsb", "max_train_samples": 48},
+                                     collect([]))
+    assert math.isfinite(final["test_spearman"])
+    with pytest.raises(UserInputError, match="it trains nli tasks; train_data sick_nli needs one of"):
+        get_kind("finetune").check_names(FinetuneConfig(model=tiny_bert, task="stsb", train_data="sick_nli",
+                                                        loss="softmax_nli"), lambda name: f"train.{name}")
+
+
+def test_nli_labels_are_the_three_judgments_in_any_case_or_their_numbers(tmp_path):
+    rows = [{"s1": f"a{i}", "s2": f"b{i}", "label": ["Entailment", "NEUTRAL", "contradiction", 1][i % 4]}
+            for i in range(8)]
+    declared = {"name": "mine", "type": "nli", "files": {"train": _jsonl(tmp_path / "t.jsonl", rows)},
+                "columns": {"sentence1": "s1", "sentence2": "s2"}}
+    assert load_task(declared).train.label.tolist() == [0, 1, 2, 1] * 2
+    rows[3]["label"] = "maybe"
+    declared["files"]["train"] = _jsonl(tmp_path / "bad.jsonl", rows)
+    with pytest.raises(UserInputError, match="an nli data set's labels are entailment, neutral and contradiction "
+                                             "\\(or 0, 1, 2\\); it has 'maybe'"):
+        load_task(declared)

@@ -19,12 +19,14 @@ from trainables.errors import UserInputError
 
 SPLITS = ("train", "dev", "test")
 TYPES = {"sts": "sts", "pair_classification": "classification", "unlabeled": "unlabeled", "pairs": "pairs",
-         "triplets": "pairs"}  # -> task kind
+         "triplets": "pairs", "nli": "nli"}  # -> task kind
 TARGETS = {"sts": ("sentence1", "sentence2", "score"), "pair_classification": ("sentence1", "sentence2", "label"),
            "unlabeled": ("sentence",), "pairs": ("anchor", "positive"),
-           "triplets": ("anchor", "positive", "negative")}  # the columns each type gives, in this order
+           "triplets": ("anchor", "positive", "negative"),
+           "nli": ("sentence1", "sentence2", "label")}  # the columns each type gives, in this order
 NEEDED = {"sts": SPLITS, "pair_classification": SPLITS, "unlabeled": ("train",), "pairs": ("train",),
-          "triplets": ("train",)}  # splits each type must have
+          "triplets": ("train",), "nli": ("train",)}  # splits each type must have
+NLI_CLASSES = ("entailment", "neutral", "contradiction")  # an nli data set's labels -> 0, 1, 2 (MNLI's order)
 TEXT_COLUMNS = ("sentence1", "sentence2", "sentence", "anchor", "positive", "negative")
 FORMATS = ("csv", "tsv", "jsonl", "parquet", "text")
 SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
@@ -54,11 +56,12 @@ class DataDeclaration(Section):
     """`task:` as a mapping: a data set of your own."""
 
     name: str = Field(pattern=NAME_PATTERN, max_length=100, description="how reports and MLflow name it")
-    type: Literal["sts", "pair_classification", "unlabeled", "pairs", "triplets"] = Field(
+    type: Literal["sts", "pair_classification", "unlabeled", "pairs", "triplets", "nli"] = Field(
         description="sts (a similarity score per pair), pair_classification (two classes per pair), unlabeled "
                     "(sentences), pairs ((anchor, positive) without a score: training data for an in-batch "
                     "negatives loss such as mnrl, named by finetune's train_data) or triplets (anchor, positive, "
-                    "negative: a hard negative beside each pair)")
+                    "negative: a hard negative beside each pair) or nli (a pair and its entailment, neutral or "
+                    "contradiction judgment, in any case, or 0/1/2 in that order: training data for softmax_nli)")
     files: dict[str, str] | None = Field(None, description="train/dev/test -> a file, relative to the study file")
     file: str | None = Field(None, description="one file holding every split, told apart by split_column")
     split_column: str | None = Field(None, description="with file: the column that names each row's split")

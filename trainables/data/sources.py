@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from trainables.data.declaration import SPLITS, TARGETS, TEXT_COLUMNS, DataDeclaration
+from trainables.data.declaration import NLI_CLASSES, SPLITS, TARGETS, TEXT_COLUMNS, DataDeclaration
 from trainables.errors import UserInputError
 
 SENTEVAL = "senteval"  # the built-in STS12-16 layout: STS.input.<subset>.txt and STS.gs.<subset>.txt per folder
@@ -61,6 +61,8 @@ def read_declared(d: DataDeclaration, root: Path | None = None, key: str = "task
     frames = {split: _standard(d, frame, split, str(sources[split]), keys[split], key) for split, frame in raw.items()}
     if d.type == "pair_classification":
         _binary_labels(d, frames, key)
+    if d.type == "nli":
+        _nli_labels(d, frames, key)
     overlap = 0
     if "train" in frames and "test" in frames and d.type in ("sts", "pair_classification"):
         train = set(zip(frames["train"].sentence1, frames["train"].sentence2, strict=True))
@@ -301,6 +303,20 @@ def _binary_labels(d: DataDeclaration, frames: dict[str, pd.DataFrame], key: str
                                                             "one marks a matching pair")
     for frame in frames.values():
         frame["label"] = [int(_label_text(v) == positive) for v in frame["label"]]
+
+
+def _nli_labels(d: DataDeclaration, frames: dict[str, pd.DataFrame], key: str) -> None:
+    """NLI judgments as 0 (entailment), 1 (neutral), 2 (contradiction): the names in any case, or the numbers."""
+    column = d.columns.get("label", "label")
+    classes = {**{name: i for i, name in enumerate(NLI_CLASSES)}, **{str(i): i for i in range(3)}}
+    for frame in frames.values():
+        texts = [_label_text(v).lower() for v in frame["label"]]
+        bad = [t for t in texts if t not in classes]
+        if bad:
+            raise UserInputError(f"{key}.columns.label", column, f"an nli data set's labels are entailment, neutral "
+                                                                 f"and contradiction (or 0, 1, 2); it has "
+                                                                 f"{bad[0]!r}")
+        frame["label"] = [classes[t] for t in texts]
 
 
 def _label_text(value: Any) -> str:

@@ -122,6 +122,10 @@ TASKS: dict[str, TaskSpec] = {
             name="sick_nli", type="pairs", files={"train": "sick/semeval2014/SICK_train.txt"}, format="tsv",
             quoting="none", columns={"anchor": "sentence_A", "positive": "sentence_B"},
             where={"entailment_judgment": "ENTAILMENT"}), layout="sick/semeval2014/SICK_train.txt"),
+        TaskSpec("sick_nli3", "nli", lambda language: DataDeclaration(  # SICK train's 4500 pairs, 3 judgments
+            name="sick_nli3", type="nli", files={"train": "sick/semeval2014/SICK_train.txt"}, format="tsv",
+            quoting="none", columns={"sentence1": "sentence_A", "sentence2": "sentence_B",
+                                     "label": "entailment_judgment"}), layout="sick/semeval2014/SICK_train.txt"),
         TaskSpec("mrpc", "classification", lambda language: DataDeclaration(  # GLUE's split (3668/408/1725)
             name="mrpc", type="pair_classification", files={s: f"mrpc/glue/{s}.tsv" for s in SPLITS}, format="tsv",
             quoting="none", encoding="utf-8-sig",

@@ -135,7 +135,7 @@ def probe_layers(cfg: ProbeSettings) -> list[dict]:
     label-free diagnostics, with the layer each diagnostic picks and its agreement with the labels."""
     data = load_task(cfg.task, cfg.language, cfg.data_dir, max_train_samples=cfg.max_train_samples,
                      max_eval_samples=cfg.max_eval_samples)
-    if data.kind in ("unlabeled", "pairs"):
+    if data.kind in ("unlabeled", "pairs", "nli"):
         raise UserInputError("task", data.name, "probe scores labeled pair tasks (stsb, sick, mrpc, ...)")
     for split in cfg.splits:
         data.split(split)

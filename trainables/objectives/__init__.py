@@ -27,6 +27,7 @@ BUILTIN = {
     "gte": "trainables.objectives.builtin:GTE",
     "cached_mnrl": "trainables.objectives.builtin:CACHED_MNRL",
     "gist": "trainables.objectives.builtin:GIST",
+    "softmax_nli": "trainables.objectives.builtin:SOFTMAX_NLI",
 }
 OBJECTIVES = Registry("objectives", "objective", BUILTIN)
 

@@ -14,7 +14,8 @@ from trainables.registry import load_target
 if TYPE_CHECKING:  # a declaration imports no torch: reading the registry stays light
     import torch
 
-TASKS = {"sts": "sts", "pair_classification": "classification", "pairs": "pairs"}  # trains -> the task kind read
+TASKS = {"sts": "sts", "pair_classification": "classification", "pairs": "pairs",
+         "nli": "nli"}  # what it trains -> the task kind it reads
 
 
 class PairLoss(Protocol):

@@ -27,3 +27,6 @@ CACHED_MNRL = Objective("pairs", "trainables.objectives.ranking:CachedRankingLos
 GIST = Objective("pairs", "trainables.objectives.ranking:GISTLoss",
                  "GISTEmbed: in-batch negatives a frozen guide model judges false are left out (train.guide_model)",
                  guided=True)
+SOFTMAX_NLI = Objective("nli", "trainables.objectives.classification:NLISoftmaxLoss",
+                        "SBERT's NLI objective: the classifier on (u, v, |u - v|) over entailment, neutral and "
+                        "contradiction")

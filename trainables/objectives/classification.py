@@ -45,3 +45,11 @@ class AffineCosineBCELoss(nn.Module):
     def forward(self, u: torch.Tensor, v: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         logits = self.weight * F.cosine_similarity(u.float(), v.float()) + self.bias
         return F.binary_cross_entropy_with_logits(logits, target.float())
+
+
+class NLISoftmaxLoss(SoftmaxClassifierLoss):
+    """SBERT's NLI objective (Reimers & Gurevych 2019; sentence-transformers' SoftmaxLoss with num_labels=3): the
+    classifier on (u, v, |u - v|) over entailment, neutral and contradiction (0, 1, 2), cross-entropy."""
+
+    def __init__(self, dim: int):
+        super().__init__(dim, num_labels=3)

@@ -38,7 +38,7 @@ class FinetuneLearner(OneModelLearner):
     def __init__(self, cfg: FinetuneConfig, device, dtype):
         self.cfg, self.device, self.dtype = cfg, device, dtype
         data = load_task(cfg.task, cfg.language, cfg.data_dir, cfg.max_train_samples, cfg.max_eval_samples)
-        if data.kind in ("unlabeled", "pairs"):
+        if data.kind in ("unlabeled", "pairs", "nli"):
             raise UserInputError("task", data.name, "finetune needs a labeled pair task (stsb, sick, mrpc, ...)")
         trained = data if cfg.train_data is None else load_task(cfg.train_data, None, cfg.data_dir,
                                                                 cfg.max_train_samples)
@@ -84,6 +84,7 @@ class FinetuneLearner(OneModelLearner):
             self.loss_fn.margin, self.loss_fn.strategy = cfg.gist_margin, cfg.gist_margin_strategy
         self.targets = (None if self.in_batch else
                         torch.as_tensor(trained.train["score" if trained.kind == "sts" else "label"].to_numpy().copy()))
+        # nli: 0/1/2 labels (entailment, neutral, contradiction), as pair classification's 0/1
         self.evaluator = make_evaluator(data.kind, {"dev": data.dev, "test": data.test}, cfg.select)
         self.metric, self.greater_is_better = self.evaluator.primary("dev"), self.evaluator.greater_is_better
         self.embed = Embedder(self.model, self.tokens, device, scoring_dtype(cfg.eval_precision, dtype))
