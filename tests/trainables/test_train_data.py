@@ -35,6 +35,24 @@ def _jsonl(path, rows) -> str:
     return str(path)
 
 
+def steps_of(monkeypatch) -> list[dict]:
+    """Every step a finetune learner takes from here on: its token lists, targets and the shapes of the guide
+    vectors its loss holds (a guided loss), as `train_step` receives them."""
+    import trainables.kinds.finetune.learner as module
+
+    seen: list[dict] = []
+    real = module.train_step
+
+    def spy(model, loss_fn, optimizer, scheduler, token_lists, targets, *rest):
+        guide = getattr(loss_fn, "guide", None)
+        seen.append({"tokens": token_lists, "targets": targets.clone(),
+                     "guide": tuple(g.shape for g in guide) if guide is not None else None})
+        return real(model, loss_fn, optimizer, scheduler, token_lists, targets, *rest)
+
+    monkeypatch.setattr(module, "train_step", spy)
+    return seen
+
+
 @pytest.fixture()
 def triplets(tmp_path) -> dict:
     rows = [{"query": a, "pos": p, "neg": n} for a, p, n in zip(ANCHORS, POSITIVES, NEGATIVES, strict=True)]
@@ -50,21 +68,12 @@ def config(tiny_bert, synthetic_data_dir, triplets):
 
 
 def test_a_batch_is_its_anchors_then_positives_then_negatives_with_each_positive_named(config, monkeypatch):
-    import trainables.kinds.finetune.learner as module
-
-    seen = []
-    real = module.train_step
-
-    def spy(model, loss_fn, optimizer, scheduler, token_lists, targets, *rest):
-        seen.append((token_lists, targets.clone()))
-        return real(model, loss_fn, optimizer, scheduler, token_lists, targets, *rest)
-
-    monkeypatch.setattr(module, "train_step", spy)
+    steps = steps_of(monkeypatch)
     learner = FinetuneLearner(FinetuneConfig(**config), torch.device("cpu"), torch.float32)
     learner.train_round(1)
-    assert len(seen) == 3  # 12 triplets, batches of 4
+    assert len(steps) == 3  # 12 triplets, batches of 4
     covered = []
-    for token_lists, targets in seen:
+    for token_lists, targets in ((step["tokens"], step["targets"]) for step in steps):
         assert targets.tolist() == [0, 1, 2, 3] and len(token_lists) == 12
         rows = [next(i for i, a in enumerate(ANCHORS) if learner.tokens[a] == t) for t in token_lists[:4]]
         assert [learner.tokens[POSITIVES[i]] for i in rows] == token_lists[4:8]
@@ -129,21 +138,12 @@ def test_where_keeps_rows_and_positive_label_takes_one_class_of_several(tmp_path
 
 
 def test_gist_trains_with_its_guide_s_vectors_of_each_batch(config, tiny_bert, monkeypatch):
-    import trainables.kinds.finetune.learner as module
-
-    guides = []
-    real = module.train_step
-
-    def spy(model, loss_fn, *rest):
-        guides.append(tuple(g.shape for g in loss_fn.guide))
-        return real(model, loss_fn, *rest)
-
-    monkeypatch.setattr(module, "train_step", spy)
+    steps = steps_of(monkeypatch)
     learner = FinetuneLearner(FinetuneConfig(**{**config, "loss": "gist", "guide_model": tiny_bert}),
                               torch.device("cpu"), torch.float32)
     assert len(learner.guide_rows) == 36 and learner.guide_vectors.shape == (36, 32)  # every distinct sentence
     learner.train_round(1)
-    assert guides == [((4, 32), (8, 32))] * 3  # anchors; positives then negatives
+    assert [step["guide"] for step in steps] == [((4, 32), (8, 32))] * 3  # anchors; positives then negatives
 
 
 @pytest.mark.parametrize(("change", "key", "message"), [
@@ -161,16 +161,7 @@ def test_a_guide_where_it_cannot_apply_is_one_line(tiny_bert, change, key, messa
 
 
 def test_each_training_column_reads_its_own_prompt_and_the_task_is_scored_with_prompt(config, monkeypatch):
-    import trainables.kinds.finetune.learner as module
-
-    seen = []
-    real = module.train_step
-
-    def spy(model, loss_fn, optimizer, scheduler, token_lists, *rest):
-        seen.append(token_lists)
-        return real(model, loss_fn, optimizer, scheduler, token_lists, *rest)
-
-    monkeypatch.setattr(module, "train_step", spy)
+    steps = steps_of(monkeypatch)
     prompts = {"anchor": "query: ", "positive": "passage: "}
     learner = FinetuneLearner(FinetuneConfig(**{**config, "prompts": prompts, "prompt": "x: "}), torch.device("cpu"),
                               torch.float32)
@@ -178,7 +169,7 @@ def test_each_training_column_reads_its_own_prompt_and_the_task_is_scored_with_p
     tokenizer = learner.tokens.tokenizer
     query, passage, x = (tokenizer(text, add_special_tokens=False)["input_ids"] for text in ("query:", "passage:",
                                                                                              "x:"))
-    for token_lists in seen:
+    for token_lists in (step["tokens"] for step in steps):
         for ids, prefix in zip(token_lists, [query] * 4 + [passage] * 4 + [x] * 4, strict=True):
             assert ids[1:1 + len(prefix)] == prefix, tokenizer.decode(ids)  # after [CLS]: the column's prompt
     assert learner.tokens.prompt == "x: "  # dev and test: the study's prompt
@@ -222,23 +213,14 @@ def test_no_duplicates_batches_are_sentence_transformers_own(pairs, batch_size, 
 
 
 def test_a_trial_with_no_duplicates_trains_on_batches_without_a_repeated_sentence(config, monkeypatch):
-    import trainables.kinds.finetune.learner as module
-
-    seen = []
-    real = module.train_step
-
-    def spy(model, loss_fn, optimizer, scheduler, token_lists, *rest):
-        seen.append(token_lists)
-        return real(model, loss_fn, optimizer, scheduler, token_lists, *rest)
-
-    monkeypatch.setattr(module, "train_step", spy)
+    steps = steps_of(monkeypatch)
     learner = FinetuneLearner(FinetuneConfig(**{**config, "no_duplicates": True}), torch.device("cpu"),
                               torch.float32)
     learner.first[1] = learner.first[0]  # two rows share an anchor: never in one batch
     learner.train_round(1)
-    for token_lists in seen:
+    for token_lists in (step["tokens"] for step in steps):
         assert len({tuple(t) for t in token_lists}) == len(token_lists)
-    assert sum(len(t) for t in seen) == 36  # every triplet once
+    assert sum(len(step["tokens"]) for step in steps) == 36  # every triplet once
 
 
 def test_sbert_s_nli_softmax_trains_on_three_judgments(config, data_dir, tiny_bert):

@@ -54,8 +54,9 @@ class FinetuneLearner(OneModelLearner):
             add_lora(self.model.encoder, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
         dim = self.model.projection[0].out_features if self.model.projection else self.model.encoder.config.hidden_size
         self.loss_fn = build_loss(cfg.loss, trained.kind, dim).to(device)
-        self.cache = cfg.mini_batch_size if objective(cfg.loss).gradient_cache else None
-        self.guided = objective(cfg.loss).guided
+        declared = objective(cfg.loss)
+        self.cache = cfg.mini_batch_size if declared.gradient_cache else None
+        self.guided = declared.guided
         self.depth = stack_depth(self.model.encoder)  # the cut's k: adaptive_layers draws from 0..k-1 below it
         self.matryoshka = None
         if cfg.matryoshka_dims is not None:
@@ -71,7 +72,6 @@ class FinetuneLearner(OneModelLearner):
         sides = ("anchor", "positive") if self.in_batch else ("sentence1", "sentence2")
         self.first, self.second = list(trained.train[sides[0]]), list(trained.train[sides[1]])
         self.negatives = list(trained.train["negative"]) if "negative" in trained.train else []
-        self.tokens.add(self.first + self.second + self.negatives)
         roles = cfg.prompts or {}  # each training column's own prompt (sentence-transformers' prompts)
         self.columns = [TokenCache(self.tokens.tokenizer, cfg.max_seq_length, roles.get(role, cfg.prompt))
                         if roles.get(role, cfg.prompt) != cfg.prompt else self.tokens
