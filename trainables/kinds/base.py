@@ -167,6 +167,16 @@ class TrainableKind(ABC):
     def run(self, config: dict, report: Report, checkpoint_dir: str | None = None) -> dict:
         """Run one trial; report once per round; return the last metrics."""
 
+    def fuse_refusal(self, cfg) -> str | None:
+        """Why trials of this config cannot train as one fused array (`resources.fuse`), or None when they can:
+        by default a kind trains each trial alone."""
+        return f"the {type(self).__name__.removesuffix('Kind').lower()} kind trains each trial alone"
+
+    def run_array(self, configs: list[dict], labels: list[str], report, checkpoint_dirs: list[str | None]) -> None:
+        """Run the trials `configs` of one cell as one fused array: `report(label, metrics, checkpoint_dir)` once
+        per member and round, as each trial alone reports. Only a kind whose `fuse_refusal` can be None runs it."""
+        raise NotImplementedError(f"{type(self).__name__} does not train fused arrays")
+
 
 class TrainingKind(TrainableKind):
     """A kind that trains: it builds a learner and the one loop runs it. `learner` names the

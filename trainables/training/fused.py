@@ -82,13 +82,15 @@ class MemberSettings:
 @dataclass
 class MemberRows:
     """What the stacked modules need to know of the forward that runs: rows per member, each member's
-    own padded length (its dropout masks are drawn at it), each member's dropout generator, and the
-    array's one generator when members do not draw their own."""
+    own padded length and its own count of rows (its dropout masks are drawn at them: a member whose batch
+    is smaller, an epoch's last, fills its rows with copies it does not draw for), each member's dropout
+    generator, and the array's one generator when members do not draw their own."""
 
     generators: list[torch.Generator]
     shared: torch.Generator | None = None
     rows: int = 1
     lengths: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)  # real rows per member; empty: every member `rows`
 
 
 class StackedLinear(nn.Module):
@@ -179,9 +181,10 @@ class MemberDropout(nn.Module):
             return keep_indicator(x.shape, self.p, x.device, self.members.shared)
         generators, lengths = self.members.generators, self.members.lengths
         rows = x.shape[0] // len(generators)
+        row_counts = self.members.counts or [rows] * len(generators)
         tokens = {3: (1,), 4: (2, 3)}.get(x.dim(), ())
-        shapes = [tuple(length if dim in tokens else size for dim, size in enumerate((rows, *x.shape[1:])))
-                  for length in lengths]
+        shapes = [tuple(length if dim in tokens else size for dim, size in enumerate((count, *x.shape[1:])))
+                  for length, count in zip(lengths, row_counts, strict=True)]
         counts = [math.prod(shape) for shape in shapes]
         words = torch.empty(sum((n + 3) // 4 for n in counts), dtype=torch.int64, device=x.device)
         starts = [0]
@@ -192,7 +195,7 @@ class MemberDropout(nn.Module):
         threshold = keep_threshold(self.p)
         bits = bits.fill_(1) if threshold == 0 else bits.sub_(threshold - 1).clamp_(0, 1)
         if all(shape == shapes[0] and n % 4 == 0 for shape, n in zip(shapes, counts, strict=True)) and (
-                shapes[0][1:] == tuple(x.shape[1:])):  # no padding between or within members: a view
+                shapes[0] == (rows, *x.shape[1:])):  # no padding between or within members: a view
             return bits[: sum(counts)].view(x.shape)
         out = bits.new_zeros(x.shape)
         for member, (shape, n, start) in enumerate(zip(shapes, counts, starts, strict=False)):
@@ -386,25 +389,31 @@ def aligned_epoch_batches(lengths: list[int], batch_size: int, seed: int, shared
     return [batches[i] for i in shuffle]
 
 
-def member_batch(batches: Sequence[Sequence[Sequence[int]]], pad_id: int,
-                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+def member_batch(batches: Sequence[Sequence[Sequence[int]]], pad_id: int, device: torch.device
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int], list[int]]:
     """Every member's sentences longest first (the order a one-chunk solo batch has), padded to the longest
-    of all, member-major: (input_ids, attention_mask, the index that puts rows back in each member's
-    order, each member's own padded length)."""
-    rows = len(batches[0])
-    if any(len(batch) != rows for batch in batches):
-        raise ValueError(f"every member's batch must have the same size, but got {[len(b) for b in batches]}")
-    orders = [sorted(range(rows), key=lambda i, b=batch: -len(b[i])) for batch in batches]
+    of all, member-major: (input_ids, attention_mask, the index of each member's sentences in the batch, in
+    their own order and members one after another; each member's own padded length; each member's count of
+    sentences). A member with fewer sentences (an epoch's last, smaller batch) fills its rows with copies
+    of its shortest sentence, after its own: nothing reads them (their dropout is not drawn, their vectors
+    not used)."""
+    rows = max(len(batch) for batch in batches)
+    orders = [sorted(range(len(batch)), key=lambda i, b=batch: -len(b[i])) for batch in batches]
     lengths = [len(batch[order[0]]) for batch, order in zip(batches, orders, strict=True)]
     longest = max(lengths)
-    ordered = [batch[i] for batch, order in zip(batches, orders, strict=True) for i in order]
+    ordered = [batch[i] for batch, order in zip(batches, orders, strict=True)
+               for i in [*order, *[order[-1]] * (rows - len(order))]]
     mask = torch.arange(longest) < torch.tensor([len(t) for t in ordered])[:, None]
     ids = torch.full(mask.shape, pad_id, dtype=torch.long)
     ids[mask] = torch.tensor(list(itertools.chain.from_iterable(ordered)), dtype=torch.long)  # row-major, as mask
     mask = mask.long()
-    inverse = torch.empty(len(ordered), dtype=torch.long)
-    inverse[torch.tensor([m * rows + i for m, order in enumerate(orders) for i in order])] = torch.arange(len(ordered))
-    return ids.to(device), mask.to(device), inverse.to(device), lengths
+    counts = [len(batch) for batch in batches]
+    index = torch.empty(sum(counts), dtype=torch.long)
+    start = 0
+    for member, order in enumerate(orders):
+        index[start + torch.tensor(order)] = torch.arange(len(order)) + member * rows
+        start += len(order)
+    return ids.to(device), mask.to(device), index.to(device), lengths, counts
 
 
 class FusedArray:
@@ -427,6 +436,7 @@ class FusedArray:
         self.settings, self.steps = list(settings), [0] * len(models)
         self.device = next(models[0].parameters()).device
         self.pad_id, self.dtype = pad_id, dtype
+        self.single_loss = loss if loss is not None else lambda u, v, t: cosine_mse(u[None], v[None], t[None])[0]
         self.loss = cosine_mse if loss is None else torch.func.vmap(loss)
         self.rows = MemberRows([self._generator(s.seed) for s in settings],
                                None if shared_dropout_seed is None else self._generator(shared_dropout_seed))
@@ -457,17 +467,29 @@ class FusedArray:
         is not updated (drop it, as a solo trial would end)."""
         if len(batches) != len(self.members):
             raise ValueError(f"step needs one batch per member ({len(self.members)}), but got {len(batches)}")
-        ids, mask, inverse, self.rows.lengths = member_batch([b[0] for b in batches], self.pad_id, self.device)
-        self.rows.rows = ids.shape[0] // len(self.members)
-        targets = torch.stack([torch.as_tensor(b[1]) for b in batches]).to(self.device, torch.float32)
+        ids, mask, index, self.rows.lengths, counts = member_batch([b[0] for b in batches], self.pad_id,
+                                                                    self.device)
+        count = len(self.members)
+        self.rows.rows = ids.shape[0] // count
+        self.rows.counts = counts
         self.model.train()
         for param in self.params:
             param.grad = None
         with self._autocast():
             vectors = self.model(ids, mask).float()
-        vectors = vectors[inverse].view(len(self.members), self.rows.rows, -1)
-        half = self.rows.rows // 2
-        losses = self.loss(vectors[:, :half], vectors[:, half:], targets)
+        vectors = vectors[index]
+        if all(n == self.rows.rows for n in counts):  # every member a whole batch: one vmapped loss
+            vectors = vectors.view(count, self.rows.rows, -1)
+            targets = torch.stack([torch.as_tensor(b[1]) for b in batches]).to(self.device, torch.float32)
+            half = self.rows.rows // 2
+            losses = self.loss(vectors[:, :half], vectors[:, half:], targets)
+        else:  # some member's batch is smaller: each member's loss on its own sentences
+            parts, losses_of = vectors.split(counts), []
+            for part, (_, target) in zip(parts, batches, strict=True):
+                half = part.shape[0] // 2
+                target = torch.as_tensor(target).to(self.device, torch.float32)
+                losses_of.append(self.single_loss(part[:half], part[half:], target))
+            losses = torch.stack(losses_of)
         finite = torch.isfinite(losses)
         torch.where(finite, losses, torch.zeros_like(losses)).sum().backward()
         for module in self.model.modules():
@@ -508,6 +530,29 @@ class FusedArray:
         for values in (self.members, self.settings, self.steps, self.rows.generators):
             del values[index]
 
+    def names(self) -> list[str]:
+        """The stacked parameters' names, in the optimizer's order: one member's model's parameter names."""
+        return [name for name, _ in self.model.named_parameters()]
+
+    @torch.no_grad()
+    def load_member(self, member, moments: dict[str, tuple[torch.Tensor, torch.Tensor]], steps: int) -> None:
+        """Start `member` from a trial's optimizer: AdamW's two moments of each parameter by name (one that is
+        not named starts at zero) and the steps it has taken (its schedule's and AdamW's step count)."""
+        index = self._index(member)
+        for name, exp_avg, exp_avg_sq in zip(self.names(), self.optimizer.exp_avgs, self.optimizer.exp_avg_sqs,
+                                             strict=True):
+            first, second = moments.get(name, (None, None))
+            if first is not None:
+                exp_avg[index].copy_(first)
+                exp_avg_sq[index].copy_(second)
+        self.steps[index] = steps
+
+    def member_moments(self, member) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """`member`'s AdamW moments by parameter name (what `load_member` takes)."""
+        index = self._index(member)
+        return {name: (exp_avg[index].clone(), exp_avg_sq[index].clone()) for name, exp_avg, exp_avg_sq in
+                zip(self.names(), self.optimizer.exp_avgs, self.optimizer.exp_avg_sqs, strict=True)}
+
     def member_state_dict(self, member) -> dict[str, torch.Tensor]:
         """`member`'s weights as its own model's state dict (keys and shapes of one member's model)."""
         index = self._index(member)
@@ -525,8 +570,8 @@ class FusedArray:
         parts = []
         for start in range(0, len(order), chunk):
             picked = [token_lists[i] for i in order[start: start + chunk]]
-            ids, mask, _, _ = member_batch([picked], self.pad_id, self.device)
-            self.rows.rows, self.rows.lengths = len(picked), [ids.shape[1]] * count
+            ids, mask, _, _, _ = member_batch([picked], self.pad_id, self.device)
+            self.rows.rows, self.rows.lengths, self.rows.counts = len(picked), [ids.shape[1]] * count, []
             with self._autocast():
                 vectors = self.model(ids.repeat(count, 1), mask.repeat(count, 1)).float()
             parts.append(vectors.view(count, len(picked), -1))

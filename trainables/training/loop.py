@@ -73,68 +73,80 @@ def improves(value: float, best: float | None, greater_is_better: bool) -> bool:
     return best is None or (value > best if greater_is_better else value < best)
 
 
+def restore(kind: BuildsLearners, cfg, learner: Learner, checkpoint_dir: str, device, dtype
+            ) -> tuple[Learner, LoopState, dict | None]:
+    """A trial's learner, loop state and best-dev weights from its checkpoint; a checkpoint cut short by a crash
+    or a full disk starts the trial again from its first round (same seed, same numbers) instead of failing it."""
+    try:
+        weights, best_weights, saved = load_checkpoint(checkpoint_dir, learner.optimizers())
+        load_weights(learner, weights)
+        learner.load_extra(Path(checkpoint_dir))
+        state = LoopState(**saved)
+        return learner, state, snapshot(best_weights) if state.best_round else None  # no dev score yet: none
+    except (DamagedCheckpointError, OSError, ValueError, KeyError, RuntimeError) as exc:
+        logging.getLogger("trainables").warning("%s; the trial starts again from its first %s", exc,
+                                                kind.round_name)
+        seed_everything(cfg.seed)
+        return kind.build(cfg, device, dtype), LoopState(), None
+
+
 def train(kind: BuildsLearners, cfg, report: Report, checkpoint_dir: str | None = None) -> tuple[Learner, dict]:
     """Run one trial of `kind`; returns the learner (holding its best-dev weights) and the last metrics."""
     device, dtype = prepare(cfg.device, cfg.precision, cfg.num_threads)
     seed_everything(cfg.seed)
     learner = kind.build(cfg, device, dtype)
     rounds = kind.num_reports(cfg)
-    name = kind.round_name
     state, best = LoopState(), None
     if checkpoint_dir:
-        try:
-            weights, best_weights, saved = load_checkpoint(checkpoint_dir, learner.optimizers())
-            load_weights(learner, weights)
-            learner.load_extra(Path(checkpoint_dir))
-            state = LoopState(**saved)
-            best = snapshot(best_weights) if state.best_round else None  # no round had a dev score yet
-        except (DamagedCheckpointError, OSError, ValueError, KeyError, RuntimeError) as exc:
-            # cut short by a crash or a full disk: start again, as without a checkpoint (same seed,
-            # same numbers), instead of failing the trial for good
-            logging.getLogger("trainables").warning("%s; the trial starts again from its first %s", exc, name)
-            seed_everything(cfg.seed)
-            learner = kind.build(cfg, device, dtype)
-            state, best = LoopState(), None
-
+        learner, state, best = restore(kind, cfg, learner, checkpoint_dir, device, dtype)
     metrics: dict = {}
     for round_ in range(state.round + 1, rounds + 1):
         started = time.perf_counter()
         seed_round(cfg.seed, round_)
         trained = learner.train_round(round_)
         if not is_number(trained["train_loss"]):
-            raise TrainingDivergedError(f"loss became {trained['train_loss']} in {name} {round_}; lower the "
-                                        "learning rate or use precision fp32")
-        train_seconds = time.perf_counter() - started
-        dev, _ = learner.evaluate("dev")
-        value = dev.get(learner.metric)
-        degenerate = not is_number(value)
-        state.round = round_
-        current = weights_of(learner)
-        if not degenerate and improves(value, state.best_dev, learner.greater_is_better):
-            state.best_dev, state.best_round, best = value, round_, snapshot(current)
-        if cfg.test_every_round:  # diagnostic only: selection above has already happened
-            state.per_round.update({f"{name}{round_}_{k}": v for k, v in learner.evaluate("test")[0].items()})
-        if kind.round_table:
-            state.per_round.update({f"{name}{round_}_{k}": v for k, v in dev.items()})
-        metrics = {"epoch": round_, **({name: round_} if name != "epoch" else {}), **trained, **dev,
-                   "degenerate": int(degenerate), "best_epoch": state.best_round,
-                   f"best_{learner.metric}": state.best_dev, "train_seconds": train_seconds, **learner.info}
-        with tempfile.TemporaryDirectory(prefix="trial-ckpt-") as folder:
-            save_checkpoint(folder, current, learner.optimizers(), asdict(state),
-                            best if best is not None and state.best_round != round_ else None)
-            learner.save_extra(Path(folder))
-            if round_ == rounds and best is not None and (cfg.score_test or cfg.export_model):
-                load_weights(learner, best)  # what the run is scored on and saves: the best-dev weights
-            if round_ == rounds and cfg.score_test:
-                metrics.update(score_test(learner, best, state, Path(folder)))
-            if round_ == rounds and cfg.export_model:
-                encoder, tokenizer, length = learner.sentence_model()
-                save_sentence_transformer(encoder, tokenizer, Path(folder) / MODEL_DIR, length,
-                                          getattr(cfg, "prompt", ""), learner.postprocess_map())
-            report(metrics, checkpoint_dir=folder)
+            raise TrainingDivergedError(f"loss became {trained['train_loss']} in {kind.round_name} {round_}; lower "
+                                        "the learning rate or use precision fp32")
+        metrics, best = end_round(kind, cfg, learner, state, best, round_, trained, time.perf_counter() - started,
+                                  report)
     if best is not None:
         load_weights(learner, best)
     return learner, metrics
+
+
+def end_round(kind: BuildsLearners, cfg, learner: Learner, state: LoopState, best: dict | None, round_: int,
+              trained: dict, train_seconds: float, report: Report) -> tuple[dict, dict | None]:
+    """After a round's training: score dev, keep the best-dev weights, checkpoint, and after the last round
+    score test once with the best-dev weights (and save the model); report. Returns (metrics, best)."""
+    name, rounds = kind.round_name, kind.num_reports(cfg)
+    dev, _ = learner.evaluate("dev")
+    value = dev.get(learner.metric)
+    degenerate = not is_number(value)
+    state.round = round_
+    current = weights_of(learner)
+    if not degenerate and improves(value, state.best_dev, learner.greater_is_better):
+        state.best_dev, state.best_round, best = value, round_, snapshot(current)
+    if cfg.test_every_round:  # diagnostic only: selection above has already happened
+        state.per_round.update({f"{name}{round_}_{k}": v for k, v in learner.evaluate("test")[0].items()})
+    if kind.round_table:
+        state.per_round.update({f"{name}{round_}_{k}": v for k, v in dev.items()})
+    metrics = {"epoch": round_, **({name: round_} if name != "epoch" else {}), **trained, **dev,
+               "degenerate": int(degenerate), "best_epoch": state.best_round,
+               f"best_{learner.metric}": state.best_dev, "train_seconds": train_seconds, **learner.info}
+    with tempfile.TemporaryDirectory(prefix="trial-ckpt-") as folder:
+        save_checkpoint(folder, current, learner.optimizers(), asdict(state),
+                        best if best is not None and state.best_round != round_ else None)
+        learner.save_extra(Path(folder))
+        if round_ == rounds and best is not None and (cfg.score_test or cfg.export_model):
+            load_weights(learner, best)  # what the run is scored on and saves: the best-dev weights
+        if round_ == rounds and cfg.score_test:
+            metrics.update(score_test(learner, best, state, Path(folder)))
+        if round_ == rounds and cfg.export_model:
+            encoder, tokenizer, length = learner.sentence_model()
+            save_sentence_transformer(encoder, tokenizer, Path(folder) / MODEL_DIR, length,
+                                      getattr(cfg, "prompt", ""), learner.postprocess_map())
+        report(metrics, checkpoint_dir=folder)
+    return metrics, best
 
 
 def score_test(learner: Learner, best: dict | None, state: LoopState, folder: Path) -> dict:

@@ -114,6 +114,31 @@ class FinetuneKind(TrainingKind):
         language = None if cfg.train_data is not None else cfg.language
         return self.epoch_pilot(cfg, len(load_task(trained, language, cfg.data_dir, cfg.max_train_samples).train))
 
+    def fuse_refusal(self, cfg) -> str | None:
+        """What a fused array (trainables.kinds.finetune.array) does not train: each member's step is the
+        plain pair loss of a whole batch through one stacked encoder, with one learning rate per member and the
+        fast dropout masks."""
+        from trainables.objectives import objective
+
+        declared = objective(cfg.loss)
+        reasons = [(declared.task == "pairs", f"loss {cfg.loss} takes in-batch negatives"),
+                   (declared.gradient_cache, f"loss {cfg.loss} encodes in mini-batches (GradCache)"),
+                   (cfg.lora_rank is not None, "lora_rank: adapters are not stacked"),
+                   (cfg.adaptive_layers, "adaptive_layers trains other layers each step"),
+                   (cfg.matryoshka_dims is not None, "matryoshka_dims draws sizes each step"),
+                   (cfg.pooling_layers != "last", "pooling_layers mixes layers"),
+                   (cfg.layer_lr_decay != 1.0, "layer_lr_decay gives a member several learning rates"),
+                   (cfg.no_duplicates, "no_duplicates batches differ in size between members"),
+                   (cfg.dropout_masks != "fast", f"dropout_masks: {cfg.dropout_masks} (an array draws the fast "
+                                                 "masks)")]
+        found = [why for holds, why in reasons if holds]
+        return "; ".join(found) if found else None
+
+    def run_array(self, configs, labels, report, checkpoint_dirs) -> None:
+        from trainables.kinds.finetune.array import run_array
+
+        run_array(self, configs, labels, report, checkpoint_dirs)
+
     def tables(self, cfg) -> tuple[str, ...]:
         sizes = () if cfg.matryoshka_dims is None else ("layer_sizes",) if cfg.adaptive_layers else ("sizes",)
         return super().tables(cfg) + (("layers",) if cfg.adaptive_layers else ()) + sizes

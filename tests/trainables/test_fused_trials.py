@@ -1,0 +1,172 @@
+"""`finetune` trials as one fused array (trainables.kinds.finetune.array): each member reports what its trial
+alone reports.
+
+A tiny random BERT (dropout 0.1, its masks drawn: each member its own) on synthetic STS pairs, two epochs of
+batches of 8 pairs (16 short sentences: one chunk, as a batch on a GPU, so a member draws the masks its trial
+alone draws). A member's losses, dev and test scores and final weights are compared with the same trial run
+alone by the one loop: to fp32 rounding (the stacked matmuls and torch's fused AdamW on slices round
+differently; bit equality is not claimed): the per-pair test predictions to 1e-5. The Spearman scores are
+compared to 0.05 (the issue's tolerance): the synthetic pairs here leave out a sentence paired with itself,
+whose cosine of 1 up to rounding ties it with its copies, so that a rounding of 1e-7 would reorder their
+ranks (and could pick another best epoch)."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from orchestrator.testing.fixtures import synthetic_pairs
+from trainables.kinds import KINDS, load_kind
+from trainables.training.checkpoints import PREDICTIONS, WEIGHTS
+
+CLOSE = {"rtol": 1e-4, "atol": 1e-5}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(one_torch_thread):
+    """Tiny matmuls on one thread (conftest's `one_torch_thread`)."""
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    """Synthetic STS-B (orchestrator.testing.fixtures' word-overlap pairs) without a sentence paired with itself."""
+    root = tmp_path_factory.mktemp("distinct")
+    (root / "stsb").mkdir()
+    for split, count, seed in (("train", 120, 1), ("dev", 60, 2), ("test", 60, 3)):
+        pairs = [(a, b, score) for a, b, score in synthetic_pairs(2 * count, seed) if a != b][:count]
+        lines = [f"main-captions\tsynthetic\t2024\t{i:04d}\t{s:.3f}\t{a}\t{b}" for i, (a, b, s) in enumerate(pairs)]
+        (root / "stsb" / f"sts-{split}.csv").write_text("\n".join(lines) + "\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def kind():
+    return load_kind(KINDS["finetune"])
+
+
+def config(tiny_bert: str, data_dir: Path, **changes) -> dict:
+    return {"model": tiny_bert, "data_dir": str(data_dir), "layer": 2, "epochs": 2, "batch_size": 8, "lr": 1e-3,
+            "max_train_samples": 100, "max_eval_samples": 60, "device": "cpu", "num_threads": 1, "precision": "fp32",
+            **changes}
+
+
+class Reports:
+    """What each trial reported, round by round, and a copy of its last checkpoint folder."""
+
+    def __init__(self, root: Path):
+        self.root, self.metrics = root, {}
+
+    def __call__(self, label: str, metrics: dict, checkpoint_dir: str | None = None) -> None:
+        self.metrics.setdefault(label, []).append(dict(metrics))
+        if checkpoint_dir is not None:
+            target = self.root / label / str(len(self.metrics[label]))
+            shutil.copytree(checkpoint_dir, target)
+
+    def folder(self, label: str, round_: int | None = None) -> Path:
+        return self.root / label / str(round_ or len(self.metrics[label]))
+
+    def weights(self, label: str) -> dict[str, torch.Tensor]:
+        return load_file(self.folder(label) / WEIGHTS)
+
+
+def alone(kind, configs: dict[str, dict], root: Path) -> Reports:
+    reports = Reports(root)
+    for label, cfg in configs.items():
+        kind.run(cfg, lambda metrics, checkpoint_dir=None, label=label: reports(label, metrics, checkpoint_dir))
+    return reports
+
+
+def fused(kind, configs: dict[str, dict], root: Path, folders: dict[str, str] | None = None,
+          report=None) -> Reports:
+    reports = report or Reports(root)
+    kind.run_array(list(configs.values()), list(configs), reports,
+                   [(folders or {}).get(label) for label in configs])
+    return reports
+
+
+def assert_same_trials(one: Reports, other: Reports, labels) -> None:
+    for label in labels:
+        first, second = one.metrics[label], other.metrics[label]
+        assert [m["epoch"] for m in first] == [m["epoch"] for m in second] == [1, 2]
+        for a, b in zip(first, second, strict=True):
+            assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4), label
+            assert a["dev_spearman"] == pytest.approx(b["dev_spearman"], abs=0.05), label
+        assert first[-1]["test_spearman"] == pytest.approx(second[-1]["test_spearman"], abs=0.05), label
+        predictions = [pd.read_csv(reports.folder(label) / PREDICTIONS) for reports in (one, other)]
+        assert len(predictions[0]) == 60
+        pd.testing.assert_frame_equal(*predictions, check_exact=False, atol=1e-5, rtol=0)
+        assert first[-1]["best_epoch"] == second[-1]["best_epoch"]
+        mine, theirs = one.weights(label), other.weights(label)
+        assert mine.keys() == theirs.keys()
+        for name in mine:
+            torch.testing.assert_close(mine[name], theirs[name], **CLOSE, msg=f"{label}: {name}")
+
+
+def test_four_replicates_in_one_array_report_what_each_trial_alone_reports(kind, tiny_bert, data_dir,
+                                                                            tmp_path):
+    configs = {f"s{seed}": config(tiny_bert, data_dir, seed=seed) for seed in range(4)}
+    together = fused(kind, configs, tmp_path / "fused")
+    separate = alone(kind, configs, tmp_path / "alone")
+    assert_same_trials(together, separate, configs)
+    assert {m["fused_members"] for runs in together.metrics.values() for m in runs} == {4}
+    losses = [together.metrics[label][0]["train_loss"] for label in configs]
+    assert len(set(losses)) == 4  # each its own data order and masks: four trainings, not one copied
+
+
+def test_tuning_members_keep_their_own_learning_rate_schedule_and_clipping(kind, tiny_bert, data_dir,
+                                                                           tmp_path):
+    changes = [{"lr": 3e-3, "warmup_ratio": 0.0}, {"lr": 1e-4, "weight_decay": 0.1},
+               {"lr": 1e-3, "max_grad_norm": 0.05}, {"lr": 2e-3, "warmup_ratio": 0.5, "max_grad_norm": None}]
+    configs = {f"t{i}": config(tiny_bert, data_dir, seed=10000, **c) for i, c in enumerate(changes)}
+    together = fused(kind, configs, tmp_path / "fused")
+    separate = alone(kind, configs, tmp_path / "alone")
+    assert_same_trials(together, separate, configs)
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_an_array_killed_after_its_first_epoch_resumes_each_member_and_loses_nothing(kind, tiny_bert,
+                                                                                     data_dir, tmp_path):
+    """Killed after every member's first checkpoint (and one member's checkpoint lost), the array resumes: the
+    member without one starts again and catches up; each ends as an array that ran through."""
+    configs = {f"s{seed}": config(tiny_bert, data_dir, seed=seed) for seed in range(3)}
+    whole = fused(kind, configs, tmp_path / "whole")
+    first = Reports(tmp_path / "first")
+
+    def killed(label, metrics, checkpoint_dir=None):
+        first(label, metrics, checkpoint_dir)
+        if len(first.metrics) == 3 and label == "s2":
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        fused(kind, configs, tmp_path, report=killed)
+    folders = {label: str(first.folder(label, 1)) for label in ("s0", "s2")}  # s1's checkpoint was lost
+    resumed = fused(kind, configs, tmp_path / "resumed", folders)
+    assert [m["epoch"] for m in resumed.metrics["s1"]] == [1, 2] and [m["epoch"] for m in resumed.metrics["s0"]] == [2]
+    for label in configs:
+        last, again = whole.metrics[label][-1], resumed.metrics[label][-1]
+        assert again["test_spearman"] == pytest.approx(last["test_spearman"], abs=0.05)
+        for name, tensor in whole.weights(label).items():
+            torch.testing.assert_close(resumed.weights(label)[name], tensor, **CLOSE)
+
+
+def test_a_member_that_diverges_leaves_the_array_and_the_others_train_as_alone(kind, tiny_bert, data_dir,
+                                                                              tmp_path):
+    configs = {f"s{seed}": config(tiny_bert, data_dir, seed=seed) for seed in range(3)}
+    configs["s1"] = config(tiny_bert, data_dir, seed=1, lr=1e30, max_grad_norm=None)
+    together = fused(kind, configs, tmp_path / "fused")
+    last = together.metrics["s1"][-1]
+    assert last["diverged"] == 1 and "loss became nan" in last["error"] and "lower the learning rate" in last["error"]
+    with pytest.raises(Exception, match="loss became nan"):
+        kind.run(configs["s1"], lambda metrics, checkpoint_dir=None: None)
+    others = {k: v for k, v in configs.items() if k != "s1"}
+    assert_same_trials(together, alone(kind, others, tmp_path / "alone"), others)
+    assert all(math.isfinite(m["train_loss"]) for k in others for m in together.metrics[k])

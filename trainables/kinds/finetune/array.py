@@ -1,0 +1,211 @@
+"""`finetune` trials of one cell trained as one fused array (trainables.training.fused; issue 56).
+
+Each member is a whole `finetune` trial: its own learner (data, model, optimizer, evaluator) is built as the
+trial alone builds it, and between rounds it holds the member's weights, AdamW moments and schedule. A round
+stacks the members' models into one `FusedArray`, starts each member's slice from its learner's optimizer,
+trains every member on the batches, dropout masks (a generator of the seed its trial's round draws from),
+learning rate and clipping its trial alone would take, then writes each member's weights and optimizer back
+into its learner. The rest of the round is the trial's own (`trainables.training.loop.end_round`): dev, the
+best-dev weights, a checkpoint in the trial's own format, and after the last round test once. So a member's
+checkpoint resumes it alone or in another array, and a member run alone gives its numbers back: to fp32
+rounding without dropout or with its batch in one chunk, as on a GPU (a trial on a CPU may cut a batch into
+chunks, and then draws other masks; docs/concepts/fused-arrays.md).
+
+A member whose loss is not finite leaves the array at that step, as its trial would end (diverged), and
+the others go on untouched. Members start from different rounds (a resumed array) in turn: those behind
+catch up first. An architecture or loss the array cannot stack (a module with parameters of its own beside
+Linear, LayerNorm and Embedding; a loss with a head) trains its members one after another in this process,
+as separate trials would, and says so in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from trainables.errors import TrainingDivergedError
+from trainables.runtime import prepare, seed_everything
+from trainables.training.bi_encoder import check_finite, epoch_batches
+from trainables.training.fused import FusedArray, MemberSettings
+from trainables.training.loop import LoopState, end_round, load_weights, restore, seed_round, train
+
+MemberReport = Callable[[str, dict, "str | None"], None]  # (member, metrics, checkpoint folder or None)
+
+
+@dataclass
+class Member:
+    """One trial of the array: its label, config, learner, loop state and best-dev weights."""
+
+    label: str
+    cfg: object
+    learner: object
+    state: LoopState = field(default_factory=LoopState)
+    best: dict | None = None
+    error: str | None = None  # why it left the array (diverged)
+
+
+def run_array(kind, configs: Sequence[dict], labels: Sequence[str], report: MemberReport,
+              checkpoint_dirs: Sequence[str | None]) -> None:
+    """Train the trials `configs` (one cell's, differing in seed and optimizer scalars) as one array;
+    `report(label, metrics, folder)` is called once per member and round as its trial alone reports, and
+    once with `{"diverged": 1, "error": ...}` (no folder) for a member whose loss stopped being a number."""
+    cfgs = [kind.parse(config) for config in configs]
+    device, dtype = prepare(cfgs[0].device, cfgs[0].precision, cfgs[0].num_threads)
+    members = []
+    for label, cfg, folder in zip(labels, cfgs, checkpoint_dirs, strict=True):
+        seed_everything(cfg.seed)  # what the trial alone builds its model from
+        learner = kind.build(cfg, device, dtype)
+        member = Member(label, cfg, learner)
+        if folder:
+            member.learner, member.state, member.best = restore(kind, cfg, learner, folder, device, dtype)
+        members.append(member)
+    rounds = kind.num_reports(cfgs[0])
+    reason = array_refusal(members)
+    if reason is not None:
+        logging.getLogger("trainables").warning("the array's %d members train one after another: %s",
+                                                len(members), reason)
+        for member, config, folder in zip(members, configs, checkpoint_dirs, strict=True):
+            serial(kind, member, config, folder, report)
+        return
+    while True:
+        waiting = [m for m in members if m.error is None and m.state.round < rounds]
+        if not waiting:
+            return
+        behind = min(m.state.round for m in waiting)
+        fused_round(kind, [m for m in waiting if m.state.round == behind], behind + 1, dtype, report)
+
+
+def serial(kind, member: Member, config: dict, folder: str | None, report: MemberReport) -> None:
+    """A member trained as its trial alone (an array that cannot stack): the one loop, its reports labelled."""
+    try:
+        train(kind, kind.parse(config), lambda metrics, checkpoint_dir=None: report(member.label, metrics,
+                                                                                    checkpoint_dir), folder)
+    except TrainingDivergedError as exc:
+        report(member.label, {"diverged": 1, "error": str(exc)}, None)
+
+
+def array_refusal(members: Sequence[Member]) -> str | None:
+    """Why these members cannot train stacked (None: they can): a loss with parameters of its own, or members
+    whose rounds differ in length."""
+    first = members[0].learner
+    if any(True for _ in first.loss_fn.parameters()):
+        return f"loss {members[0].cfg.loss} has parameters of its own (a head), which the array does not stack"
+    if len({len(m.learner.lengths) for m in members}) > 1 or len({m.cfg.batch_size for m in members}) > 1:
+        return "the members' epochs differ in length (train data or batch size)"
+    return None
+
+
+def fused_round(kind, members: list[Member], round_: int, dtype: torch.dtype, report: MemberReport) -> None:
+    """One round of `members` as one array, then each member's end of round as its trial's."""
+    started = time.perf_counter()
+    settings = [member_settings(m) for m in members]
+    pad_id = members[0].learner.tokens.pad_id
+    try:
+        array = FusedArray([m.learner.model for m in members], settings, pad_id, [m.label for m in members],
+                           loss=members[0].learner.loss_fn, dtype=dtype)
+    except TypeError as exc:  # an architecture the array cannot stack: each member alone, this round too
+        logging.getLogger("trainables").warning("the array's members train one after another: %s", exc)
+        for member in members:
+            serial_round(kind, member, round_, report)
+        return
+    for member in members:
+        moments, steps = optimizer_moments(member.learner)
+        array.load_member(member.label, moments, steps)
+        seed_round(member.cfg.seed, round_)  # as its trial: Python's and NumPy's streams too
+        array.reseed(member.label, member.cfg.seed * 1_000 + round_)  # the stream its dropout draws from
+    orders = {m.label: epoch_batches(m.learner.lengths, m.cfg.batch_size, m.cfg.seed * 1_000 + round_,
+                                     m.cfg.group_by_length) for m in members}
+    totals = dict.fromkeys(orders, 0.0)
+    active = list(members)
+    steps = len(next(iter(orders.values())))
+    for step in range(steps):
+        losses = array.step([member_batch(m, orders[m.label][step]) for m in active])
+        for member, loss in zip(list(active), losses.tolist(), strict=True):
+            try:
+                totals[member.label] += check_finite(loss, f"epoch {round_}, step {step + 1} (lr={member.cfg.lr})",
+                                                     "lower the learning rate or use precision fp32")
+            except TrainingDivergedError as exc:  # it leaves the array as its trial would end
+                member.error = str(exc)
+                active.remove(member)
+                if active:
+                    array.drop(member.label)
+                report(member.label, {"diverged": 1, "error": member.error}, None)
+        if not active:
+            return
+    seconds = time.perf_counter() - started
+    for member in active:
+        write_back(array, member)
+        trained = {"train_loss": totals[member.label] / max(1, steps),
+                   "train_samples_per_second": len(member.learner.lengths) / seconds,
+                   "fused_members": len(members)}
+        member.learner.info["fused_members"] = len(members)
+        member.best = end_round(kind, member.cfg, member.learner, member.state, member.best, round_, trained,
+                                seconds, lambda metrics, checkpoint_dir=None, m=member: report(m.label, metrics,
+                                                                                               checkpoint_dir))[1]
+
+
+def serial_round(kind, member: Member, round_: int, report: MemberReport) -> None:
+    """One round of a member alone, as the loop runs it."""
+    started = time.perf_counter()
+    seed_round(member.cfg.seed, round_)
+    trained = member.learner.train_round(round_)
+    if not math.isfinite(trained["train_loss"]):
+        member.error = (f"loss became {trained['train_loss']} in {kind.round_name} {round_}; lower the learning "
+                        "rate or use precision fp32")
+        report(member.label, {"diverged": 1, "error": member.error}, None)
+        return
+    member.best = end_round(kind, member.cfg, member.learner, member.state, member.best, round_, trained,
+                            time.perf_counter() - started,
+                            lambda metrics, checkpoint_dir=None: report(member.label, metrics, checkpoint_dir))[1]
+
+
+def member_settings(member: Member) -> MemberSettings:
+    """The member's optimizer scalars, as its learner's optimizer and schedule were built from them."""
+    cfg, learner = member.cfg, member.learner
+    steps_per_epoch = math.ceil(len(learner.lengths) / cfg.batch_size)
+    total_steps = steps_per_epoch * cfg.epochs
+    return MemberSettings(lr=cfg.lr, total_steps=total_steps, warmup_steps=round(cfg.warmup_ratio * total_steps),
+                          weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, seed=cfg.seed)
+
+
+def member_batch(member: Member, batch: list[int]) -> tuple[list[list[int]], torch.Tensor]:
+    """One step's sentences (first sides, then second sides) and gold scores, as the trial's train_round."""
+    learner = member.learner
+    first, second = learner.columns[0], learner.columns[1]
+    return ([first[learner.first[i]] for i in batch] + [second[learner.second[i]] for i in batch],
+            learner.targets[batch])
+
+
+def optimizer_moments(learner) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], int]:
+    """The learner's AdamW moments by parameter name, and the steps its schedule has taken."""
+    state = learner.optimizer.state
+    moments = {name: (state[p]["exp_avg"], state[p]["exp_avg_sq"]) for name, p in learner.model.named_parameters()
+               if p in state and "exp_avg" in state[p]}
+    return moments, int(learner.scheduler.last_epoch)
+
+
+@torch.no_grad()
+def write_back(array: FusedArray, member: Member) -> None:
+    """The member's weights, AdamW moments and schedule into its learner: what its trial alone would hold."""
+    learner = member.learner
+    load_weights(learner, {f"model.{k}": v for k, v in array.member_state_dict(member.label).items()})
+    steps = array.steps[array.members.index(member.label)]
+    moments = array.member_moments(member.label)
+    for name, param in learner.model.named_parameters():
+        if name in moments and steps:
+            exp_avg, exp_avg_sq = moments[name]
+            learner.optimizer.state[param] = {"step": torch.tensor(float(steps), dtype=torch.float32,
+                                                                   device=param.device),
+                                              "exp_avg": exp_avg.to(param.device), "exp_avg_sq":
+                                                  exp_avg_sq.to(param.device)}
+    scheduler = learner.scheduler
+    scheduler.last_epoch = steps
+    lrs = [base * factor(steps) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+    for group, lr in zip(learner.optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    scheduler._last_lr = lrs
