@@ -3,7 +3,8 @@
 `launch(..., executor=instant_executor(score))` runs the real launch (study folder, lock, journal, plan,
 per-cell Optuna studies, MLflow) and replaces only Tune's execution of the trials: the real adapters
 (`PlanSearcher`, `CellScheduler`, `TrackingCallback`, `ProgressCallback`) see what Tune shows them, each
-trial reporting `score(config, seed, epoch)` as its dev score once per epoch, `slots` trials at a time.
+trial reporting `score(config, seed, epoch)` as its dev score once per epoch, `slots` trials at a time (a fused
+array, `resources.fuse`, one of them, reporting its members' scores together).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from orchestrator.run.tune_adapters import CellScheduler, PlanSearcher, ProgressCallback, TrackingCallback
+from orchestrator.run.tune_adapters import MEMBERS, CellScheduler, PlanSearcher, ProgressCallback, TrackingCallback
 
 Score = Callable[[dict, int, int], float]
 
@@ -49,7 +50,7 @@ def instant_executor(score: Score, slots: int = 16, wrap: Callable[[str, Callabl
             start, result, finish = (wrap("mlflow", f) for f in (tracking.on_trial_start, tracking.on_trial_result,
                                                                   tracking.on_trial_complete))
             poll = wrap("progress", view.on_step_end)
-            running: dict[str, list] = {}
+            running: dict[str, tuple[Trial, dict[str, list]]] = {}  # Ray trial -> (trial, its members' progress)
             issued = finished = 0
             while True:
                 while len(running) < slots:
@@ -59,32 +60,42 @@ def instant_executor(score: Score, slots: int = 16, wrap: Callable[[str, Callabl
                     trial = Trial(f"t{issued}", config)
                     issued += 1
                     start(0, [], trial)
-                    done = state.records[config["trial_key"]].results  # a resumed trial goes on from there
-                    best = max((r["dev_spearman"] for r in done), default=None)
-                    running[trial.trial_id] = [trial, len(done), best, len(done) + 1]  # + the attempt's first epoch
+                    members = {}
+                    for member in config.get(MEMBERS, [config]):  # a fused array's members, else the one trial
+                        done = state.records[member["trial_key"]].results  # a resumed trial goes on from there
+                        best = max((r["dev_spearman"] for r in done if "dev_spearman" in r), default=None)
+                        members[member["trial_key"]] = [member["trial"], len(done), best, len(done) + 1]
+                    running[trial.trial_id] = (trial, members)
                 if not running:
                     return
                 for trial_id in list(running):
-                    trial, best = running[trial_id][0], running[trial_id][2]
-                    cfg = trial.config["trial"]
-                    # a trial interrupted after its last epoch's result, before it ended, reports that epoch
-                    # again, as a worker restored from its last checkpoint does (it trained every epoch)
-                    epoch = min(running[trial_id][1] + 1, cfg["epochs"])
-                    dev = score(cfg, cfg["seed"], epoch)
-                    best = dev if best is None else max(best, dev)
-                    running[trial_id][1:3] = [epoch, best]
-                    metrics = {"epoch": epoch, "dev_spearman": dev, "train_loss": 1.0 / epoch,
-                               "best_dev_spearman": best, "params": 1000 * (1 + cfg.get("layer", 0)),
-                               "node_ip": "10.0.0.1"}
-                    if epoch == cfg["epochs"] and cfg.get("score_test"):
-                        metrics["test_spearman"] = dev - 1.0
-                    if epoch_seconds is not None:  # one attempt per trial of this launch, as a worker stamps it
-                        elapsed = sum(epoch_seconds(cfg, e) for e in range(running[trial_id][3], epoch + 1))
-                        metrics.update({"attempt": trial.trial_id, "attempt_s": elapsed,
-                                        "hardware_cpu_model": "Instant CPU", "hardware_gpu_model": "none"})
-                    result(0, [], trial, metrics)
-                    stop = prune(None, trial, metrics) == "STOP"
-                    if stop or epoch >= cfg["epochs"]:
+                    trial, members = running[trial_id]
+                    reports = {}
+                    for key, progress in members.items():
+                        cfg, best = progress[0], progress[2]
+                        if state.records[key].finished:
+                            continue  # pruned out of its array
+                        # a trial interrupted after its last epoch's result, before it ended, reports that epoch
+                        # again, as a worker restored from its last checkpoint does (it trained every epoch)
+                        epoch = min(progress[1] + 1, cfg["epochs"])
+                        dev = score(cfg, cfg["seed"], epoch)
+                        best = dev if best is None else max(best, dev)
+                        progress[1:3] = [epoch, best]
+                        metrics = {"epoch": epoch, "dev_spearman": dev, "train_loss": 1.0 / epoch,
+                                   "best_dev_spearman": best, "params": 1000 * (1 + cfg.get("layer", 0))}
+                        if epoch == cfg["epochs"] and cfg.get("score_test"):
+                            metrics["test_spearman"] = dev - 1.0
+                        if epoch_seconds is not None:  # one attempt per trial of this launch, as a worker stamps it
+                            elapsed = sum(epoch_seconds(cfg, e) for e in range(progress[3], epoch + 1))
+                            metrics.update({"attempt": trial.trial_id, "attempt_s": elapsed / len(members),
+                                            "hardware_cpu_model": "Instant CPU", "hardware_gpu_model": "none"})
+                        reports[key] = metrics
+                    array = MEMBERS in trial.config
+                    metrics = ({MEMBERS: reports} if array else next(iter(reports.values()))) if reports else {}
+                    if reports:
+                        result(0, [], trial, {**metrics, "node_ip": "10.0.0.1"})
+                    stop = not reports or prune(None, trial, metrics) == "STOP"
+                    if stop or all(p[1] >= p[0]["epochs"] or state.records[k].finished for k, p in members.items()):
                         complete(trial_id, metrics)
                         finish(0, [], trial)
                         del running[trial_id]

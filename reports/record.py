@@ -129,6 +129,7 @@ class StudyRecord(BaseModel):
     models: list[ModelRecord] = Field(default_factory=list)
     estimate: dict[str, float] | None = None  # `plan --estimate` or `budget:`'s pilot, when one ran
     defaults: dict[str, Any] = Field(default_factory=dict)  # the kind's defaults for every field the study left
+    fusion: list[dict[str, Any]] = Field(default_factory=list)  # per cell: {members, why} (`resources.fuse`)
 
     @property
     def axes(self) -> list[str]:

@@ -364,13 +364,29 @@ def hardware_item(runs) -> Item:
     held = f"{resources.get('cpu', 1):g} CPU(s)" + (f" and {resources.get('gpu'):g} GPU(s)"
                                                     if resources.get("gpu") else ", no GPU")
     question = "On what hardware did the trials run?"
+    fused = fusion_text(runs.record.fusion if runs.record is not None else [])
+    figures = {"resources": resources, **({"fusion": runs.record.fusion} if fused else {})}
     if not machines:
         return Item("hardware", ("ACL C1", "NeurIPS 8"), question,
-                    f"Each trial held {held}; " + _missing("the trials' machines"), {"resources": resources})
+                    f"Each trial held {held}; " + _missing("the trials' machines") + fused, figures)
     shown = "; ".join(f"{k.replace('_', ' ')}: {', '.join(v)}" for k, v in machines.items())
     return Item("hardware", ("ACL C1", "NeurIPS 8"), question,
-                f"Each trial held {held} (resources). The trials' workers reported {shown}.",
-                {"resources": resources, "machines": machines})
+                f"Each trial held {held} (resources). The trials' workers reported {shown}.{fused}",
+                {**figures, "machines": machines})
+
+
+def fusion_text(fusion: list[dict]) -> str:
+    """How the replicates trained when some trained as fused arrays (`resources.fuse`); empty when none did."""
+    fused = [f for f in fusion if int(f.get("members", 1)) > 1]
+    if not fused:
+        return ""
+    largest = max(int(f["members"]) for f in fused)
+    why = "; ".join(dict.fromkeys(str(f["why"]) for f in fused))
+    cells = "every cell" if len(fused) == len(fusion) else f"{len(fused)} of {len(fusion)} cells"
+    which = "replicates and tuning trials" if all(f.get("tuning") for f in fused) else "replicates"
+    return (f" The {which} of {cells} trained in fused arrays of up to {largest} members ({why}): one stacked "
+            "model in one process holding one trial's resources, each member its own data order, dropout masks, "
+            "optimizer and checkpoint; a member's wall time is its share of its array's.")
 
 
 def compute_item(runs) -> Item:

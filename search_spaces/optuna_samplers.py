@@ -35,9 +35,11 @@ SINGLE_OBJECTIVE_SAMPLERS = ("cmaes",)  # Optuna's samplers that optimise one ob
 
 
 def make_sampler(name: str, seed: int, startup_trials: int = 3, qmc_type: str = "sobol",
-                 population_size: int = 50) -> BaseSampler:
+                 population_size: int = 50, constant_liar: bool = False) -> BaseSampler:
     """Optuna's sampler for `tune.sampler: name`, seeded (a cell passes `sampler_seed` plus its index);
-    `population_size`: NSGA-II's (`nsga2_population` resolves the study file's)."""
+    `population_size`: NSGA-II's (`nsga2_population` resolves the study file's); `constant_liar`: TPE's rule
+    for suggestions asked while others run (a fused array's members are asked together): a running trial
+    counts as the worst seen, so the next suggestion looks elsewhere."""
     import optuna
     from optuna.exceptions import ExperimentalWarning
 
@@ -45,7 +47,7 @@ def make_sampler(name: str, seed: int, startup_trials: int = 3, qmc_type: str = 
     with warnings.catch_warnings():  # QMC and brute force are marked experimental: one warning per cell is noise
         warnings.simplefilter("ignore", ExperimentalWarning)
         if name == "tpe":
-            return samplers.TPESampler(seed=seed, n_startup_trials=startup_trials)
+            return samplers.TPESampler(seed=seed, n_startup_trials=startup_trials, constant_liar=constant_liar)
         if name == "random":
             return samplers.RandomSampler(seed=seed)
         if name == "gp":

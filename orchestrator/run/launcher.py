@@ -182,6 +182,10 @@ def run_locked(spec: StudySpec, plan: StudyPlan, folder: StudyFolder, meta: dict
     banner = [f"{study.name}: {'resuming' if counts['issued'] else 'launching'} {counts['planned']} planned trials "
               f"({len(plan.cells)} cells; {counts['issued'] - counts['running']} already finished) · "
               f"study folder {folder.folder} · MLflow {uri}"]
+    if plan.fusion and plan.replicate_trials:
+        from orchestrator.study.fusing import summary
+
+        banner.append(summary(plan.fusion, [c.key for c in plan.cells]))
     try:
         if state.is_complete():  # nothing left: no Tuner is started (whose state sync would race its own exit)
             if progress:
@@ -264,6 +268,7 @@ def run_tuner(plan: StudyPlan, state: StudyState, tracker, storage: Path, name: 
     from ray import tune
 
     from orchestrator.run.tune_adapters import (
+        ArrayDecisions,
         CellScheduler,
         PlanSearcher,
         ProgressCallback,
@@ -283,9 +288,14 @@ def run_tuner(plan: StudyPlan, state: StudyState, tracker, storage: Path, name: 
     banner = [*(banner or []), f"{count} trial{'s' if count != 1 else ''} at a time on "
               f"{ray.cluster_resources().get('CPU', 0):g} CPUs; Ctrl-C stops at the trials' last checkpoints "
               f"(`orchestrator resume {plan.study.name}` continues)"]
+    decisions = decided = None
+    if any(plan.tuning_members_of(c.index) > 1 for c in plan.cells):  # fused tuning arrays: members may be pruned
+        decided = f"orchestrator-arrays-{uuid.uuid4().hex[:12]}"
+        decisions = ray.remote(num_cpus=0)(ArrayDecisions).options(name=decided).remote()
     tuner = tune.Tuner(
         tune.with_resources(run_trial, resources),
-        tune_config=tune.TuneConfig(search_alg=PlanSearcher(state, count), scheduler=CellScheduler(state),
+        tune_config=tune.TuneConfig(search_alg=PlanSearcher(state, count, decided), scheduler=CellScheduler(
+                                        state, decisions),
                                     num_samples=-1, max_concurrent_trials=max_concurrent, reuse_actors=True,
                                     trial_dirname_creator=trial_folder_name, trial_name_creator=trial_folder_name),
         run_config=tune.RunConfig(

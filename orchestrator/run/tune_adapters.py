@@ -37,14 +37,53 @@ def trial_metrics(result: dict) -> dict:
             if k not in RAY_RESULT_KEYS and not isinstance(v, dict) and not k.startswith("config/")}
 
 
+MEMBERS = "members"  # a fused array's config: its trials; its results: each member's metrics by trial key
+
+
+def trial_keys(config: dict) -> list[str]:
+    """The plan trials a Ray trial runs: a fused array's members, else its one trial."""
+    if MEMBERS in config:
+        return [member["trial_key"] for member in config[MEMBERS]]
+    return [config["trial_key"]] if "trial_key" in config else []
+
+
+def member_results(result: dict) -> dict[str, dict]:
+    """A fused array's result as each member's metrics (what its trial alone would have reported); Ray hands
+    callbacks the result as reported and the scheduler its flattened copy (`members/<key>/<metric>`)."""
+    if isinstance(result.get(MEMBERS), dict):
+        return {key: dict(metrics) for key, metrics in result[MEMBERS].items()}
+    found: dict[str, dict] = {}
+    for name, value in result.items():
+        if name.startswith(MEMBERS + "/") and name.count("/") >= 2:
+            _, key, metric = name.split("/", 2)
+            found.setdefault(key, {})[metric] = value
+    return found
+
+
+class ArrayDecisions:
+    """The driver's word to running fused arrays (a Ray actor, named per launch): which members the cell's pruner
+    stopped. A trial's `tune.report` returns only once the driver has taken its result and decided (Tune asks for
+    the next one after), so an array that asks after each report learns every decision before its next round."""
+
+    def __init__(self):
+        self.left: dict[str, list[str]] = {}
+
+    def stop(self, array: str, member: str) -> None:
+        self.left.setdefault(array, []).append(member)
+
+    def stopped(self, array: str) -> list[str]:
+        return list(self.left.get(array, []))
+
+
 class PlanSearcher(Searcher):
     """Hands out the plan's trials in order; FINISHED when the plan is done."""
 
-    def __init__(self, state: StudyState, max_concurrent: int | None = None):
+    def __init__(self, state: StudyState, max_concurrent: int | None = None, decisions: str | None = None):
         """`max_concurrent`: trials handed out and not finished, at most; the cluster's slots, so
-        that no trial waits issued (TPE asks with what is known when a slot is free)."""
+        that no trial waits issued (TPE asks with what is known when a slot is free). `decisions`: the name of
+        the launch's ArrayDecisions actor, which fused tuning arrays ask after each report."""
         super().__init__(metric=state.plan.metric, mode=state.plan.mode)
-        self.state = state
+        self.state, self.decisions = state, decisions
         self.keys: dict[str, str] = {}  # Ray trial id -> plan key
         self.max_concurrent = max_concurrent
 
@@ -64,54 +103,81 @@ class PlanSearcher(Searcher):
     def suggest(self, trial_id: str):
         if self.max_concurrent and len(self.keys) >= self.max_concurrent:
             return None
-        record = self.state.next_trial()
-        if record is None or record == FINISHED:
-            return Searcher.FINISHED if record == FINISHED else None
-        self.keys[trial_id] = record.key
-        plan = self.state.plan
-        return {"trainable": plan.study.trainable, "kind": plan.kind_path, "trial_key": record.key,
-                "cell": plan.cells[record.cell].key,
-                "phase": record.phase, "seed": record.seed, "trial": record.config,
-                "resume_from": record.checkpoint}
+        found = self.state.next_array()
+        if not isinstance(found, list):
+            return Searcher.FINISHED if found == FINISHED else None
+        self.keys[trial_id] = [record.key for record in found]
+        plan, record = self.state.plan, found[0]
+        config = {"trainable": plan.study.trainable, "kind": plan.kind_path, "trial_key": record.key,
+                  "cell": plan.cells[record.cell].key, "phase": record.phase, "seed": record.seed,
+                  "trial": record.config, "resume_from": record.checkpoint}
+        if len(found) > 1:  # one fused array: its own key names no plan trial, so nothing mistakes it for one
+            config.update(trial_key=f"{record.key}+{len(found) - 1}", seed=[r.seed for r in found], members=[
+                {"trial_key": r.key, "seed": r.seed, "trial": r.config, "resume_from": r.checkpoint} for r in found])
+            if record.phase == "tune":  # its members may be pruned: it asks after each report
+                config["decisions"] = self.decisions
+        return config
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         pass  # results are recorded by the scheduler, which also decides on pruning
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        key = self.keys.pop(trial_id, None)
-        if key is None:
-            return
-        if error:
-            self.state.on_finished(key, Outcome.FAILED, self.state.records[key].error or "trial raised an error")
-        elif result and result.get("diverged"):
-            self.state.on_finished(key, Outcome.DIVERGED, result.get("error"))
-        else:
-            self.state.on_finished(key, Outcome.COMPLETED)
+        keys = self.keys.pop(trial_id, [])
+        for key in keys:
+            record = self.state.records[key]
+            last = record.last if len(keys) > 1 else (result or {})  # an array's members: each its own last
+            if error:
+                self.state.on_finished(key, Outcome.FAILED, record.error or "trial raised an error")
+            elif last.get("diverged"):
+                self.state.on_finished(key, Outcome.DIVERGED, last.get("error"))
+            else:
+                self.state.on_finished(key, Outcome.COMPLETED)
 
 
 class CellScheduler(FIFOScheduler):
     """Each result goes to its own cell's pruner (successive halving inside the cell)."""
 
-    def __init__(self, state: StudyState):
+    def __init__(self, state: StudyState, decisions=None):
+        """`decisions`: the launch's ArrayDecisions actor (where fused tuning arrays learn which members left)."""
         super().__init__()
-        self.state = state
+        self.state, self.decisions = state, decisions
 
     def set_search_properties(self, metric, mode, **spec) -> bool:
         return True
 
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
-        key = trial.config.get("trial_key")
+        keys = trial_keys(trial.config)
+        if MEMBERS in trial.config:
+            return self._array_result(trial, keys, result)
+        key = keys[0] if keys else None
         if key not in self.state.records:
             return TrialScheduler.STOP  # not part of the plan (a stale trial from a torn snapshot)
         stop = self.state.on_result(key, trial_metrics(result))
         return TrialScheduler.STOP if stop else TrialScheduler.CONTINUE
 
+    def _array_result(self, trial, keys: list[str], result: dict) -> str:
+        """A fused array's round: each member's result goes to its cell's pruner as a trial alone's would, in the
+        members' order; a member it stops is pruned at once (its cell's study told) and leaves the array before
+        its next round; the array stops when no member is left."""
+        records = self.state.records
+        for key, metrics in member_results(result).items():
+            if key not in keys or key not in records or records[key].finished:
+                continue  # not this array's, or it left the array already
+            if self.state.on_result(key, trial_metrics(metrics)):
+                self.state.on_finished(key, Outcome.PRUNED)
+                if self.decisions is not None:
+                    import ray
+
+                    ray.get(self.decisions.stop.remote(trial.config["trial_key"], key))
+        going = [k for k in keys if k in records and not records[k].finished]
+        return TrialScheduler.CONTINUE if going else TrialScheduler.STOP
+
     def on_trial_error(self, tune_controller, trial) -> None:
-        """Called before the searcher hears of the failure: keep the error's last line."""
-        key = trial.config.get("trial_key")
-        if key in self.state.records:
-            self.state.records[key].error = error_summary(trial)
-            stop_on_full_disk(self.state, self.state.records[key].error)
+        """Called before the searcher hears of the failure: keep the error's last line (every member's)."""
+        for key in trial_keys(trial.config):
+            if key in self.state.records:
+                self.state.records[key].error = error_summary(trial)
+                stop_on_full_disk(self.state, self.state.records[key].error)
 
 
 def stop_on_full_disk(state: StudyState, error: str | None) -> None:
@@ -140,33 +206,47 @@ class TrackingCallback(Callback):
     def __init__(self, state: StudyState, tracker, models_dir: str | None = None):
         self.state, self.tracker, self.models_dir = state, tracker, models_dir
         self.retries: dict[str, int] = {}
+        self.closed: set[str] = set()  # fused members whose runs were closed when they left their array
 
     def __getstate__(self) -> dict:
         return {}  # driver-only: an MLflow client does not travel with Tune's experiment pickle
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
-        key = trial.config.get("trial_key")
-        if key in self.state.records:
-            self.tracker.start_trial(self.state.records[key], trial.config["cell"], trial.trial_id)
+        for key in trial_keys(trial.config):
+            if key in self.state.records:
+                self.tracker.start_trial(self.state.records[key], trial.config["cell"], trial.trial_id)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
-        key = trial.config.get("trial_key")
-        self.tracker.log_epoch(key, trial_metrics(result), str(result["node_ip"]) if result.get("node_ip") else None)
-        for name in sorted(k for k in result if k.endswith("_stage_dir") and result[k]):  # every stage reports one
-            self.tracker.link_stage(key, result[name])
+        node = str(result["node_ip"]) if result.get("node_ip") else None
+        found = member_results(result) if MEMBERS in trial.config else {trial.config.get("trial_key"): result}
+        for key, metrics in found.items():
+            self.tracker.log_epoch(key, trial_metrics(metrics), node)
+            for name in sorted(k for k in metrics if k.endswith("_stage_dir") and metrics[k]):  # each stage's
+                self.tracker.link_stage(key, metrics[name])
+        for key in trial_keys(trial.config) if MEMBERS in trial.config else ():
+            record = self.state.records.get(key)
+            if record is not None and record.finished and key not in self.closed:  # pruned: it left its array
+                self.closed.add(key)
+                self._finish_record(record)
 
     def on_trial_recover(self, iteration, trials, trial, **info) -> None:
         """A trial failed (its worker or node died) and Tune restarts it from its last checkpoint."""
-        key = trial.config.get("trial_key")
-        if key in self.state.records:
-            self.retries[key] = self.retries.get(key, 0) + 1
-            error = error_summary(trial)
-            stop_on_full_disk(self.state, error)
-            self.state.journal.write("retry", key=key, error=error)
-            self.tracker.set_tag(key, "ray.retries", str(self.retries[key]))
+        for key in trial_keys(trial.config):
+            if key in self.state.records:
+                self.retries[key] = self.retries.get(key, 0) + 1
+                error = error_summary(trial)
+                stop_on_full_disk(self.state, error)
+                self.state.journal.write("retry", key=key, error=error)
+                self.tracker.set_tag(key, "ray.retries", str(self.retries[key]))
 
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info) -> None:
-        self.state.on_checkpoint(trial.config.get("trial_key"), checkpoint.path)
+        if MEMBERS not in trial.config:
+            self.state.on_checkpoint(trial.config.get("trial_key"), checkpoint.path)
+            return
+        for key in trial_keys(trial.config):  # each member's own folder in the array's checkpoint
+            path = os.path.join(checkpoint.path, MEMBERS, key)
+            if os.path.isdir(path) and key not in self.closed:
+                self.state.on_checkpoint(key, path)
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         self._finish(trial)
@@ -175,9 +255,12 @@ class TrackingCallback(Callback):
         self._finish(trial)
 
     def _finish(self, trial) -> None:
-        record = self.state.records.get(trial.config.get("trial_key"))
-        if record is None:
-            return
+        for key in trial_keys(trial.config):
+            record = self.state.records.get(key)
+            if record is not None and key not in self.closed:
+                self._finish_record(record)
+
+    def _finish_record(self, record) -> None:
         for name in ARTIFACTS if record.checkpoint else ():
             if os.path.exists(os.path.join(record.checkpoint, name)):
                 self.tracker.log_artifact(record.key, os.path.join(record.checkpoint, name))
@@ -218,6 +301,12 @@ def run_trial(config: dict) -> None:
     kind = load_kind(config["kind"])
     if isinstance(kind, TrainingKind):  # a fresh worker's one-time imports are the worker's, not this trial's
         import trainables.training.loop  # noqa: F401
+    if MEMBERS in config:
+        try:
+            run_array_trial(kind, config)
+        finally:
+            release_memory()
+        return
     run = kind.run
     clock = AttemptClock()
 
@@ -242,6 +331,74 @@ def run_trial(config: dict) -> None:
         release_memory()
 
 
+class ArrayReports:
+    """A fused array's reports to Tune: each member's metrics of a round (stamped with its share of the array's
+    wall time) gathered, then one `tune.report` with all of them and one checkpoint folder that holds every
+    member's latest checkpoint, `members/<trial key>/` in its trial's own format."""
+
+    def __init__(self, folder: str, keys: list[str], array: str, decisions: str | None = None):
+        self.folder, self.clock = folder, AttemptClock(len(keys))
+        self.array, self.decisions = array, decisions
+        self.pending: dict[str, dict] = {}
+        self.left: set[str] = set()
+
+    def __call__(self, key: str, metrics: dict, checkpoint_dir: str | None = None) -> None:
+        import shutil
+
+        if checkpoint_dir is not None:
+            target = os.path.join(self.folder, MEMBERS, key)
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(checkpoint_dir, target)
+        clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
+        self.pending[key] = {**clean, **self.clock.stamp(key)}
+
+    def flush(self) -> set[str]:
+        """Send the round's reports; the members the driver has since stopped (pruned), which leave the array."""
+        import shutil
+
+        if self.pending:
+            tune.report({MEMBERS: self.pending}, checkpoint=tune.Checkpoint.from_directory(self.folder))
+            self.pending = {}
+        if self.decisions is None:
+            return set()
+        import ray
+
+        left = set(ray.get(ray.get_actor(self.decisions).stopped.remote(self.array))) - self.left
+        for key in left:  # its results are kept; its checkpoint is no longer the array's to carry
+            shutil.rmtree(os.path.join(self.folder, MEMBERS, key), ignore_errors=True)
+        self.left |= left
+        return left
+
+
+def run_array_trial(kind, config: dict) -> None:
+    """A fused array (`resources.fuse`): its members' trials trained together by the kind (`run_array`), each
+    from Tune's checkpoint of the array (a retry), else its own from the plan (a resumed study), else fresh."""
+    import shutil
+    import tempfile
+
+    members = config[MEMBERS]
+    keys = [member["trial_key"] for member in members]
+    folder = tempfile.mkdtemp(prefix="array-ckpt-")
+    try:
+        checkpoint = tune.get_checkpoint()
+        if checkpoint is not None:
+            with checkpoint.as_directory() as saved:
+                if os.path.isdir(os.path.join(saved, MEMBERS)):
+                    shutil.copytree(os.path.join(saved, MEMBERS), os.path.join(folder, MEMBERS))
+        for member in members:
+            own = member.get("resume_from")
+            target = os.path.join(folder, MEMBERS, member["trial_key"])
+            if not os.path.isdir(target) and own and os.path.isdir(own):
+                shutil.copytree(own, target)
+        starts = [os.path.join(folder, MEMBERS, key) for key in keys]
+        reports = ArrayReports(folder, keys, config["trial_key"], config.get("decisions"))
+        kind.run_array([member["trial"] for member in members], keys, reports,
+                       [start if os.path.isdir(start) else None for start in starts])
+        reports.flush()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 class AttemptClock:
     """The wall time of one attempt of a trial (a retry or a resumed launch starts another), from when its
     kind starts the trial (a fresh worker's imports done) to each report, stamped on every report with the
@@ -249,17 +406,20 @@ class AttemptClock:
     stamp, so a trial's wall time is the sum of its attempts' last stamps
     (orchestrator.study.journal.TrialRecord.wall_s) however often it was interrupted."""
 
-    def __init__(self):
+    def __init__(self, members: int = 1):
         import uuid
 
-        self.attempt, self.started, self.first = uuid.uuid4().hex[:12], time.monotonic(), True
+        self.attempt, self.started, self.members = uuid.uuid4().hex[:12], time.monotonic(), members
+        self.first: set[str | None] = set()
 
-    def stamp(self) -> dict:
-        stamp = {ATTEMPT: self.attempt, ATTEMPT_S: round(time.monotonic() - self.started, 4)}
-        if self.first:
+    def stamp(self, member: str | None = None) -> dict:
+        """A fused array's member gets its share of the array's time (the wall time over its members), so
+        that the study's compute counts the array's time once."""
+        stamp = {ATTEMPT: self.attempt, ATTEMPT_S: round((time.monotonic() - self.started) / self.members, 4)}
+        if member not in self.first:
             from reports.environment import gpus, machine
 
-            self.first = False
+            self.first.add(member)
             stamp.update({f"hardware_{k}": v for k, v in {**machine(), **gpus()}.items()})
         return stamp
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchestrator.study.yaml_file import apply_overrides, read_study_file
 from trainables.data.declaration import DataDeclaration, parse_declaration
@@ -121,6 +121,17 @@ class ResourcesSection(Section):
 
     cpu: float = Field(default=1.0, gt=0, description="CPUs per trial")
     gpu: float = Field(default=0.0, ge=0, description="GPUs per trial; a fraction packs several trials on one GPU")
+    fuse: Literal["auto", "off"] | int = Field(
+        default="auto", description="train a cell's replicates as fused arrays of this many members, one stacked "
+                                    "model in one process (each member still its own trial); off: each trial alone; "
+                                    "auto: fused on a GPU where the kind can (up to 8), alone on CPUs")
+
+    @field_validator("fuse", mode="before")
+    @classmethod
+    def _members(cls, value: Any) -> Any:
+        if value in ("auto", "off") or (type(value) is int and value >= 1):
+            return value
+        raise ValueError("give auto, off, or the members of an array (a whole number of at least 1)")
 
 
 class TrackingSection(Section):
@@ -274,6 +285,7 @@ def explain(error: ErrorDetails, schema: type[BaseModel] = StudyConfig) -> UserI
     message = error["msg"]
     if error["type"] == "literal_error":
         message = message.replace("Input should be", "use")
+    message = message.removeprefix("Value error, ")  # a validator's own sentence
     return UserInputError(key, error.get("input"), message[0].lower() + message[1:])
 
 

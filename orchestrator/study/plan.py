@@ -17,6 +17,7 @@ from typing import Any, Literal, cast
 from orchestrator.study.cells import MANAGED, Cell, ablate_axes, did_you_mean, grid_cells
 from orchestrator.study.config import StudyConfig
 from orchestrator.study.data import read_study_data, trial_task
+from orchestrator.study.fusing import Fusion, fusions
 from orchestrator.study.model_check import check_cuts, check_models
 from orchestrator.study.plan_checks import (
     check_baseline,
@@ -58,6 +59,15 @@ class StudyPlan:
     round_name: str = "epoch"  # what one report covers (the kind's; read from the record without the kind's code)
     data: tuple[DataRecord, ...] = ()  # each data set the cells read, with its splits' sha256
     plugins: tuple[PluginRecord, ...] = ()  # the registered names it uses that installed plugins provide
+    fusion: tuple[Fusion, ...] = ()  # per cell: its replicates' fused arrays (`resources.fuse`), and why
+
+    def members_of(self, cell_index: int) -> int:
+        """How many of the cell's replicates train as one fused array (1: each alone)."""
+        return self.fusion[cell_index].members if self.fusion else 1
+
+    def tuning_members_of(self, cell_index: int) -> int:
+        """How many of the cell's tuning trials train as one fused array (1: each alone)."""
+        return self.fusion[cell_index].members if self.fusion and self.fusion[cell_index].tuning else 1
 
     def start_order(self) -> list[Cell]:
         """Cells costliest first (then in index order): long trials start early, so the study's
@@ -161,7 +171,8 @@ def plan_record(plan: StudyPlan, provenance: dict[str, str] | None = None, input
         cell_reports=list(plan.cell_reports), cell_costs=list(plan.cell_costs), tuning_trials=plan.tuning_trials,
         replicate_trials=plan.replicate_trials, provenance=provenance or {}, data=data,
         plugins=list(plan.plugins), resources={"cpu": plan.study.resources.cpu, "gpu": plan.study.resources.gpu},
-        search=search_settings(plan.study), models=models, estimate=estimate, defaults=defaults_of(plan))
+        search=search_settings(plan.study), models=models, estimate=estimate, defaults=defaults_of(plan),
+        fusion=[{"members": f.members, "why": f.why, "tuning": f.tuning} for f in plan.fusion])
 
 
 def plan_from_record(study: StudyConfig, record: StudyRecord) -> StudyPlan:
@@ -171,7 +182,8 @@ def plan_from_record(study: StudyConfig, record: StudyRecord) -> StudyPlan:
     return StudyPlan(study, tuple(Cell(i, values) for i, values in enumerate(record.cells)), tuned,
                      tuple(record.seeds), record.base, record.metric, record.mode, record.epochs, record.origins,
                      tuple(record.cell_reports), record.kind.path, tuple(record.cell_costs), tuple(record.kind.stages),
-                     tuple(record.kind.tables or ()), record.kind.round_name, tuple(record.data), tuple(record.plugins))
+                     tuple(record.kind.tables or ()), record.kind.round_name, tuple(record.data), tuple(record.plugins),
+                     tuple(Fusion(int(f["members"]), str(f["why"]), bool(f.get("tuning"))) for f in record.fusion))
 
 
 def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Path | None = None) -> StudyPlan:
@@ -180,7 +192,7 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
     (UserInputErrors when there are several)."""
     kind = load_kind(KINDS[study.trainable])  # config.py checked the name against the registry
     found = Problems()
-    checked = None
+    checked, fusion = None, None
     found.check(check_task_name, study)
     task_ok = not found.errors
     seeds = found.check(_replicate_seeds, study, kind)
@@ -205,6 +217,8 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
         if parsed:
             checked = found.check(check_models, study, cells, parsed, origins)
             found.check(check_saved_pooling, study, parsed, origins)
+            if seeds is not None:
+                fusion = found.check(fusions, study, kind, parsed, len(seeds), tuned)
         data = found.check(read_study_data, tasks_read(study, cells, base, origins, parsed is not None),
                            base.get("data_dir"))
         if axes_ok:
@@ -221,7 +235,7 @@ def build_plan(study: StudyConfig, study_dir: Path | None = None, stage_root: Pa
     tables = tuple(sorted({name for p in parsed for name in kind.tables(p)}))
     return StudyPlan(study, cells, tuned, seeds, base, metric, mode, epochs, origins, reports,
                      KINDS[study.trainable], tuple(kind.relative_cost(p) for p in parsed), stages, tables,
-                     kind.round_name, data, plugins_used(study.trainable, kind, parsed, tuned))
+                     kind.round_name, data, plugins_used(study.trainable, kind, parsed, tuned), fusion or ())
 
 
 def _tuned_params(study: StudyConfig, kind: TrainableKind, axes: dict[str, Fixed | Grid]) -> dict[str, Param]:

@@ -80,7 +80,8 @@ class StudyState:
     def _new_study(self, cell: Cell) -> optuna.Study:
         tune = cast("TuneSection", self.plan.study.tune)  # a study's cells have studies only when it tunes
         sampler = make_sampler(tune.sampler, tune.sampler_seed + cell.index, tune.startup_trials, tune.qmc_type,
-                               nsga2_population(tune.trials, tune.population_size))
+                               nsga2_population(tune.trials, tune.population_size),
+                               self.plan.tuning_members_of(cell.index) > 1)
         pruner = make_pruner(tune.scheduler, tune.grace_epochs, tune.reduction_factor, self.plan.reports_of(cell.index))
         name = f"{self.plan.study.name} {cell.key}"
         if self.multi:
@@ -128,19 +129,7 @@ class StudyState:
         """The next trial to start; FINISHED when nothing is left; None while only running trials
         block further work (their outcomes decide the replicates)."""
         if self.requeue:
-            record = self.requeue.pop(0)
-            if record.phase == "tune":
-                self.studies[record.cell].enqueue_trial(record.tuned, skip_if_exists=False)
-                trial = self.asked[record.key] = self.studies[record.cell].ask(self.space)
-                trial.set_user_attr(KEY_ATTR, record.key)
-                # its epochs before the interruption and what the pruner made of them (it goes on from the rung
-                # it had reached; a multi-objective study reports none), and the generation NSGA-II bred it in
-                for step, value in ({} if self.multi else self._steps(record)).items():
-                    trial.report(value, step=step)
-                for name, value in {**self._rungs(record), **record.sampler_attrs}.items():
-                    trial.storage.set_trial_system_attr(trial._trial_id, name, value)
-            self._issue(record)
-            return record
+            return self._reissue(self.requeue.pop(0))
         for cell in self.plan.start_order():
             replicate = self._next_replicate(cell)
             if replicate is not None:
@@ -149,6 +138,44 @@ class StudyState:
         if tuning is not None:
             return tuning
         return FINISHED if all(r.finished for r in self.records.values()) else None
+
+    def _reissue(self, record: TrialRecord) -> TrialRecord:
+        """A trial interrupted by an earlier launch, issued again (a tuning trial asked again of its cell's study,
+        with its epochs so far and the generation it was bred in)."""
+        if record.phase == "tune":
+            self.studies[record.cell].enqueue_trial(record.tuned, skip_if_exists=False)
+            trial = self.asked[record.key] = self.studies[record.cell].ask(self.space)
+            trial.set_user_attr(KEY_ATTR, record.key)
+            # its epochs before the interruption and what the pruner made of them (it goes on from the rung
+            # it had reached; a multi-objective study reports none), and the generation NSGA-II bred it in
+            for step, value in ({} if self.multi else self._steps(record)).items():
+                trial.report(value, step=step)
+            for name, value in {**self._rungs(record), **record.sampler_attrs}.items():
+                trial.storage.set_trial_system_attr(trial._trial_id, name, value)
+        self._issue(record)
+        return record
+
+    def next_array(self) -> list[TrialRecord] | str | None:
+        """`next_trial`, with the trials of its cell and phase that may start beside it in one fused array
+        (`resources.fuse`): interrupted ones first, then new seeds (replicates) or the cell's next suggestions
+        (tuning, when its tuning fuses), up to the cell's members. FINISHED or None as `next_trial`."""
+        first = self.next_trial()
+        if not isinstance(first, TrialRecord):
+            return first
+        array = [first]
+        cell = self.plan.cells[first.cell]
+        size = (self.plan.members_of if first.phase == "replicate" else self.plan.tuning_members_of)(first.cell)
+        while len(array) < size:
+            queued = next((r for r in self.requeue if r.cell == first.cell and r.phase == first.phase), None)
+            if queued is not None:
+                self.requeue.remove(queued)
+                array.append(self._reissue(queued))
+                continue
+            more = self._next_replicate(cell) if first.phase == "replicate" else self._next_tuning(cell)
+            if more is None:
+                break
+            array.append(more)
+        return array
 
     def _index(self, record: TrialRecord) -> None:
         group = self.by_cell.setdefault((record.cell, record.phase), {})
@@ -301,10 +328,11 @@ class StudyState:
         return (bool(current) and all(r.finished for r in current) and {r.seed for r in current} >=
                 set(self.plan.seeds) and not self.seed_rule(cell)[0])
 
-    def _next_tuning(self) -> TrialRecord | None:
+    def _next_tuning(self, only: Cell | None = None) -> TrialRecord | None:
+        """The next suggestion, of the open cell with fewest trials (or of `only`, a fused array's cell)."""
         if not self.plan.study.tune:
             return None
-        open_cells = [c for c in self.plan.cells
+        open_cells = [c for c in ([only] if only is not None else self.plan.cells)
                       if len(self.by_cell.get((c.index, "tune"), ())) < self.plan.trials_per_cell]
         if not open_cells:
             return None

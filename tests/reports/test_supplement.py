@@ -494,7 +494,7 @@ def test_trials_that_hold_gpus_report_gpu_hours_and_the_gpu_model(tiny_bert, syn
     from reports.environment import gpus
 
     path = write_study(tmp_path, tiny_bert, synthetic_data_dir, name="gpu", tune=None,
-                       resources={"cpu": 4, "gpu": 0.5})
+                       resources={"cpu": 4, "gpu": 0.5, "fuse": "off"})  # each trial's own wall time
     launch(path, storage=tmp_path / "studies", progress=False,
            executor=instant_executor(score, slots=2, epoch_seconds=epoch_seconds))
     build_report(collect(f"sqlite:///{tmp_path / 'mlflow.db'}", "gpu"), tmp_path / "report")

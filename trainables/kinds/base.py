@@ -81,6 +81,8 @@ class TrainableKind(ABC):
     # a tiny config of this kind, seconds to run: the contract tests run it for every registered kind (a
     # kind without one fails CI); they fill in `model`, `data_dir`, `cache_dir`, `seed` and the device
     example: ClassVar[dict[str, Any] | None] = None
+    # config fields that may differ between the members of one fused array (`run_array`): its optimizer scalars
+    fused_scalars: ClassVar[tuple[str, ...]] = ()
 
     def parse(self, values: dict) -> Any:
         return parse_config(self.Config, values)

@@ -106,6 +106,7 @@ class FinetuneKind(TrainingKind):
     learner = "trainables.kinds.finetune.learner:FinetuneLearner"
     exports_models = True
     names = {"pooling": POOLINGS, "loss": OBJECTIVES}
+    fused_scalars = ("lr", "weight_decay", "warmup_ratio", "max_grad_norm")
 
     def pilot(self, cfg):
         from trainables.data.tasks import load_task

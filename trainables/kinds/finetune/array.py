@@ -37,6 +37,17 @@ from trainables.training.loop import LoopState, end_round, load_weights, restore
 MemberReport = Callable[[str, dict, "str | None"], None]  # (member, metrics, checkpoint folder or None)
 
 
+def flush(report: MemberReport) -> set[str]:
+    """A round's reports are all made: a report that gathers them (the Ray trial's) sends them now, and says which
+    members the study stopped since (its pruner: they leave the array, as a trial alone would end)."""
+    send = getattr(report, "flush", None)
+    return set(send() or ()) if send is not None else set()
+
+
+class Left(Exception):
+    """A member trained alone was stopped by the study's pruner after its report."""
+
+
 @dataclass
 class Member:
     """One trial of the array: its label, config, learner, loop state and best-dev weights."""
@@ -47,6 +58,7 @@ class Member:
     state: LoopState = field(default_factory=LoopState)
     best: dict | None = None
     error: str | None = None  # why it left the array (diverged)
+    left: bool = False  # stopped by the study (pruned)
 
 
 def run_array(kind, configs: Sequence[dict], labels: Sequence[str], report: MemberReport,
@@ -73,20 +85,30 @@ def run_array(kind, configs: Sequence[dict], labels: Sequence[str], report: Memb
             serial(kind, member, config, folder, report)
         return
     while True:
-        waiting = [m for m in members if m.error is None and m.state.round < rounds]
+        waiting = [m for m in members if m.error is None and not m.left and m.state.round < rounds]
         if not waiting:
             return
         behind = min(m.state.round for m in waiting)
         fused_round(kind, [m for m in waiting if m.state.round == behind], behind + 1, dtype, report)
+        stopped = flush(report)
+        for member in members:
+            member.left = member.left or member.label in stopped
 
 
 def serial(kind, member: Member, config: dict, folder: str | None, report: MemberReport) -> None:
     """A member trained as its trial alone (an array that cannot stack): the one loop, its reports labelled."""
+    def each(metrics: dict, checkpoint_dir: str | None = None) -> None:
+        report(member.label, metrics, checkpoint_dir)
+        if member.label in flush(report):
+            raise Left
+
     try:
-        train(kind, kind.parse(config), lambda metrics, checkpoint_dir=None: report(member.label, metrics,
-                                                                                    checkpoint_dir), folder)
+        train(kind, kind.parse(config), each, folder)
     except TrainingDivergedError as exc:
         report(member.label, {"diverged": 1, "error": str(exc)}, None)
+        flush(report)
+    except Left:
+        member.left = True
 
 
 def array_refusal(members: Sequence[Member]) -> str | None:
@@ -112,6 +134,7 @@ def fused_round(kind, members: list[Member], round_: int, dtype: torch.dtype, re
         logging.getLogger("trainables").warning("the array's members train one after another: %s", exc)
         for member in members:
             serial_round(kind, member, round_, report)
+            member.left = member.label in flush(report)
         return
     for member in members:
         moments, steps = optimizer_moments(member.learner)
