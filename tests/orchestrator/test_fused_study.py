@@ -31,11 +31,16 @@ def study_file(folder, tiny_bert, data_dir, name: str, fuse, epochs: int = 2):
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump({
         "name": name, "model": tiny_bert, "replicate": {"seeds": SEEDS}, "data_dir": str(data_dir),
-        "train": {"layer": 2, "epochs": epochs, "batch_size": 8, "max_seq_length": 32, "lr": 1e-3,
+        "ablate": {"layer": [2]}, "train": {"epochs": epochs, "batch_size": 8, "max_seq_length": 32, "lr": 1e-3,
                   "precision": "fp32"},
         "data": {"max_train_samples": 96, "max_eval_samples": 80}, "resources": {"cpu": 1, "fuse": fuse},
         "tracking": {"mlflow_uri": f"sqlite:///{folder / 'mlflow.db'}"}}))
     return path
+
+
+def cli(folder, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=folder, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
 def by_seed(name: str, storage) -> dict:
@@ -56,7 +61,7 @@ def test_a_study_of_fused_replicates_reports_what_the_study_without_fusion_repor
     curves = orc.results("fused", storage=storage, curves=True)
     assert curves.groupby("trial_key").epoch.apply(list).tolist() == [[1, 2]] * len(SEEDS)
     record = json.loads((storage / "fused" / RECORD).read_text())
-    assert record["fusion"] == [{"members": 4, "why": "resources.fuse: 4"}]
+    assert record["fusion"] == [{"members": 4, "why": "resources.fuse: 4", "tuning": False}]
     issued = [json.loads(line) for line in (storage / "fused" / JOURNAL).read_text().splitlines()]
     assert sorted(e["key"] for e in issued if e["event"] == "finished") == [f"c0-s{s}" for s in SEEDS]
     assert {e["metrics"]["fused_members"] for e in issued if e["event"] == "result"} == {4}
@@ -66,9 +71,13 @@ def test_a_study_of_fused_replicates_reports_what_the_study_without_fusion_repor
     texts = {name: (tmp_path / "reports" / name / "report.md").read_text() for name in ("fused", "alone")}
     assert "fused arrays of up to 4 members (resources.fuse: 4)" in texts["fused"]
     assert "fused arrays" not in texts["alone"]
-    verified = subprocess.run([sys.executable, "-m", "orchestrator.cli", "verify", str(tmp_path / "reports" / "fused")],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    verified = cli(tmp_path, "verify", str(tmp_path / "reports" / "fused"))
     assert verified.returncode == 0 and verified.stdout.startswith("ok:"), verified.stdout + verified.stderr
+    # a fused member rerun alone gives its numbers back (to the fused tolerance, said with the reason)
+    again = cli(tmp_path, "reproduce", str(tmp_path / "reports" / "fused"), "--cell", "layer=2", "--seed", "1")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "fused: this cell's replicates trained in arrays of up to 4" in again.stdout
+    assert "match: every score within 0.05" in again.stdout, again.stdout
 
 
 def test_a_fused_array_stopped_mid_study_resumes_every_member_from_its_checkpoint(tiny_bert, data_dir, tmp_path):
