@@ -30,6 +30,7 @@ import copy
 import csv
 import gc
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -102,12 +103,12 @@ def synchronize(device: torch.device) -> None:
 class Alone:
     """One trial's step, as the `finetune` learner takes it."""
 
-    def __init__(self, model: torch.nn.Module, pairs: Pairs, batch: int, total: int, device, dtype):
+    def __init__(self, model: torch.nn.Module, pairs: Pairs, batch: int, total: int, device, dtype, seed: int = 0):
         self.model, self.pairs, self.device, self.dtype, self.members = model, pairs, device, dtype, 1
         self.loss_fn = CosineMSELoss()
         self.optimizer = build_optimizer(list(model.named_parameters()), LR, WEIGHT_DECAY)
         self.scheduler = linear_schedule(self.optimizer, round(WARMUP_RATIO * total), total)
-        self.batches, self.done = pairs.order(0, batch, total), 0
+        self.batches, self.done = pairs.order(seed, batch, total), 0
         self.model.train()
 
     def step(self) -> tuple[int, int]:
@@ -219,14 +220,90 @@ def table(label: str, rows: dict[str, dict]) -> str:
 def summary(rows: dict[str, dict], batch: int) -> str:
     """The largest array's gain over one trial and its utilization: the issue's goal figures (>= 10x at
     16 members, >= 85 % busy, on a GPU)."""
-    name = max((n for n in rows if n != "alone"), key=lambda n: (int(n.split()[1]), rows[n]["pairs_per_s"]))
+    name = max((n for n in rows if n.startswith("fused")), key=lambda n: (int(n.split()[1]), rows[n]["pairs_per_s"]))
     row, use = rows[name], rows[name]["utilization"]
     return (f"batch {batch}: {name} trains {row['pairs_per_s'] / rows['alone']['pairs_per_s']:.2f}x the pairs/s of "
             f"one trial alone" + (f", the GPU {use:.0f} % busy (alone {rows['alone']['utilization']:.0f} %)"
                                   if use is not None and rows["alone"]["utilization"] is not None else ""))
 
 
-def main(argv: list[str] | None = None) -> None:
+def setup(args) -> tuple:
+    """(device, dtype, model name, layer, tokenized pairs) of a run: the parent's and each separate process's."""
+    device = torch.device(args.device)
+    precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    name = MODELS.get(args.model, args.model)
+    layer = args.layer if args.layer is not None else encoder_depth(load_config(name))
+    first, second, scores = read_pairs(args)
+    pairs = Pairs(first, second, scores, load_tokenizer(name))  # scores in [0, 1], as load_task gives them
+    return device, dtype, name, layer, pairs
+
+
+def configure(args) -> None:
+    """The attention settings of every side, in this process (and in each separate one)."""
+    dropout_module.EXPLICIT_TRAINING_ON_CUDA = args.train_attention == "explicit"
+    if args.sdpa_backends:
+        chosen = set(args.sdpa_backends.split(","))
+        for name, enable in SDPA_BACKENDS.items():
+            enable(name in chosen)
+
+
+def starting_model(args, name: str, layer: int) -> torch.nn.Module:
+    """Every side's start: the model cut at `layer`, mean pooling, the `fast` dropout masks (none: no dropout)."""
+    start = build_sentence_encoder(name, layer, "mean", dropout_masks="fast")
+    if args.dropout == "none":
+        without_dropout(start)
+    return start
+
+
+def separate_process(argv: list[str], threads: int, batch: int, seed: int, barrier, results) -> None:
+    """One of K trials run as separate processes: its own model, optimizer and data order (`seed`), `--warmup`
+    untimed steps, then, once every process is ready (`barrier`), `--steps` timed ones; puts (start, end, CPU
+    seconds, real tokens, padded tokens) on `results`."""
+    args = parser_of().parse_args(argv)
+    torch.set_num_threads(threads)
+    configure(args)
+    device, dtype, name, layer, pairs = setup(args)
+    total = args.warmup + args.steps
+    side = Alone(starting_model(args, name, layer).to(device), pairs, batch, total, device, dtype, seed)
+    for _ in range(args.warmup):
+        side.step()
+    synchronize(device)
+    barrier.wait()
+    started, cpu = time.perf_counter(), time.process_time()  # CLOCK_MONOTONIC: comparable across processes
+    real = padded = 0
+    for _ in range(args.steps):
+        r, p = side.step()
+        real, padded = real + r, padded + p
+    synchronize(device)
+    results.put((started, time.perf_counter(), time.process_time() - cpu, real, padded))
+
+
+def run_separate(argv: list[str], count: int, batch: int, steps: int, device: torch.device) -> dict:
+    """K trials as K processes at once on the same device (each `threads // K` torch threads, at least 1: the
+    same cores as one trial): aggregate pairs/s from the first process's start to the last one's end."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+    barrier, results = context.Barrier(count + 1), context.Queue()
+    threads = max(1, torch.get_num_threads() // count)
+    workers = [context.Process(target=separate_process, args=(argv, threads, batch, seed, barrier, results))
+               for seed in range(count)]
+    for worker in workers:
+        worker.start()
+    barrier.wait(timeout=1800)
+    with Utilization(device, every=0.1) as use:
+        found = [results.get(timeout=3600) for _ in workers]
+    for worker in workers:
+        worker.join()
+    seconds = max(end for _, end, *_ in found) - min(start for start, *_ in found)
+    pairs = count * batch * steps
+    return {"pairs_per_s": pairs / seconds, "pairs_per_cpu_s": pairs / sum(f[2] for f in found),
+            "seconds": seconds, "padded_share": 1 - sum(f[3] for f in found) / sum(f[4] for f in found),
+            "utilization": use.mean, "peak_mib": None}
+
+
+def parser_of() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--model", default="minilm", help="minilm, mpnet, a hub id or a model folder")
@@ -258,6 +335,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pairs-file", default=None, help="train pairs as the TSV --export-pairs writes")
     parser.add_argument("--export-pairs", default=None, metavar="PATH", help="write STS-B train as a TSV and exit")
     parser.add_argument("--json", default=None, help="also write every figure to this file")
+    parser.add_argument("--separate", default="", help="also K trials as K processes at once, for each K here "
+                                                       "(comma-separated; each process threads // K torch threads)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = parser_of()
     args = parser.parse_args(argv)
     if args.export_pairs:
         pairs = read_pairs(args)
@@ -268,24 +352,16 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--device cuda: no CUDA device here; use --device cpu")
     if args.threads:
         torch.set_num_threads(args.threads)
-    dropout_module.EXPLICIT_TRAINING_ON_CUDA = args.train_attention == "explicit"
-    if args.sdpa_backends:
-        chosen = set(args.sdpa_backends.split(","))
-        if not chosen or chosen - set(SDPA_BACKENDS):
-            parser.error(f"--sdpa-backends {args.sdpa_backends}: give some of {', '.join(SDPA_BACKENDS)}")
-        for name, enable in SDPA_BACKENDS.items():
-            enable(name in chosen)
-    device = torch.device(args.device)
-    precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    name = MODELS.get(args.model, args.model)
-    layer = args.layer if args.layer is not None else encoder_depth(load_config(name))
+    if args.sdpa_backends and (not set(args.sdpa_backends.split(",")) or
+                               set(args.sdpa_backends.split(",")) - set(SDPA_BACKENDS)):
+        parser.error(f"--sdpa-backends {args.sdpa_backends}: give some of {', '.join(SDPA_BACKENDS)}")
+    configure(args)
     sizes, batches = [int(v) for v in args.members.split(",")], [int(v) for v in args.batch.split(",")]
     orders = args.order.split(",")
     if set(orders) - {"trial", "aligned"}:
         parser.error(f"--order {args.order}: give trial, aligned or both")
-    first, second, scores = read_pairs(args)
-    pairs = Pairs(first, second, scores, load_tokenizer(name))  # scores in [0, 1], as load_task gives them
+    separate = [int(v) for v in args.separate.split(",") if v.strip()]
+    device, dtype, name, layer, pairs = setup(args)
     threads = f"CPU, {torch.get_num_threads()} threads"
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else threads
     print(f"{hardware}; torch {torch.__version__}; {Path(name).name} at layer {layer}; "
@@ -296,9 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     record = {"device": hardware, "torch": torch.__version__, "model": Path(name).name, "layer": layer,
               "train_attention": args.train_attention, "sdpa_backends": args.sdpa_backends,
               "precision": str(dtype).removeprefix("torch."), "steps": args.steps, "runs": []}
-    start = build_sentence_encoder(name, layer, "mean", dropout_masks="fast")
-    if args.dropout == "none":
-        without_dropout(start)
+    start = starting_model(args, name, layer)
     total = args.warmup + args.steps
     specs = [("alone", 1, "trial")] + [(f"fused {k}" + (" aligned" if order == "aligned" else ""), k, order)
                                        for k in sizes for order in (orders if k > 1 else orders[:1])]
@@ -323,6 +397,9 @@ def main(argv: list[str] | None = None) -> None:
                     gc.collect()
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
+            for count in separate:  # K processes at once, the same cores
+                measured[f"separate {count}"] = run_separate(argv if argv is not None else sys.argv[1:], count,
+                                                             batch, args.steps, device)
             for label, row in measured.items():
                 if label not in rows or row["pairs_per_s"] > rows[label]["pairs_per_s"]:
                     rows[label] = row

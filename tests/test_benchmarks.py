@@ -686,11 +686,13 @@ def test_the_fused_benchmark_times_one_trial_and_arrays_on_the_cpu(tiny_bert, sy
     import fused
 
     out = tmp_path / "fused.json"
+    separate = ["--separate", "2"] if dropout == "member" else []  # K trials as K processes: spawned, so once
     fused.main(["--device", "cpu", "--model", tiny_bert, "--data-dir", str(synthetic_data_dir), "--members", "1,2",
                 "--batch", "4", "--order", "trial,aligned", "--steps", "2", "--warmup", "1", "--dropout", dropout,
-                "--json", str(out)])
+                "--json", str(out), *separate])
     (run,) = json.loads(out.read_text())["runs"]
-    assert set(run["sides"]) == {"alone", "fused 1", "fused 2", "fused 2 aligned"}
+    assert set(run["sides"]) == {"alone", "fused 1", "fused 2", "fused 2 aligned"} | (
+        {"separate 2"} if separate else set())
     assert all(side["pairs_per_s"] > 0 and 0 <= side["padded_share"] < 1 for side in run["sides"].values())
 
 

@@ -5,9 +5,11 @@ process; trainables.training.fused, issue 56), and why. Each member stays a tria
 - a number K: each cell's replicates in arrays of up to K; a cell whose trials the kind cannot fuse (its
   `fuse_refusal`) is refused at `validate`, naming why, with the fix.
 - `auto` (the default): on CPUs each trial alone (an array computes the same arithmetic; on the 2-core machine it
-  measured 0.87x its trials one after another, docs/benchmarks/speed.md); on a GPU arrays of up to AUTO_MEMBERS
-  in the cells the kind can fuse, the rest alone. This is a rule, not yet the per-cell probe (step time and memory
-  at 1 and K members) the issue asks for.
+  measured slower than its trials side by side, docs/concepts/fused-arrays.md); with a fraction of a GPU per trial
+  each trial alone (the trials already share the GPU as processes); with a GPU or more per trial, arrays of up to
+  AUTO_MEMBERS in the cells the kind can fuse, the rest alone. An array that runs out of device memory trains its
+  members one after another (trainables.kinds.finetune.array). This is a rule, not yet the per-cell probe (step
+  time and memory at 1 and K members) the issue asks for.
 
 Tuning trials fuse too when every tuned parameter is one of the kind's `fused_scalars` (finetune: lr,
 weight_decay, warmup_ratio, max_grad_norm): an array's K suggestions are asked from the cell's sampler one after
@@ -61,6 +63,9 @@ def fusions(study: StudyConfig, kind: TrainableKind, parsed: list[TrialConfig], 
     if asked == "auto":
         if study.resources.gpu == 0:
             return tuple(Fusion(1, f"auto: {CPU_REASON}") for _ in parsed)
+        if study.resources.gpu < 1:
+            return tuple(Fusion(1, f"auto: each trial holds {study.resources.gpu:g} of a GPU, so trials already share "
+                                   "one as processes (give resources.gpu: 1 to fuse them instead)") for _ in parsed)
         size = max(seeds, study.tune.trials if study.tune is not None and tunes else 0)
         if size < 2:
             return tuple(Fusion(1, "auto: one trial per cell and phase") for _ in parsed)

@@ -31,6 +31,8 @@ def test_fuse_is_resolved_per_cell_and_said_with_its_reason(tiny_bert, synthetic
     assert [c.members for c in auto.fusion] == [1, 1] and "run on CPUs" in auto.fusion[0].why
     on_gpu = build_plan(study(tiny_bert, synthetic_data_dir, "auto", gpu=1), tmp_path)
     assert [(c.members, c.tuning) for c in on_gpu.fusion] == [(8, True), (8, True)]
+    shared = build_plan(study(tiny_bert, synthetic_data_dir, "auto", gpu=0.25), tmp_path)
+    assert [c.members for c in shared.fusion] == [1, 1] and "0.25 of a GPU" in shared.fusion[0].why
     fixed = build_plan(study(tiny_bert, synthetic_data_dir, 4), tmp_path)
     assert [(c.members, c.tuning, c.why) for c in fixed.fusion] == [(4, True, "resources.fuse: 4")] * 2
     assert fixed.members_of(0) == fixed.tuning_members_of(1) == 4

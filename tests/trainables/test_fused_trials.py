@@ -170,3 +170,25 @@ def test_a_member_that_diverges_leaves_the_array_and_the_others_train_as_alone(k
     others = {k: v for k, v in configs.items() if k != "s1"}
     assert_same_trials(together, alone(kind, others, tmp_path / "alone"), others)
     assert all(math.isfinite(m["train_loss"]) for k in others for m in together.metrics[k])
+
+
+def test_an_array_that_runs_out_of_device_memory_trains_its_members_alone_from_that_round(kind, tiny_bert, data_dir,
+                                                                                         tmp_path, monkeypatch):
+    """Out of memory in the second epoch's third step: that epoch starts again with each member alone, from what its
+    learner holds (the first epoch's end), and the members end as their trials alone."""
+    from trainables.training import fused as fused_module
+
+    configs = {f"s{seed}": config(tiny_bert, data_dir, seed=seed) for seed in range(2)}
+    real, calls = fused_module.FusedArray.step, []
+
+    def step(self, batches):
+        calls.append(len(batches))
+        if len(calls) == 15 + 3:  # 15 steps an epoch (120 pairs in batches of 8)
+            raise torch.OutOfMemoryError("CUDA out of memory (a stand-in)")
+        return real(self, batches)
+
+    monkeypatch.setattr(fused_module.FusedArray, "step", step)
+    together = fused(kind, configs, tmp_path / "fused")
+    assert len(calls) == 18  # no array after the failure
+    assert [m["fused_members"] for m in together.metrics["s0"]] == [2, 1]
+    assert_same_trials(together, alone(kind, configs, tmp_path / "alone"), configs)

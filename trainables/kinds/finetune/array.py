@@ -15,7 +15,8 @@ A member whose loss is not finite leaves the array at that step, as its trial wo
 the others go on untouched. Members start from different rounds (a resumed array) in turn: those behind
 catch up first. An architecture or loss the array cannot stack (a module with parameters of its own beside
 Linear, LayerNorm and Embedding; a loss with a head) trains its members one after another in this process,
-as separate trials would, and says so in the log.
+as separate trials would, and says so in the log. So does an array that runs out of device memory: the round it
+ran out in starts again with each member alone (their learners still hold the round's start), and so do the rest.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from trainables.errors import TrainingDivergedError
-from trainables.runtime import prepare, seed_everything
+from trainables.runtime import prepare, release_memory, seed_everything
 from trainables.training.bi_encoder import check_finite, epoch_batches
 from trainables.training.fused import FusedArray, MemberSettings
 from trainables.training.loop import LoopState, end_round, load_weights, restore, seed_round, train
@@ -84,12 +85,19 @@ def run_array(kind, configs: Sequence[dict], labels: Sequence[str], report: Memb
         for member, config, folder in zip(members, configs, checkpoint_dirs, strict=True):
             serial(kind, member, config, folder, report)
         return
+    fusing = True
     while True:
         waiting = [m for m in members if m.error is None and not m.left and m.state.round < rounds]
         if not waiting:
             return
         behind = min(m.state.round for m in waiting)
-        fused_round(kind, [m for m in waiting if m.state.round == behind], behind + 1, dtype, report)
+        now = [m for m in waiting if m.state.round == behind]
+        fusing = fusing and fused_round(kind, now, behind + 1, dtype, report)
+        if not fusing:  # alone from here: each member's round as its trial's, reported as it ends
+            for member in (m for m in now if m.error is None):
+                serial_round(kind, member, behind + 1, report)
+                member.left = member.label in flush(report)
+            continue
         stopped = flush(report)
         for member in members:
             member.left = member.left or member.label in stopped
@@ -122,20 +130,44 @@ def array_refusal(members: Sequence[Member]) -> str | None:
     return None
 
 
-def fused_round(kind, members: list[Member], round_: int, dtype: torch.dtype, report: MemberReport) -> None:
-    """One round of `members` as one array, then each member's end of round as its trial's."""
+def fused_round(kind, members: list[Member], round_: int, dtype: torch.dtype, report: MemberReport) -> bool:
+    """One round of `members` as one array, then each member's end of round as its trial's. False when the array
+    cannot train (an architecture it cannot stack, or the device ran out of memory): nothing of the round is kept
+    but the members that diverged, and the caller trains the others alone (their learners hold the round's start)."""
     started = time.perf_counter()
-    settings = [member_settings(m) for m in members]
-    pad_id = members[0].learner.tokens.pad_id
     try:
-        array = FusedArray([m.learner.model for m in members], settings, pad_id, [m.label for m in members],
+        array = FusedArray([m.learner.model for m in members], [member_settings(m) for m in members],
+                           members[0].learner.tokens.pad_id, [m.label for m in members],
                            loss=members[0].learner.loss_fn, dtype=dtype)
-    except TypeError as exc:  # an architecture the array cannot stack: each member alone, this round too
+    except TypeError as exc:  # an architecture the array cannot stack
         logging.getLogger("trainables").warning("the array's members train one after another: %s", exc)
-        for member in members:
-            serial_round(kind, member, round_, report)
-            member.left = member.label in flush(report)
-        return
+        return False
+    try:
+        active, totals, steps = train_array(array, members, round_, report)
+    except torch.OutOfMemoryError:
+        del array
+        release_memory()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        logging.getLogger("trainables").warning("an array of %d members ran out of device memory in %s %d: its "
+                                                "members train one after another from here", len(members),
+                                                kind.round_name, round_)
+        return False
+    seconds = time.perf_counter() - started
+    for member in active:
+        write_back(array, member)
+        trained = {"train_loss": totals[member.label] / max(1, steps),
+                   "train_samples_per_second": len(member.learner.lengths) / seconds}
+        member.learner.info["fused_members"] = len(members)
+        member.best = end_round(kind, member.cfg, member.learner, member.state, member.best, round_, trained,
+                                seconds, lambda metrics, checkpoint_dir=None, m=member: report(m.label, metrics,
+                                                                                               checkpoint_dir))[1]
+    return True
+
+
+def train_array(array: FusedArray, members: list[Member], round_: int, report: MemberReport
+                ) -> tuple[list[Member], dict[str, float], int]:
+    """The round's steps: (the members still in the array, each one's summed loss, the steps taken)."""
     for member in members:
         moments, steps = optimizer_moments(member.learner)
         array.load_member(member.label, moments, steps)
@@ -159,29 +191,24 @@ def fused_round(kind, members: list[Member], round_: int, dtype: torch.dtype, re
                     array.drop(member.label)
                 report(member.label, {"diverged": 1, "error": member.error}, None)
         if not active:
-            return
-    seconds = time.perf_counter() - started
-    for member in active:
-        write_back(array, member)
-        trained = {"train_loss": totals[member.label] / max(1, steps),
-                   "train_samples_per_second": len(member.learner.lengths) / seconds,
-                   "fused_members": len(members)}
-        member.learner.info["fused_members"] = len(members)
-        member.best = end_round(kind, member.cfg, member.learner, member.state, member.best, round_, trained,
-                                seconds, lambda metrics, checkpoint_dir=None, m=member: report(m.label, metrics,
-                                                                                               checkpoint_dir))[1]
+            break
+    return active, totals, steps
 
 
 def serial_round(kind, member: Member, round_: int, report: MemberReport) -> None:
     """One round of a member alone, as the loop runs it."""
     started = time.perf_counter()
     seed_round(member.cfg.seed, round_)
-    trained = member.learner.train_round(round_)
-    if not math.isfinite(trained["train_loss"]):
-        member.error = (f"loss became {trained['train_loss']} in {kind.round_name} {round_}; lower the learning "
-                        "rate or use precision fp32")
+    try:
+        trained = member.learner.train_round(round_)
+        if not math.isfinite(trained["train_loss"]):
+            raise TrainingDivergedError(f"loss became {trained['train_loss']} in {kind.round_name} {round_}; lower "
+                                        "the learning rate or use precision fp32")
+    except TrainingDivergedError as exc:
+        member.error = str(exc)
         report(member.label, {"diverged": 1, "error": member.error}, None)
         return
+    member.learner.info["fused_members"] = 1  # this round alone
     member.best = end_round(kind, member.cfg, member.learner, member.state, member.best, round_, trained,
                             time.perf_counter() - started,
                             lambda metrics, checkpoint_dir=None: report(member.label, metrics, checkpoint_dir))[1]
