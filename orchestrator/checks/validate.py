@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.study.config import StudySpec, models_of, read_study
 from orchestrator.study.folder import StudyFolder
+from orchestrator.study.fusing import summary
 from trainables.errors import UserInputError
 
 if TYPE_CHECKING:
@@ -116,6 +117,7 @@ class Plan:
     estimate: Estimate | None = None
     pilot: Pilot | None = None
     estimate_kept: Path | None = None  # the study folder that keeps the estimate for the launch's record
+    fusion: str = ""  # how the trials train: fused arrays (`resources.fuse`) or each alone, and why
 
     @property
     def trials(self) -> int:
@@ -154,4 +156,5 @@ def make_plan(spec: StudySpec, resolved: StudyPlan, estimate: bool = False,
                 resolved.max_trial_epochs, config.resources.cpu,
                 config.budget.hours if config.budget is not None else None,
                 list(resolved.data) if isinstance(config.task, DataDeclaration) else [], list(resolved.plugins),
-                found, pilot, kept)
+                found, pilot, kept,
+                summary(resolved.fusion, [c.key for c in resolved.cells]) if resolved.fusion else "")

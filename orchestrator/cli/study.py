@@ -81,6 +81,8 @@ def plan(study_file: str = STUDY_FILE, overrides: Overrides = None, name: NewNam
     console.print(f"seeds: {', '.join(map(str, found.seeds))} · metric: {found.metric} ({found.mode})")
     console.print(f"trials: {found.tuning_trials} tuning + {found.replicate_trials} replicate = {found.trials}; at "
                   f"most {found.max_trial_rounds} trial-{found.round_name}s ({found.rounds_per_trial} per trial)")
+    if found.fusion:
+        console.print(f"fuse: {found.fusion}")
     if found.estimate is not None and found.pilot is not None:
         pilot, guess = found.pilot, found.estimate
         console.print(f"pilot (this machine, {found.cpu_per_trial:g} CPU per trial): build {pilot.build_s:.1f} s, "

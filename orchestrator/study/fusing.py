@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from trainables.kinds import TrainableKind
 
 AUTO_MEMBERS = 8  # 8 fused MiniLM trials: 5.8-8.2x one trial on an H100 and an H200 (docs/benchmarks/speed.md)
-CPU_REASON = ("the trials run on CPUs, where an array does a trial's arithmetic K times over and measured 0.87x "
-              "its trials run one after another (2 cores)")
+CPU_REASON = ("the trials run on CPUs, where 4 fused trials ran 0.62x as fast as the same 4 as separate processes "
+              "(docs/concepts/fused-arrays.md)")
 
 
 @dataclass(frozen=True)
