@@ -84,7 +84,7 @@ class PlanSearcher(Searcher):
         the launch's ArrayDecisions actor, which fused tuning arrays ask after each report."""
         super().__init__(metric=state.plan.metric, mode=state.plan.mode)
         self.state, self.decisions = state, decisions
-        self.keys: dict[str, str] = {}  # Ray trial id -> plan key
+        self.keys: dict[str, list[str]] = {}  # Ray trial id -> its plan trials (a fused array's members)
         self.max_concurrent = max_concurrent
 
     def set_search_properties(self, metric, mode, config, **spec) -> bool:
@@ -390,10 +390,13 @@ def run_array_trial(kind, config: dict) -> None:
             target = os.path.join(folder, MEMBERS, member["trial_key"])
             if not os.path.isdir(target) and own and os.path.isdir(own):
                 shutil.copytree(own, target)
-        starts = [os.path.join(folder, MEMBERS, key) for key in keys]
         reports = ArrayReports(folder, keys, config["trial_key"], config.get("decisions"))
-        kind.run_array([member["trial"] for member in members], keys, reports,
-                       [start if os.path.isdir(start) else None for start in starts])
+        stopped = reports.flush()  # a retried array: the members pruned before it died do not train again
+        going = [member for member in members if member["trial_key"] not in stopped]
+        starts = [os.path.join(folder, MEMBERS, member["trial_key"]) for member in going]
+        if going:
+            kind.run_array([member["trial"] for member in going], [member["trial_key"] for member in going],
+                           reports, [start if os.path.isdir(start) else None for start in starts])
         reports.flush()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
