@@ -192,3 +192,24 @@ def test_an_array_that_runs_out_of_device_memory_trains_its_members_alone_from_t
     assert len(calls) == 18  # no array after the failure
     assert [m["fused_members"] for m in together.metrics["s0"]] == [2, 1]
     assert_same_trials(together, alone(kind, configs, tmp_path / "alone"), configs)
+
+
+@pytest.mark.parametrize(("loss", "stacked"), [("cosine_bce", True), ("softmax", False)])
+def test_pair_classification_members_fuse_or_train_one_after_another_with_the_trials_numbers(
+        kind, tiny_bert, synthetic_data_dir, tmp_path, caplog, loss, stacked):
+    """MRPC-like pairs: the cosine loss has no parameters and fuses; SBERT's softmax head is a parameter the array
+    does not stack, so its members train one after another in the array's process, said in its log."""
+    configs = {f"s{seed}": config(tiny_bert, synthetic_data_dir, seed=seed, task="mrpc", loss=loss, epochs=1,
+                                  max_eval_samples=40) for seed in range(2)}
+    with caplog.at_level("WARNING", logger="trainables"):
+        together = fused(kind, configs, tmp_path / "fused")
+    said = "train one after another" in caplog.text
+    assert said != stacked, caplog.text
+    assert [m.get("fused_members", 1) for m in together.metrics["s0"]] == [2 if stacked else 1]
+    separate = alone(kind, configs, tmp_path / "alone")
+    for label in configs:
+        first, second = together.metrics[label][-1], separate.metrics[label][-1]
+        assert first["train_loss"] == pytest.approx(second["train_loss"], rel=1e-4)
+        assert first["test_accuracy"] == pytest.approx(second["test_accuracy"], abs=1e-9)
+        for name, tensor in separate.weights(label).items():
+            torch.testing.assert_close(together.weights(label)[name], tensor, **CLOSE)

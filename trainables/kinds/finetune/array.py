@@ -82,6 +82,9 @@ def run_array(kind, configs: Sequence[dict], labels: Sequence[str], report: Memb
     if reason is not None:
         logging.getLogger("trainables").warning("the array's %d members train one after another: %s",
                                                 len(members), reason)
+        for member in members:  # each trial builds its own again in the loop: one at a time in memory
+            member.learner = None
+        release_memory()
         for member, config, folder in zip(members, configs, checkpoint_dirs, strict=True):
             serial(kind, member, config, folder, report)
         return
