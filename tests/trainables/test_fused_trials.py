@@ -184,7 +184,7 @@ def test_an_array_that_runs_out_of_device_memory_trains_its_members_alone_from_t
     def step(self, batches):
         calls.append(len(batches))
         if len(calls) == 15 + 3:  # 15 steps an epoch (120 pairs in batches of 8)
-            raise torch.OutOfMemoryError("CUDA out of memory (a stand-in)")
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (a stand-in)")
         return real(self, batches)
 
     monkeypatch.setattr(fused_module.FusedArray, "step", step)

@@ -147,7 +147,7 @@ def fused_round(kind, members: list[Member], round_: int, dtype: torch.dtype, re
         return False
     try:
         active, totals, steps = train_array(array, members, round_, report)
-    except torch.OutOfMemoryError:
+    except torch.cuda.OutOfMemoryError:  # torch.OutOfMemoryError from torch 2.5; this name since 1.13
         del array
         release_memory()
         if torch.cuda.is_available():
