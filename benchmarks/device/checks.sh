@@ -6,6 +6,8 @@
 #   2. fused.py: one trial alone against 8 and 16 fused members (aligned order), batch 32 and 128 (issue 56)
 #                                                                                             (FUSED_LIMIT, 75)
 #   3. the same without dropout on every side: what the members' masks cost                  (BARE_LIMIT, 65)
+#   4. fused.py --separate: 8 trials as 8 processes at once against 8 and 16 fused members (each member's own
+#      order, as the launcher trains them), batch 32, in one run (issue 56)              (SEPARATE_LIMIT, 0: off)
 # A stage's *_LIMIT=0 skips it. Each stage writes $OUT/<stage>.json and .log; call with timeout_s 480.
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl || exit 1
@@ -29,3 +31,5 @@ stage fused "${FUSED_LIMIT:-75}" fused.py --pairs-file .gpu/fused/stsb-train.tsv
   --order aligned --steps 30 --warmup 3
 stage fused_bare "${BARE_LIMIT:-65}" fused.py --pairs-file .gpu/fused/stsb-train.tsv --members 8,16 --batch 32,128 \
   --order aligned --steps 30 --warmup 3 --dropout none
+stage separate "${SEPARATE_LIMIT:-0}" fused.py --pairs-file .gpu/fused/stsb-train.tsv --members 8,16 --batch 32 \
+  --order trial --separate 8 --steps 30 --warmup 3
