@@ -185,7 +185,7 @@ def run_locked(spec: StudySpec, plan: StudyPlan, folder: StudyFolder, meta: dict
     if plan.fusion and plan.replicate_trials:
         from orchestrator.study.fusing import summary
 
-        banner.append(summary(plan.fusion, [c.key for c in plan.cells]))
+        banner.append("fuse: " + summary(plan.fusion, [c.key for c in plan.cells]))
     try:
         if state.is_complete():  # nothing left: no Tuner is started (whose state sync would race its own exit)
             if progress:
