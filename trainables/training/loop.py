@@ -103,15 +103,20 @@ def train(kind: BuildsLearners, cfg, report: Report, checkpoint_dir: str | None 
     for round_ in range(state.round + 1, rounds + 1):
         started = time.perf_counter()
         seed_round(cfg.seed, round_)
-        trained = learner.train_round(round_)
-        if not is_number(trained["train_loss"]):
-            raise TrainingDivergedError(f"loss became {trained['train_loss']} in {kind.round_name} {round_}; lower "
-                                        "the learning rate or use precision fp32")
+        trained = check_round(kind, learner.train_round(round_), round_)
         metrics, best = end_round(kind, cfg, learner, state, best, round_, trained, time.perf_counter() - started,
                                   report)
     if best is not None:
         load_weights(learner, best)
     return learner, metrics
+
+
+def check_round(kind: BuildsLearners, trained: dict, round_: int) -> dict:
+    """A round's training metrics, or TrainingDivergedError when its loss is not a number."""
+    if not is_number(trained["train_loss"]):
+        raise TrainingDivergedError(f"loss became {trained['train_loss']} in {kind.round_name} {round_}; lower "
+                                    "the learning rate or use precision fp32")
+    return trained
 
 
 def end_round(kind: BuildsLearners, cfg, learner: Learner, state: LoopState, best: dict | None, round_: int,

@@ -33,7 +33,15 @@ from trainables.errors import TrainingDivergedError
 from trainables.runtime import prepare, release_memory, seed_everything
 from trainables.training.bi_encoder import check_finite, epoch_batches
 from trainables.training.fused import FusedArray, MemberSettings
-from trainables.training.loop import LoopState, end_round, load_weights, restore, seed_round, train
+from trainables.training.loop import (
+    LoopState,
+    check_round,
+    end_round,
+    load_weights,
+    restore,
+    seed_round,
+    train,
+)
 
 MemberReport = Callable[[str, dict, "str | None"], None]  # (member, metrics, checkpoint folder or None)
 
@@ -203,10 +211,7 @@ def serial_round(kind, member: Member, round_: int, report: MemberReport) -> Non
     started = time.perf_counter()
     seed_round(member.cfg.seed, round_)
     try:
-        trained = member.learner.train_round(round_)
-        if not math.isfinite(trained["train_loss"]):
-            raise TrainingDivergedError(f"loss became {trained['train_loss']} in {kind.round_name} {round_}; lower "
-                                        "the learning rate or use precision fp32")
+        trained = check_round(kind, member.learner.train_round(round_), round_)
     except TrainingDivergedError as exc:
         member.error = str(exc)
         report(member.label, {"diverged": 1, "error": member.error}, None)
