@@ -174,7 +174,7 @@ def test_a_member_that_diverges_leaves_the_array_and_the_others_train_as_alone(k
 
 def test_an_array_that_runs_out_of_device_memory_trains_its_members_alone_from_that_round(kind, tiny_bert, data_dir,
                                                                                          tmp_path, monkeypatch):
-    """Out of memory in the second epoch's third step: that epoch starts again with each member alone, from what its
+    """Out of memory in the second epoch's fifth step: that epoch starts again with each member alone, from what its
     learner holds (the first epoch's end), and the members end as their trials alone."""
     from trainables.training import fused as fused_module
 
@@ -183,7 +183,7 @@ def test_an_array_that_runs_out_of_device_memory_trains_its_members_alone_from_t
 
     def step(self, batches):
         calls.append(len(batches))
-        if len(calls) == 15 + 3:  # 15 steps an epoch (120 pairs in batches of 8)
+        if len(calls) == 13 + 5:  # 13 steps an epoch (100 pairs in batches of 8, the last of 4)
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (a stand-in)")
         return real(self, batches)
 
@@ -210,6 +210,10 @@ def test_pair_classification_members_fuse_or_train_one_after_another_with_the_tr
     for label in configs:
         first, second = together.metrics[label][-1], separate.metrics[label][-1]
         assert first["train_loss"] == pytest.approx(second["train_loss"], rel=1e-4)
-        assert first["test_accuracy"] == pytest.approx(second["test_accuracy"], abs=1e-9)
+        # the same code path when not stacked; stacked, fp32 rounding may move one of the 40 pairs across the
+        # threshold (100 / 40 points), so the per-pair scores carry the comparison
+        assert first["test_accuracy"] == pytest.approx(second["test_accuracy"], abs=1e-9 if not stacked else 2.6)
+        predictions = [pd.read_csv(reports.folder(label) / PREDICTIONS) for reports in (together, separate)]
+        pd.testing.assert_frame_equal(*predictions, check_exact=False, atol=1e-5, rtol=0)
         for name, tensor in separate.weights(label).items():
             torch.testing.assert_close(together.weights(label)[name], tensor, **CLOSE)
