@@ -103,8 +103,10 @@ def synchronize(device: torch.device) -> None:
 class Alone:
     """One trial's step, as the `finetune` learner takes it."""
 
-    def __init__(self, model: torch.nn.Module, pairs: Pairs, batch: int, total: int, device, dtype, seed: int = 0):
+    def __init__(self, model: torch.nn.Module, pairs: Pairs, batch: int, total: int, device, dtype, seed: int = 0,
+                 packed: bool = False):
         self.model, self.pairs, self.device, self.dtype, self.members = model, pairs, device, dtype, 1
+        self.packed = packed  # padding-free rows (benchmarks/padding_free.py)
         self.loss_fn = CosineMSELoss()
         self.optimizer = build_optimizer(list(model.named_parameters()), LR, WEIGHT_DECAY)
         self.scheduler = linear_schedule(self.optimizer, round(WARMUP_RATIO * total), total)
@@ -113,14 +115,15 @@ class Alone:
 
     def step(self) -> tuple[int, int]:
         """One step; (real tokens, padded tokens) of its forward (one chunk a batch on an accelerator; a CPU
-        cuts chunks by length, so it pads less than counted here)."""
+        cuts chunks by length, so it pads less than counted here; packed: none)."""
         rows = self.batches[self.done]
         self.done += 1
         lists = self.pairs.token_lists(rows)
         loss = train_step(self.model, self.loss_fn, self.optimizer, self.scheduler, lists, self.pairs.scores[rows],
-                          self.pairs.tokens.pad_id, self.device, self.dtype, MAX_GRAD_NORM)
+                          self.pairs.tokens.pad_id, self.device, self.dtype, MAX_GRAD_NORM, packed=self.packed)
         loss.item()  # the trial's check for a finite loss
-        return sum(map(len, lists)), len(lists) * max(map(len, lists))
+        real = sum(map(len, lists))
+        return real, real if self.packed else len(lists) * max(map(len, lists))
 
 
 class Fused:

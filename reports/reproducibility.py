@@ -364,7 +364,7 @@ def hardware_item(runs) -> Item:
     held = f"{resources.get('cpu', 1):g} CPU(s)" + (f" and {resources.get('gpu'):g} GPU(s)"
                                                     if resources.get("gpu") else ", no GPU")
     question = "On what hardware did the trials run?"
-    fused = fusion_text(runs.record.fusion if runs.record is not None else [])
+    fused = fusion_text(runs.record.fusion if runs.record is not None else [], trials)
     figures = {"resources": resources, **({"fusion": runs.record.fusion} if fused else {})}
     if not machines:
         return Item("hardware", ("ACL C1", "NeurIPS 8"), question,
@@ -375,18 +375,29 @@ def hardware_item(runs) -> Item:
                 {**figures, "machines": machines})
 
 
-def fusion_text(fusion: list[dict]) -> str:
-    """How the replicates trained when some trained as fused arrays (`resources.fuse`); empty when none did."""
+def fusion_text(fusion: list[dict], trials: pd.DataFrame | None = None) -> str:
+    """How the replicates trained when some trained as fused arrays (`resources.fuse`); empty when none did. With
+    `auto`'s probe, what it measured (the members' `fuse_probe_gain`) and how many members trained fused."""
     fused = [f for f in fusion if int(f.get("members", 1)) > 1]
     if not fused:
         return ""
+    measured = ""
+    if trials is not None and "fuse_probe_gain" in trials:
+        gains = pd.to_numeric(trials.fuse_probe_gain, errors="coerce").dropna()
+        members = trials["fused_members"] if "fused_members" in trials else pd.Series(1, index=trials.index)
+        together = pd.to_numeric(members, errors="coerce").fillna(1) > 1
+        if len(gains):
+            measured = (f" Each array first measured its members fused against one alone (auto's probe): "
+                        f"{gains.min():.2f}–{gains.max():.2f}× the pairs/s of the same members one after another "
+                        f"(fused at 1.2× or more); {int(together.sum())} of {len(trials)} trials ended their last "
+                        "round fused.")
     largest = max(int(f["members"]) for f in fused)
     why = "; ".join(dict.fromkeys(str(f["why"]) for f in fused))
     cells = "every cell" if len(fused) == len(fusion) else f"{len(fused)} of {len(fusion)} cells"
     which = "replicates and tuning trials" if all(f.get("tuning") for f in fused) else "replicates"
     return (f" The {which} of {cells} trained in fused arrays of up to {largest} members ({why}): one stacked "
             "model in one process holding one trial's resources, each member its own data order, dropout masks, "
-            "optimizer and checkpoint; a member's wall time is its share of its array's.")
+            f"optimizer and checkpoint; a member's wall time is its share of its array's.{measured}")
 
 
 def compute_item(runs) -> Item:

@@ -19,6 +19,8 @@ if [ "${1:-}" = prepare ]; then
   py=${PYTHON:-.venv/bin/python}
   mkdir -p .gpu/fused
   $py benchmarks/fused.py --export-pairs .gpu/fused/stsb-train.tsv ${DATA_DIR:+--data-dir "$DATA_DIR"}
+  # train.tsv and test.tsv for benchmarks/padding_free.py (checks.sh's padding stages)
+  $py benchmarks/padding_free.py --export-pairs .gpu/fused ${DATA_DIR:+--data-dir "$DATA_DIR"}
   where='from trainables.models.files import resolve_model_path as r; import sys; print(r(sys.argv[1]))'
   if [ ! -f .gpu/minilm/model.bf16.safetensors ]; then
     $py benchmarks/device/upcast.py --down "$($py -c "$where" sentence-transformers/all-MiniLM-L6-v2)" .gpu/minilm

@@ -116,6 +116,8 @@ class PlanSearcher(Searcher):
                 {"trial_key": r.key, "seed": r.seed, "trial": r.config, "resume_from": r.checkpoint} for r in found])
             if record.phase == "tune":  # its members may be pruned: it asks after each report
                 config["decisions"] = self.decisions
+            if plan.fusion[record.cell].why.startswith("auto"):  # it measures how many of them to fuse first
+                config["probe"] = True
         return config
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
@@ -396,7 +398,8 @@ def run_array_trial(kind, config: dict) -> None:
         starts = [os.path.join(folder, MEMBERS, member["trial_key"]) for member in going]
         if going:
             kind.run_array([member["trial"] for member in going], [member["trial_key"] for member in going],
-                           reports, [start if os.path.isdir(start) else None for start in starts])
+                           reports, [start if os.path.isdir(start) else None for start in starts],
+                           probe=bool(config.get("probe")))
         reports.flush()
     finally:
         shutil.rmtree(folder, ignore_errors=True)

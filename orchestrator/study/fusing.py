@@ -7,9 +7,13 @@ process; trainables.training.fused, issue 56), and why. Each member stays a tria
 - `auto` (the default): on CPUs each trial alone (an array computes the same arithmetic; on the 2-core machine it
   measured slower than its trials side by side, docs/concepts/fused-arrays.md); with a fraction of a GPU per trial
   each trial alone (the trials already share the GPU as processes); with a GPU or more per trial, arrays of up to
-  AUTO_MEMBERS in the cells the kind can fuse, the rest alone. An array that runs out of device memory trains its
-  members one after another (trainables.kinds.finetune.array). This is a rule, not yet the per-cell probe (step
-  time and memory at 1 and K members) the issue asks for.
+  AUTO_MEMBERS in the cells the kind can fuse, the rest alone. Each such array starts with a probe on the GPU it
+  got (trainables.kinds.finetune.array.probe_width): a few steps of one member alone and of K fused, K halved
+  while the device's memory does not hold them; it fuses when K fused train at least 1.2x the pairs/s of the K one
+  after another, else each member trains alone in the array's process. The gain is each member's
+  `fuse_probe_gain` metric. An array that still runs out of device memory later trains its members one after
+  another. The probe does not choose separate processes or Ray's GPU fraction: those are placed before any trial
+  runs (give `resources.gpu: 0.25` for four trials to a GPU as processes).
 
 Tuning trials fuse too when every tuned parameter is one of the kind's `fused_scalars` (finetune: lr,
 weight_decay, warmup_ratio, max_grad_norm): an array's K suggestions are asked from the cell's sampler one after
@@ -70,7 +74,9 @@ def fusions(study: StudyConfig, kind: TrainableKind, parsed: list[TrialConfig], 
         if size < 2:
             return tuple(Fusion(1, "auto: one trial per cell and phase") for _ in parsed)
         return tuple(Fusion(1, f"auto: {why}") if why else
-                     Fusion(min(AUTO_MEMBERS, size), f"auto: the trials run on a GPU{alone}", tunes)
+                     Fusion(min(AUTO_MEMBERS, size), f"auto: the trials run on a GPU; each array first measures "
+                                                     f"its members fused against one alone and fuses only as many "
+                                                     f"as pay and fit{alone}", tunes)
                      for why in refusals)
     found = Problems()
     for why in dict.fromkeys(r for r in refusals if r):

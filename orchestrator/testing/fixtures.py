@@ -62,3 +62,16 @@ def synthetic_data(root: str | Path, sizes: tuple[int, int, int] = (240, 80, 80)
         rows += [f"{int(s >= 3.0)}\t{i}\t{i + 1}\t{a}\t{b}" for i, (a, b, s) in enumerate(pairs)]
         (root / "mrpc" / "glue" / f"{split}.tsv").write_text("\n".join(rows) + "\n")
     return root
+
+
+def distinct_sts_data(root: str | Path, sizes: tuple[int, int, int] = (120, 60, 60)) -> Path:
+    """A data folder with synthetic `stsb` whose pairs never pair a sentence with itself: such a pair's cosine is 1
+    up to rounding and ties with its copies, so a rounding of 1e-7 could reorder their ranks. For tests that
+    compare two code paths' Spearman closely."""
+    root = Path(root)
+    (root / "stsb").mkdir(parents=True, exist_ok=True)
+    for split, count, seed in zip(("train", "dev", "test"), sizes, (1, 2, 3), strict=True):
+        pairs = [(a, b, score) for a, b, score in synthetic_pairs(2 * count, seed) if a != b][:count]
+        lines = [f"main-captions\tsynthetic\t2024\t{i:04d}\t{s:.3f}\t{a}\t{b}" for i, (a, b, s) in enumerate(pairs)]
+        (root / "stsb" / f"sts-{split}.csv").write_text("\n".join(lines) + "\n")
+    return root

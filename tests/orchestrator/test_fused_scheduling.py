@@ -153,3 +153,31 @@ def test_a_launch_with_fused_tuning_arrays_prunes_members_and_closes_each_member
     pruned = [r for r in runs if r.info.status == "KILLED"]
     assert len(pruned) == counts["pruned"] and all("pruned" in r.info.run_name for r in pruned)
     assert {r.info.status for r in runs} <= {"FINISHED", "KILLED"}
+
+
+def test_an_array_auto_formed_asks_for_the_probe_and_a_fixed_one_does_not(tiny_bert, synthetic_data_dir, tmp_path):
+    """`fuse: auto` on a GPU forms arrays of up to 8 that measure first (`probe`, read by run_array_trial); a fixed
+    number trains the arrays it was given."""
+    for fuse, probes in (("auto", True), (4, False)):
+        plan = build_plan(study(tiny_bert, synthetic_data_dir, fuse, gpu=1), tmp_path)
+        searcher = PlanSearcher(StudyState(plan, Journal(tmp_path / f"{fuse}.jsonl")))
+        config = searcher.suggest("ray0")
+        assert len(config["members"]) == (8 if fuse == "auto" else 4)
+        assert config.get("probe", False) is probes
+        if probes:
+            assert "measures its members fused against one alone" in plan.fusion[0].why
+
+
+def test_the_reproducibility_section_says_what_autos_probe_measured():
+    import pandas as pd
+
+    from reports.reproducibility import fusion_text
+
+    fusion = [{"members": 8, "why": "auto: the trials run on a GPU", "tuning": False}, {"members": 1, "why": "x"}]
+    trials = pd.DataFrame({"fuse_probe_gain": [3.5, 3.5, 0.9, None], "fused_members": [8, 8, 1, None]})
+    said = fusion_text(fusion, trials)
+    assert "The replicates of 1 of 2 cells trained in fused arrays of up to 8 members" in said
+    assert "0.90–3.50× the pairs/s of the same members one after another" in said
+    assert "2 of 4 trials ended their last round fused" in said
+    assert "probe" not in fusion_text(fusion, pd.DataFrame({"fused_members": [4]}))  # a fixed number: no probe
+    assert fusion_text([{"members": 1, "why": "off"}], trials) == ""

@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from orchestrator.testing.fixtures import synthetic_pairs
+from orchestrator.testing.fixtures import distinct_sts_data
 from trainables.kinds import KINDS, load_kind
 from trainables.training.checkpoints import PREDICTIONS, WEIGHTS
 
@@ -36,13 +36,7 @@ def _one_thread(one_torch_thread):
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory) -> Path:
     """Synthetic STS-B (orchestrator.testing.fixtures' word-overlap pairs) without a sentence paired with itself."""
-    root = tmp_path_factory.mktemp("distinct")
-    (root / "stsb").mkdir()
-    for split, count, seed in (("train", 120, 1), ("dev", 60, 2), ("test", 60, 3)):
-        pairs = [(a, b, score) for a, b, score in synthetic_pairs(2 * count, seed) if a != b][:count]
-        lines = [f"main-captions\tsynthetic\t2024\t{i:04d}\t{s:.3f}\t{a}\t{b}" for i, (a, b, s) in enumerate(pairs)]
-        (root / "stsb" / f"sts-{split}.csv").write_text("\n".join(lines) + "\n")
-    return root
+    return distinct_sts_data(tmp_path_factory.mktemp("distinct"))
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +77,10 @@ def alone(kind, configs: dict[str, dict], root: Path) -> Reports:
 
 
 def fused(kind, configs: dict[str, dict], root: Path, folders: dict[str, str] | None = None,
-          report=None) -> Reports:
+          report=None, probe: bool = False) -> Reports:
     reports = report or Reports(root)
     kind.run_array(list(configs.values()), list(configs), reports,
-                   [(folders or {}).get(label) for label in configs])
+                   [(folders or {}).get(label) for label in configs], probe=probe)
     return reports
 
 
@@ -217,3 +211,55 @@ def test_pair_classification_members_fuse_or_train_one_after_another_with_the_tr
         pd.testing.assert_frame_equal(*predictions, check_exact=False, atol=1e-5, rtol=0)
         for name, tensor in separate.weights(label).items():
             torch.testing.assert_close(together.weights(label)[name], tensor, **CLOSE)
+
+
+def probed(measured: dict[int, object]):
+    """A stand-in for `time_steps`: each array size's (seconds a step, peak memory share), or an error to raise."""
+    def measure(members, k):
+        found = measured[k]
+        if isinstance(found, BaseException):
+            raise found
+        return found
+    return measure
+
+
+def test_the_probe_fuses_when_an_array_pays_and_fits():
+    """`fuse: auto`'s probe: fused when K fused train >= 1.2x the pairs/s of K alone one after another; halved
+    while the device runs out of memory or the peak passes 90 %; alone when nothing pays or fits."""
+    from trainables.kinds.finetune.array import probe_width
+
+    members = [object()] * 8
+    oom = torch.cuda.OutOfMemoryError("CUDA out of memory (a stand-in)")
+    pays = probe_width(members, probed({1: (0.10, 0.1), 8: (0.20, 0.5)}))
+    assert (pays.width, pays.tried, pays.gain) == (8, 8, pytest.approx(4.0))
+    assert "8 members fused trained 4.00x the pairs/s of the 8 one after another" in pays.why
+    slow = probe_width(members, probed({1: (0.10, 0.1), 8: (0.70, 0.5)}))
+    assert (slow.width, slow.gain) == (1, pytest.approx(8 * 0.1 / 0.7)) and "under 1.2x: each member alone" in slow.why
+    halved = probe_width(members, probed({1: (0.10, 0.1), 8: oom, 4: (0.15, 0.95), 2: (0.12, 0.6)}))
+    assert (halved.width, halved.tried) == (2, 2)
+    full = probe_width(members, probed({1: (0.10, 0.1), 8: oom, 4: oom, 2: oom}))
+    assert full.width == 1 and "did not fit" in full.why and full.gain == 0.0
+    stack = probe_width(members[:3], probed({1: (0.1, 0.1), 3: TypeError("a Conv1D the array does not stack")}))
+    assert stack.width == 1 and "Conv1D" in stack.why
+
+
+def test_a_probed_array_trains_in_the_width_it_chose_and_each_member_is_its_trial(kind, tiny_bert, data_dir,
+                                                                                 tmp_path, monkeypatch, caplog):
+    """The probe (on this CPU, measured for real) leaves nothing behind: whatever it chose, each member ends as its
+    trial alone; forced to 2 of 4, the members train as two arrays of 2 in each round."""
+    from trainables.kinds.finetune import array as array_module
+
+    configs = {f"s{seed}": config(tiny_bert, data_dir, seed=seed) for seed in range(4)}
+    separate = alone(kind, configs, tmp_path / "alone")
+    with caplog.at_level("WARNING", logger="trainables"):
+        measured = fused(kind, configs, tmp_path / "measured", probe=True)
+    assert "fuse auto: " in caplog.text
+    assert_same_trials(measured, separate, configs)
+    gains = {m["fuse_probe_gain"] for runs in measured.metrics.values() for m in runs}
+    assert len(gains) == 1 and next(iter(gains)) > 0  # one probe for the array, a real ratio
+    three = {label: configs[label] for label in ("s0", "s1", "s2")}
+    oom = torch.cuda.OutOfMemoryError("CUDA out of memory (a stand-in)")
+    monkeypatch.setattr(array_module, "time_steps", probed({1: (0.10, 0.0), 3: oom, 2: (0.05, 0.0)}))
+    pairs = fused(kind, three, tmp_path / "pairs", probe=True)  # 3 did not fit: an array of 2, then one alone
+    assert [[m["fused_members"] for m in pairs.metrics[label]] for label in three] == [[2, 2], [2, 2], [1, 1]]
+    assert_same_trials(pairs, separate, three)

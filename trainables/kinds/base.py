@@ -174,9 +174,11 @@ class TrainableKind(ABC):
         by default a kind trains each trial alone."""
         return f"the {type(self).__name__.removesuffix('Kind').lower()} kind trains each trial alone"
 
-    def run_array(self, configs: list[dict], labels: list[str], report, checkpoint_dirs: list[str | None]) -> None:
+    def run_array(self, configs: list[dict], labels: list[str], report, checkpoint_dirs: list[str | None],
+                  probe: bool = False) -> None:
         """Run the trials `configs` of one cell as one fused array: `report(label, metrics, checkpoint_dir)` once
-        per member and round, as each trial alone reports. Only a kind whose `fuse_refusal` can be None runs it."""
+        per member and round, as each trial alone reports. Only a kind whose `fuse_refusal` can be None runs it.
+        `probe` (`resources.fuse: auto`): measure first how many members train fused, on the device it got."""
         raise NotImplementedError(f"{type(self).__name__} does not train fused arrays")
 
 

@@ -20,6 +20,8 @@ import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from trainables.models import padding_free
+
 INFERENCE = "sdpa_cpu_inference"
 
 
@@ -130,7 +132,9 @@ def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
               position_bias: torch.Tensor | None = None, **kwargs):
     """transformers' SDPA attention, unfused in evaluation on a CPU (as above); training, CUDA and
     anything else (dropout with torch's masks, a decoder, grouped-query heads) call SDPA (`sdpa`: on CUDA
-    without cuDNN's backend)."""
+    without cuDNN's backend). A packed row (trainables.models.padding_free) goes through its groups here."""
+    if (plan := kwargs.get(padding_free.PLAN)) is not None:
+        return padding_free.attention(module, query, key, value, plan, attention, dropout, scaling, **kwargs)
     if runs_unfused(module, query, key, dropout, kwargs):
         output = attend(query, key, value, attention_mask, scaling, position_bias)  # rounded once, laid out once:
         return output.transpose(1, 2).to(query.dtype, memory_format=torch.contiguous_format), None

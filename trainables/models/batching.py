@@ -55,6 +55,13 @@ def chunk_cost(device: torch.device | str, evaluation: bool = True) -> int | Non
     return ACCELERATOR_CHUNK_COST if evaluation else None
 
 
+def attention_group_cost(device: torch.device | str) -> int | None:
+    """A packed row's attention, where it runs padded (trainables.models.padding_free): on a CPU in groups cut as
+    evaluation's chunks (EVAL_CHUNK_COST); on an accelerator in one group (its varlen kernel, where it runs, needs
+    none)."""
+    return EVAL_CHUNK_COST if torch.device(device).type == "cpu" else None
+
+
 def tokenize(tokenizer, sentences: Sequence[str], max_length: int, prompt: str = "") -> list[list[int]]:
     """Token ids with special tokens, truncated to `max_length`, unpadded. A `prompt` is put before each
     sentence's text, as sentence-transformers' `encode(prompt=...)` does: its tokens count toward `max_length`."""
@@ -134,15 +141,18 @@ def padding_chunks(lengths: Sequence[int], tokens_per_chunk: int, max_chunk: int
 
 def encode_tokens(model: nn.Module, token_lists: Sequence[Sequence[int]], pad_id: int,
                   device: torch.device, tokens_per_chunk: int | None = None,
-                  max_chunk: int | None = None, fewest_padded: bool = False) -> torch.Tensor:
+                  max_chunk: int | None = None, fewest_padded: bool = False, packed: bool = False) -> torch.Tensor:
     """`model(input_ids, attention_mask)` over length-sorted chunks, rows back in input order;
     `fewest_padded`: evaluation's chunking, else training's (whose chunking is part of its numbers:
     dropout's masks are drawn per chunk). Chunks are cut by padding_chunks at the device's chunk
     cost, or by length_chunks where it has none (training on an accelerator: one forward a batch);
     `tokens_per_chunk` by default chunk_tokens' for the device. Keeps the autograd graph with
-    gradients enabled."""
+    gradients enabled. `packed`: padding-free rows of up to the same budget in real tokens
+    (trainables.models.padding_free; `model` a SentenceEncoder that `packing_refusal` passed)."""
     lengths = [len(ids) for ids in token_lists]
     budget = chunk_tokens(device, fewest_padded) if tokens_per_chunk is None else tokens_per_chunk
+    if packed:
+        return encode_packed(model, token_lists, device, budget, attention_group_cost(device))
     cost = chunk_cost(device, evaluation=fewest_padded)
     chunks = (length_chunks(lengths, budget, max_chunk) if cost is None
               else padding_chunks(lengths, budget, max_chunk, cost))
@@ -154,6 +164,36 @@ def encode_tokens(model: nn.Module, token_lists: Sequence[Sequence[int]], pad_id
     stacked = torch.cat(outputs)
     inverse = torch.empty(len(positions), dtype=torch.long)
     inverse[torch.as_tensor(positions)] = torch.arange(len(positions))
+    return stacked[inverse.to(stacked.device)]
+
+
+def encode_packed(model: nn.Module, token_lists: Sequence[Sequence[int]], device: torch.device,
+                  tokens_per_chunk: int, group_cost: int | None) -> torch.Tensor:
+    """`model.forward_packed` (a SentenceEncoder's; trainables.models.padding_free) over rows of at most
+    `tokens_per_chunk` real tokens, the sentences longest first, each row's attention in padding_chunks' groups
+    at `group_cost` (None: one group); vectors back in input order. Keeps the autograd graph with gradients
+    enabled."""
+    from trainables.models.padding_free import pack, position_offset
+
+    order = sorted(range(len(token_lists)), key=lambda i: -len(token_lists[i]))
+    offset = position_offset(model.encoder)
+    outputs, rows, row, used = [], [], [], 0
+    for i in order:
+        if row and used + len(token_lists[i]) > tokens_per_chunk:
+            rows.append(row)
+            row, used = [], 0
+        row.append(i)
+        used += len(token_lists[i])
+    rows.append(row)
+    for row in rows:
+        lists = [token_lists[i] for i in row]
+        lengths = [len(ids) for ids in lists]
+        groups = (None if group_cost is None
+                  else padding_chunks(lengths, max(lengths) * len(lengths), chunk_cost=group_cost))
+        outputs.append(model.forward_packed(pack(lists, device, offset, groups)))
+    stacked = torch.cat(outputs)
+    inverse = torch.empty(len(order), dtype=torch.long)
+    inverse[torch.as_tensor(order)] = torch.arange(len(order))
     return stacked[inverse.to(stacked.device)]
 
 

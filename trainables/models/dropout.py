@@ -22,6 +22,7 @@ import math
 import torch
 from torch import nn
 
+from trainables.models import padding_free
 from trainables.models.attention import attention as inference_attention
 from trainables.models.attention import sdpa
 
@@ -95,8 +96,11 @@ def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
     training, softmax(q · scale kᵀ + mask), dropped, times v, in fp32 (the math SDPA does, in the
     same order and precision); without dropout, the fused kernel itself. With `output_attentions`
     (miCSE) the probabilities are returned as eager attention returns them (after dropout), so a
-    miCSE run draws the same masks as a SimCSE run of the same seed."""
+    miCSE run draws the same masks as a SimCSE run of the same seed. A packed row
+    (trainables.models.padding_free) goes through its groups here, each drawn as a padded batch."""
     dropout = dropout if module.training else 0.0
+    if (plan := kwargs.get(padding_free.PLAN)) is not None:
+        return padding_free.attention(module, query, key, value, plan, attention, dropout, scaling, **kwargs)
     if dropout == 0.0 and not kwargs.get("output_attentions") and not explicit_without_dropout(module, query):
         # evaluation: unfused on a CPU, else SDPA's kernel
         return inference_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=scaling,

@@ -261,6 +261,18 @@ class SentenceEncoder(nn.Module):
         return self.projection(vectors) if self.projection is not None else vectors
 
 
+    def forward_packed(self, plan) -> torch.Tensor:
+        """Sentence vectors of a packed row (trainables.models.padding_free.Packed): the encoder runs on the
+        sentences' own tokens, then pools them laid out padded, as `forward` pools."""
+        from trainables.models.padding_free import run_packed
+
+        if self.mix is not None:
+            raise ValueError("a packed row pools one layer's token states (pooling_layers: last)")
+        hidden = plan.padded(run_packed(self.encoder, plan))
+        vectors = self.pool(hidden, plan.attention_mask(), plan.padded_ids(0))
+        return self.projection(vectors) if self.projection is not None else vectors
+
+
 def build_sentence_encoder(name: str, layer: int | None = None, pooling: str = "mean",
                            projection_dim: int | None = None, random_init: bool = False,
                            seed: int = 0, dropout_masks: str = "torch", prompt_tokens: int = 0,

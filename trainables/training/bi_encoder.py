@@ -102,17 +102,18 @@ def build_optimizer(params: list[tuple[str, torch.nn.Parameter]], lr: float, wei
 
 
 def train_step(model, loss_fn, optimizer, scheduler, token_lists: list[list[int]], targets: torch.Tensor,
-               pad_id: int, device, dtype, max_grad_norm: float | None, cache: int | None = None) -> torch.Tensor:
+               pad_id: int, device, dtype, max_grad_norm: float | None, cache: int | None = None,
+               packed: bool = False) -> torch.Tensor:
     """One optimizer step on a batch of `len(targets)` pairs: the first `len(targets)` of `token_lists` are
     one side (`u`), the rest the other (`v`: the second sentences, or a pairs loss's positives then its hard
     negatives). `cache`: encode at most this many sentences at once with gradients (`cached_step`). Returns
-    the loss; nothing is updated when it is not finite."""
+    the loss; nothing is updated when it is not finite. `packed`: padding-free rows (trainables.models.padding_free)."""
     first = len(targets)
     if cache is not None:
-        loss = cached_step(model, loss_fn, token_lists, targets, pad_id, device, dtype, cache)
+        loss = cached_step(model, loss_fn, token_lists, targets, pad_id, device, dtype, cache, packed)
     else:
         with autocast(device, dtype):
-            vectors = _at_least_fp32(encode_tokens(model, token_lists, pad_id, device))
+            vectors = _at_least_fp32(encode_tokens(model, token_lists, pad_id, device, packed=packed))
             loss = loss_fn(vectors[:first], vectors[first:], targets.to(device))
         if torch.isfinite(loss):
             loss.backward()
@@ -139,7 +140,7 @@ def _set_rng_state(state: tuple, device) -> None:
 
 
 def cached_step(model, loss_fn, token_lists: list[list[int]], targets: torch.Tensor, pad_id: int, device, dtype,
-                mini_batch: int) -> torch.Tensor:
+                mini_batch: int, packed: bool = False) -> torch.Tensor:
     """GradCache (Gao et al. 2021), as sentence-transformers' Cached* losses compute it: every sentence encoded
     without a graph, `mini_batch` at a time; the loss and its gradient on those vectors; then each mini-batch
     encoded again with the random state it had (the same dropout masks) and its share of the gradient
@@ -152,7 +153,8 @@ def cached_step(model, loss_fn, token_lists: list[list[int]], targets: torch.Ten
         for piece in pieces:
             states.append(_rng_state(device))
             with autocast(device, dtype):
-                encoded.append(_at_least_fp32(encode_tokens(model, [token_lists[i] for i in piece], pad_id, device)))
+                encoded.append(_at_least_fp32(encode_tokens(model, [token_lists[i] for i in piece], pad_id, device,
+                                                            packed=packed)))
     vectors = torch.cat(encoded).requires_grad_()
     first = len(targets)
     with autocast(device, dtype):
@@ -164,7 +166,8 @@ def cached_step(model, loss_fn, token_lists: list[list[int]], targets: torch.Ten
     for piece, state, grad in zip(pieces, states, vectors.grad.split([len(p) for p in pieces]), strict=True):
         _set_rng_state(state, device)
         with autocast(device, dtype):
-            again = _at_least_fp32(encode_tokens(model, [token_lists[i] for i in piece], pad_id, device))
+            again = _at_least_fp32(encode_tokens(model, [token_lists[i] for i in piece], pad_id, device,
+                                                 packed=packed))
         again.backward(grad)
     _set_rng_state(after, device)  # the stream goes on as if each sentence had been encoded once
     return loss.detach()

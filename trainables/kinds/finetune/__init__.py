@@ -23,7 +23,7 @@ from trainables.kinds.base import (
     check_special_tokens,
     refuse_unused,
 )
-from trainables.names import SELECTS
+from trainables.names import PACKED_FAMILIES, PADDINGS, SELECTS
 from trainables.objectives import OBJECTIVES, check_loss
 from trainables.poolings import POOLINGS
 from trainables.stages.fields import PretrainFields, check_pretrain
@@ -77,6 +77,12 @@ class FinetuneConfig(TrainingConfig, PretrainFields, PromptFields, LoraFields, P
                                                              "embeddings at depth 0, the head at lr; 1.0 is off")
     max_grad_norm: float | None = Field(1.0, gt=0)
     group_by_length: bool = True
+    padding: str = Field("auto", description="how a training batch's sentences go through the encoder: padded "
+                                             "(each length-sorted chunk padded to its longest), packed (padding-free: "
+                                             "one row of the sentences' own tokens, attention per sentence; "
+                                             "trainables.models.padding_free) or auto (packed on a GPU for the "
+                                             "families that allow it, padded on a CPU, where neither measured "
+                                             "faster). Dev and test are scored padded either way")
     adaptive_layers: bool = Field(False, description="sentence-transformers' AdaptiveLayerLoss (2D Matryoshka's "
                                                      "layers): each step also trains earlier layers of the cut "
                                                      "model on the loss, pulled toward the last by a KL term; the "
@@ -105,7 +111,7 @@ class FinetuneKind(TrainingKind):
     Config = FinetuneConfig
     learner = "trainables.kinds.finetune.learner:FinetuneLearner"
     exports_models = True
-    names = {"pooling": POOLINGS, "loss": OBJECTIVES}
+    names = {"pooling": POOLINGS, "loss": OBJECTIVES, "padding": PADDINGS}
     fused_scalars = ("lr", "weight_decay", "warmup_ratio", "max_grad_norm")
 
     def pilot(self, cfg):
@@ -131,14 +137,15 @@ class FinetuneKind(TrainingKind):
                    (cfg.layer_lr_decay != 1.0, "layer_lr_decay gives a member several learning rates"),
                    (cfg.no_duplicates, "no_duplicates batches differ in size between members"),
                    (cfg.dropout_masks != "fast", f"dropout_masks: {cfg.dropout_masks} (an array draws the fast "
-                                                 "masks)")]
+                                                 "masks)"),
+                   (cfg.padding == "packed", "padding: packed (an array pads its members' batches)")]
         found = [why for holds, why in reasons if holds]
         return "; ".join(found) if found else None
 
-    def run_array(self, configs, labels, report, checkpoint_dirs) -> None:
+    def run_array(self, configs, labels, report, checkpoint_dirs, probe: bool = False) -> None:
         from trainables.kinds.finetune.array import run_array
 
-        run_array(self, configs, labels, report, checkpoint_dirs)
+        run_array(self, configs, labels, report, checkpoint_dirs, probe)
 
     def tables(self, cfg) -> tuple[str, ...]:
         sizes = () if cfg.matryoshka_dims is None else ("layer_sizes",) if cfg.adaptive_layers else ("sizes",)
@@ -173,6 +180,32 @@ class FinetuneKind(TrainingKind):
         check_postprocess(cfg, key_of)
         check_pooling_layers(cfg, key_of)
         check_special_tokens(cfg, key_of)
+        check_padding(cfg, key_of)
+
+
+def check_padding(cfg, key_of) -> None:
+    """`padding: packed` where a packed row cannot train: a mix of layers or adaptive layers (each reads layers'
+    states padded), or a model family that does not run packed rows as padded batches (PACKED_FAMILIES, from its
+    config.json; `auto` pads those)."""
+    if cfg.padding != "packed":
+        return
+    reasons = [(cfg.pooling_layers != "last", f"{key_of('pooling_layers')}: {cfg.pooling_layers} mixes layers' "
+                                              "states, read padded"),
+               (cfg.adaptive_layers, f"{key_of('adaptive_layers')} scores every layer's states, read padded")]
+    found = [why for holds, why in reasons if holds]
+    if found:
+        raise UserInputError(key_of("padding"), "packed", f"{'; '.join(found)}: use padding: auto or padded")
+    from trainables.models.files import model_type
+
+    try:
+        family = model_type(cfg.model)
+    except UserInputError:  # a model that cannot be read is said by the model's own check
+        return
+    if family not in PACKED_FAMILIES:
+        raise UserInputError(key_of("padding"), "packed", f"{cfg.model} (model_type {family}) does not run a "
+                                                          "packed row as it runs a padded batch (the families that "
+                                                          f"do: {', '.join(sorted(PACKED_FAMILIES))}): use "
+                                                          "padding: auto or padded")
 
 
 def check_train_data(cfg, key_of) -> None:

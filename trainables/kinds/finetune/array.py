@@ -71,10 +71,11 @@ class Member:
 
 
 def run_array(kind, configs: Sequence[dict], labels: Sequence[str], report: MemberReport,
-              checkpoint_dirs: Sequence[str | None]) -> None:
+              checkpoint_dirs: Sequence[str | None], probe: bool = False) -> None:
     """Train the trials `configs` (one cell's, differing in seed and optimizer scalars) as one array;
     `report(label, metrics, folder)` is called once per member and round as its trial alone reports, and
-    once with `{"diverged": 1, "error": ...}` (no folder) for a member whose loss stopped being a number."""
+    once with `{"diverged": 1, "error": ...}` (no folder) for a member whose loss stopped being a number.
+    `probe` (`resources.fuse: auto`): first measure how many members to fuse (`probe_width`)."""
     cfgs = [kind.parse(config) for config in configs]
     device, dtype = prepare(cfgs[0].device, cfgs[0].precision, cfgs[0].num_threads)
     members = []
@@ -96,19 +97,31 @@ def run_array(kind, configs: Sequence[dict], labels: Sequence[str], report: Memb
         for member, config, folder in zip(members, configs, checkpoint_dirs, strict=True):
             serial(kind, member, config, folder, report)
         return
-    fusing = True
+    width = len(members)
+    if probe:
+        measured = probe_width(members)
+        width = measured.width
+        logging.getLogger("trainables").warning("fuse auto: %s", measured.why)
+        for member in members:
+            member.learner.info["fuse_probe_gain"] = measured.gain
+    fusing = width > 1
     while True:
         waiting = [m for m in members if m.error is None and not m.left and m.state.round < rounds]
         if not waiting:
             return
         behind = min(m.state.round for m in waiting)
         now = [m for m in waiting if m.state.round == behind]
-        fusing = fusing and fused_round(kind, now, behind + 1, dtype, report)
-        if not fusing:  # alone from here: each member's round as its trial's, reported as it ends
-            for member in (m for m in now if m.error is None):
-                serial_round(kind, member, behind + 1, report)
-                member.left = member.label in flush(report)
-            continue
+        alone: list[Member] = []
+        for start in range(0, len(now), width):  # arrays of `width` members, one after another
+            group = now[start: start + width]
+            if fusing and len(group) > 1:
+                fusing = fused_round(kind, group, behind + 1, dtype, report)  # False: out of memory, from here on
+                if fusing:
+                    continue
+            alone += group  # a group of one, or no array any more
+        for member in (m for m in alone if m.error is None):  # alone: its round as its trial's, reported as it ends
+            serial_round(kind, member, behind + 1, report)
+            member.left = member.label in flush(report)
         stopped = flush(report)
         for member in members:
             member.left = member.left or member.label in stopped
@@ -141,6 +154,110 @@ def array_refusal(members: Sequence[Member]) -> str | None:
     return None
 
 
+PROBE_STEPS = 3  # timed steps of each side, after one untimed step
+PROBE_GAIN = 1.2  # an array fuses when K members fused train at least this many times K trials one after another
+MEMORY_SHARE = 0.9  # of the device's memory a probed array's peak may take (the rest: evaluation, fragmentation)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What `probe_width` measured: `width` members per array (1: one after another), one member's step alone
+    (`alone_s`), the array of `tried` members' step (`fused_s`; None: it could not train), and why."""
+
+    width: int
+    alone_s: float
+    fused_s: float | None
+    tried: int
+    why: str
+
+    @property
+    def gain(self) -> float:
+        """Pairs/s of `tried` members fused over the same members trained one after another (0: not fused)."""
+        return self.tried * self.alone_s / self.fused_s if self.fused_s else 0.0
+
+
+def probe_width(members: Sequence[Member], measure: Callable | None = None) -> Probe:
+    """`resources.fuse: auto`'s probe, on the device the array got: one member's first-round steps alone, then
+    the first K members' fused (K halved while the device runs out of memory or its peak passes MEMORY_SHARE),
+    each PROBE_STEPS timed steps after one. Fused when K fused train at least PROBE_GAIN times the pairs/s of the K
+    one after another, else each member alone. Nothing of the probe is kept: it trains copies (alone) and an
+    array it drops, and each round reseeds every stream a member draws from. `measure(members, k)`: seconds a step
+    and peak memory share (tests; None: `time_steps`)."""
+    measure = measure or time_steps
+    alone_s, _ = measure(members, 1)
+    tried = len(members)
+    while tried >= 2:
+        try:
+            fused_s, share = measure(members, tried)
+        except torch.cuda.OutOfMemoryError:
+            fused_s, share = None, math.inf
+        except TypeError as exc:  # an architecture the array cannot stack: fused_round says so too
+            return Probe(1, alone_s, None, tried, f"each member alone: {exc}")
+        finally:
+            release_memory()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        if fused_s is not None and share <= MEMORY_SHARE:
+            break
+        tried = max(2, tried // 2) if tried > 2 else 1
+    else:
+        return Probe(1, alone_s, None, 2, "each member alone: 2 fused members did not fit the device's memory")
+    probe = Probe(tried, alone_s, fused_s, tried, "")
+    if probe.gain >= PROBE_GAIN:
+        return Probe(tried, alone_s, fused_s, tried, f"{tried} members fused trained {probe.gain:.2f}x the pairs/s "
+                                                     f"of the {tried} one after another (a step {fused_s:.3f} s "
+                                                     f"against {alone_s:.3f} s alone): arrays of {tried}")
+    return Probe(1, alone_s, fused_s, tried, f"{tried} members fused trained {probe.gain:.2f}x the pairs/s of the "
+                                             f"{tried} one after another, under {PROBE_GAIN}x: each member alone")
+
+
+def time_steps(members: Sequence[Member], k: int) -> tuple[float, float]:
+    """Seconds of one training step of the first `k` members (k = 1: the first member's step as its trial takes
+    it, on a copy of its model; else their fused array's), the mean of PROBE_STEPS after one untimed step on their
+    first round's batches; and the peak device memory as a share of the device's (0 on a CPU)."""
+    import copy
+
+    from trainables.runtime import linear_schedule
+    from trainables.training.bi_encoder import build_optimizer, train_step
+
+    chosen = list(members[:k])
+    device = next(chosen[0].learner.model.parameters()).device
+    orders = [epoch_batches(m.learner.lengths, m.cfg.batch_size, m.cfg.seed * 1_000 + 1, m.cfg.group_by_length)
+              for m in chosen]
+    steps = min(PROBE_STEPS + 1, *(len(order) for order in orders))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    if k == 1:
+        member, learner = chosen[0], chosen[0].learner
+        model = copy.deepcopy(learner.model)
+        optimizer = build_optimizer(list(model.named_parameters()), member.cfg.lr, member.cfg.weight_decay)
+        scheduler = linear_schedule(optimizer, 0, steps)
+
+        def step(i: int) -> None:
+            lists, targets = member_batch(member, orders[0][i])
+            train_step(model, learner.train_loss, optimizer, scheduler, lists, targets, learner.tokens.pad_id,
+                       device, learner.dtype, member.cfg.max_grad_norm, learner.cache, learner.packed).item()
+    else:
+        array = FusedArray([m.learner.model for m in chosen], [member_settings(m) for m in chosen],
+                           chosen[0].learner.tokens.pad_id, [m.label for m in chosen], loss=chosen[0].learner.loss_fn,
+                           dtype=chosen[0].learner.dtype)
+
+        def step(i: int) -> None:
+            array.step([member_batch(m, order[i]) for m, order in zip(chosen, orders, strict=True)]).tolist()
+
+    step(0)
+    started = time.perf_counter()
+    for i in range(1, steps):
+        step(i)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = (time.perf_counter() - started) / max(1, steps - 1)
+    share = (torch.cuda.max_memory_allocated(device) / torch.cuda.get_device_properties(device).total_memory
+             if device.type == "cuda" else 0.0)
+    return seconds, share
+
+
 def fused_round(kind, members: list[Member], round_: int, dtype: torch.dtype, report: MemberReport) -> bool:
     """One round of `members` as one array, then each member's end of round as its trial's. False when the array
     cannot train (an architecture it cannot stack, or the device ran out of memory): nothing of the round is kept
@@ -170,6 +287,7 @@ def fused_round(kind, members: list[Member], round_: int, dtype: torch.dtype, re
         trained = {"train_loss": totals[member.label] / max(1, steps),
                    "train_samples_per_second": len(member.learner.lengths) / seconds}
         member.learner.info["fused_members"] = len(members)
+        member.learner.info["padding_free"] = 0.0  # an array pads its members' batches
         member.best = end_round(kind, member.cfg, member.learner, member.state, member.best, round_, trained,
                                 seconds, lambda metrics, checkpoint_dir=None, m=member: report(m.label, metrics,
                                                                                                checkpoint_dir))[1]
@@ -216,7 +334,8 @@ def serial_round(kind, member: Member, round_: int, report: MemberReport) -> Non
         member.error = str(exc)
         report(member.label, {"diverged": 1, "error": member.error}, None)
         return
-    member.learner.info["fused_members"] = 1  # this round alone
+    member.learner.info["fused_members"] = 1  # this round alone, padded or packed as its trial
+    member.learner.info["padding_free"] = float(member.learner.packed)
     member.best = end_round(kind, member.cfg, member.learner, member.state, member.best, round_, trained,
                             time.perf_counter() - started,
                             lambda metrics, checkpoint_dir=None: report(member.label, metrics, checkpoint_dir))[1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
@@ -18,6 +19,7 @@ from trainables.models.batching import TokenCache
 from trainables.models.encoder import build_sentence_encoder, load_tokenizer, special_ids, used_parameter_count
 from trainables.models.layer_vectors import LayerVectors
 from trainables.models.lora import adapter_parameter_count, add_lora
+from trainables.models.padding_free import choose_packing
 from trainables.objectives import build_loss, objective
 from trainables.objectives.adaptive_layers import AdaptiveLayerLoss
 from trainables.objectives.matryoshka import MatryoshkaLoss
@@ -52,6 +54,12 @@ class FinetuneLearner(OneModelLearner):
                                             ).to(device)
         if cfg.lora_rank is not None:  # after the cut: adapters on the blocks kept, the encoder's weights frozen
             add_lora(self.model.encoder, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
+        # padding-free training batches (checked on the model as cut, with its adapters); adaptive layers read
+        # every layer's states padded (check_padding refuses `packed` with them)
+        self.packed, self.padding = ((False, "adaptive_layers: padded") if cfg.adaptive_layers
+                                     else choose_packing(cfg.padding, self.model, device))
+        logging.getLogger("trainables").info("training batches %s: %s", "packed" if self.packed else "padded",
+                                             self.padding)
         dim = self.model.projection[0].out_features if self.model.projection else self.model.encoder.config.hidden_size
         self.loss_fn = build_loss(cfg.loss, trained.kind, dim).to(device)
         declared = objective(cfg.loss)
@@ -99,7 +107,8 @@ class FinetuneLearner(OneModelLearner):
         self.optimizer = build_optimizer(trained + head, cfg.lr, cfg.weight_decay, scales)
         self.scheduler = linear_schedule(self.optimizer, round(cfg.warmup_ratio * total), total)
         self.test_frame = data.test
-        self.info = {"params": used_parameter_count(self.model) - adapter_parameter_count(self.model), **stage}
+        self.info = {"params": used_parameter_count(self.model) - adapter_parameter_count(self.model),
+                     "padding_free": float(self.packed), **stage}
         if cfg.lora_rank is not None:  # the model's size is the merged model's; what trained, beside it
             self.info["trained_params"] = sum(p.numel() for _, p in trained + head)
 
@@ -128,7 +137,8 @@ class FinetuneLearner(OneModelLearner):
             if self.matryoshka is not None:
                 self.matryoshka.reseed(f"{cfg.seed}/{round_}/{step}/dims")
             loss = train_step(model, self.train_loss, self.optimizer, self.scheduler, token_lists,
-                              targets, self.tokens.pad_id, self.device, self.dtype, cfg.max_grad_norm, self.cache)
+                              targets, self.tokens.pad_id, self.device, self.dtype, cfg.max_grad_norm, self.cache,
+                              self.packed)
             total += check_finite(loss.item(), f"epoch {round_}, step {step} (lr={cfg.lr})",
                                   "lower the learning rate or use precision fp32")
         seconds = time.perf_counter() - started
