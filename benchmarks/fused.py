@@ -75,16 +75,17 @@ class Pairs:
         return [self.tokens[self.first[i]] for i in rows] + [self.tokens[self.second[i]] for i in rows]
 
 
-def read_pairs(args) -> tuple[list[str], list[str], list[float]]:
-    """STS-B train from `--pairs-file` (the TSV `--export-pairs` writes) or the data folder."""
-    if args.pairs_file:
-        with open(args.pairs_file, newline="", encoding="utf-8") as f:
+def read_pairs(args, split: str = "train", path: str | None = None) -> tuple[list[str], list[str], list[float]]:
+    """STS-B's `split` from `path` (train: `--pairs-file`; a TSV as `--export-pairs` writes) or the data folder."""
+    path = path if path is not None or split != "train" else args.pairs_file
+    if path:
+        with open(path, newline="", encoding="utf-8") as f:
             rows = list(csv.reader(f, delimiter="\t"))[1:]
         return [r[0] for r in rows], [r[1] for r in rows], [float(r[2]) for r in rows]
     from trainables.data.tasks import load_task  # pydantic: not on a bare GPU machine
 
-    train = load_task("stsb", data_folder=args.data_dir).train
-    return list(train.sentence1), list(train.sentence2), [float(s) for s in train.score]
+    frame = getattr(load_task("stsb", data_folder=args.data_dir), split)
+    return list(frame.sentence1), list(frame.sentence2), [float(s) for s in frame.score]
 
 
 def export_pairs(path: str, pairs: tuple[list[str], list[str], list[float]]) -> None:
@@ -207,10 +208,12 @@ def run_interleaved(sides: dict, steps: int, warmup: int, batch: int, device: to
             for name, side in sides.items()}
 
 
-def table(label: str, rows: dict[str, dict]) -> str:
-    alone, alone_cpu = rows["alone"]["pairs_per_s"], rows["alone"]["pairs_per_cpu_s"]
-    lines = [label, f"{'side':>18} {'pairs/s':>9} {'x alone':>8} {'x alone by CPU time':>20} {'padded':>7} "
-                    f"{'GPU util':>9} {'peak MiB':>9}"]
+def table(label: str, rows: dict[str, dict], baseline: str = "alone") -> str:
+    """The sides' figures, each against the `baseline` side's."""
+    alone, alone_cpu = rows[baseline]["pairs_per_s"], rows[baseline]["pairs_per_cpu_s"]
+    times, by_cpu = f"x {baseline}", f"x {baseline} by CPU time"
+    lines = [label, f"{'side':>18} {'pairs/s':>9} {times:>8} {by_cpu:>20} {'padded':>7} {'GPU util':>9} "
+                    f"{'peak MiB':>9}"]
     for name, row in rows.items():
         use = f"{row['utilization']:.0f} %" if row["utilization"] is not None else "n/a"
         peak = f"{row['peak_mib']:.0f}" if row["peak_mib"] is not None else "n/a"

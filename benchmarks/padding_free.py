@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
 import gc
 import json
 import math
 from pathlib import Path
 
 import torch
-from fused import Alone, configure, export_pairs, read_pairs, run, run_interleaved, setup, starting_model
+from fused import Alone, configure, export_pairs, read_pairs, run, run_interleaved, setup, starting_model, table
 
 from trainables.models.batching import encode_tokens
 from trainables.models.padding_free import packing_refusal
@@ -40,14 +39,7 @@ from trainables.models.padding_free import packing_refusal
 
 def read_test(args) -> tuple[list[str], list[str], list[float]]:
     """STS-B test from `--test-file` (a TSV as --export-pairs writes) or the data folder."""
-    if args.test_file:
-        with open(args.test_file, newline="", encoding="utf-8") as f:
-            rows = list(csv.reader(f, delimiter="\t"))[1:]
-        return [r[0] for r in rows], [r[1] for r in rows], [float(r[2]) for r in rows]
-    from trainables.data.tasks import load_task  # pydantic: not on a bare GPU machine
-
-    test = load_task("stsb", data_folder=args.data_dir).test
-    return list(test.sentence1), list(test.sentence2), [float(s) for s in test.score]
+    return read_pairs(args, "test", args.test_file)
 
 
 def spearman(x: list[float], y: list[float]) -> float:
@@ -67,20 +59,6 @@ def score(model: torch.nn.Module, test: tuple, tokens, device: torch.device) -> 
     vectors = torch.nn.functional.normalize(vectors.double(), dim=-1)
     cosines = (vectors[: len(first)] * vectors[len(first):]).sum(-1).tolist()
     return 100 * spearman(cosines, gold)
-
-
-def table(batch: int, rows: dict[str, dict]) -> str:
-    padded = rows["padded"]
-    lines = [f"batch {batch} (pairs per step)",
-             f"{'side':>8} {'pairs/s':>9} {'x padded':>9} {'x padded by CPU time':>21} {'padded':>7} "
-             f"{'GPU util':>9} {'peak MiB':>9}"]
-    for name, row in rows.items():
-        use = f"{row['utilization']:.0f} %" if row["utilization"] is not None else "n/a"
-        peak = f"{row['peak_mib']:.0f}" if row["peak_mib"] is not None else "n/a"
-        lines.append(f"{name:>8} {row['pairs_per_s']:9.1f} {row['pairs_per_s'] / padded['pairs_per_s']:8.2f}x "
-                     f"{row['pairs_per_cpu_s'] / padded['pairs_per_cpu_s']:20.2f}x {100 * row['padded_share']:6.1f}% "
-                     f"{use:>9} {peak:>9}")
-    return "\n".join(lines)
 
 
 def parser_of() -> argparse.ArgumentParser:
@@ -157,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
             for side, row in measured.items():
                 if side not in rows or row["pairs_per_s"] > rows[side]["pairs_per_s"]:
                     rows[side] = row
-        print(table(batch, rows), flush=True)
+        print(table(f"batch {batch} (pairs per step)", rows, "padded"), flush=True)
         entry = {"batch": batch, "sides": rows}
         if args.score_epochs:
             test = read_test(args)

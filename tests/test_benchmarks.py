@@ -696,6 +696,30 @@ def test_the_fused_benchmark_times_one_trial_and_arrays_on_the_cpu(tiny_bert, sy
     assert all(side["pairs_per_s"] > 0 and 0 <= side["padded_share"] < 1 for side in run["sides"].values())
 
 
+def test_the_padding_free_benchmark_times_and_scores_both_ways_on_the_cpu(tiny_bert, synthetic_data_dir, tmp_path,
+                                                                          monkeypatch, capsys):
+    """benchmarks/padding_free.py: padded and packed steps side by side (packed pads nothing), one epoch each way
+    scored on test; the export writes train and test TSVs that a GPU machine reads back."""
+    import json
+
+    monkeypatch.syspath_prepend(str(GPU.parent))
+    import padding_free
+
+    common = ["--device", "cpu", "--model", tiny_bert, "--data-dir", str(synthetic_data_dir)]
+    padding_free.main([*common, "--export-pairs", str(tmp_path / "tsv")])
+    assert (tmp_path / "tsv" / "test.tsv").read_text().count("\n") == 81  # a header and the 80 synthetic pairs
+    out = tmp_path / "padding.json"
+    padding_free.main([*common, "--batch", "8", "--steps", "2", "--warmup", "1", "--score-epochs", "1",
+                       "--pairs-file", str(tmp_path / "tsv" / "train.tsv"), "--test-file",
+                       str(tmp_path / "tsv" / "test.tsv"), "--json", str(out)])
+    (run,) = json.loads(out.read_text())["runs"]
+    assert set(run["sides"]) == {"padded", "packed"} and run["sides"]["packed"]["padded_share"] == 0
+    assert run["sides"]["padded"]["padded_share"] > 0
+    assert all(-100 <= score <= 100 for score in run["test_spearman"].values())
+    said = capsys.readouterr().out
+    assert "x padded" in said and "STS-B test Spearman x100 after 1 epoch(s)" in said
+
+
 def test_without_dropout_every_training_forward_is_the_same(tiny_bert, monkeypatch):
     """`--dropout none`: torch's and the fast masks' dropout and a fused array's set to drop nothing, so two
     forwards in training mode agree (with dropout they differ)."""

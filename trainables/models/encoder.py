@@ -260,7 +260,6 @@ class SentenceEncoder(nn.Module):
         vectors = self.pool(hidden, attention_mask, input_ids)
         return self.projection(vectors) if self.projection is not None else vectors
 
-
     def forward_packed(self, plan) -> torch.Tensor:
         """Sentence vectors of a packed row (trainables.models.padding_free.Packed): the encoder runs on the
         sentences' own tokens, then pools them laid out padded, as `forward` pools."""
