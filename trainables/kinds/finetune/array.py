@@ -202,12 +202,12 @@ def probe_width(members: Sequence[Member], measure: Callable | None = None) -> P
         tried = max(2, tried // 2) if tried > 2 else 1
     else:
         return Probe(1, alone_s, None, 2, "each member alone: 2 fused members did not fit the device's memory")
-    probe = Probe(tried, alone_s, fused_s, tried, "")
-    if probe.gain >= PROBE_GAIN:
-        return Probe(tried, alone_s, fused_s, tried, f"{tried} members fused trained {probe.gain:.2f}x the pairs/s "
+    gain = tried * alone_s / fused_s  # what Probe.gain says of the result
+    if gain >= PROBE_GAIN:
+        return Probe(tried, alone_s, fused_s, tried, f"{tried} members fused trained {gain:.2f}x the pairs/s "
                                                      f"of the {tried} one after another (a step {fused_s:.3f} s "
                                                      f"against {alone_s:.3f} s alone): arrays of {tried}")
-    return Probe(1, alone_s, fused_s, tried, f"{tried} members fused trained {probe.gain:.2f}x the pairs/s of the "
+    return Probe(1, alone_s, fused_s, tried, f"{tried} members fused trained {gain:.2f}x the pairs/s of the "
                                              f"{tried} one after another, under {PROBE_GAIN}x: each member alone")
 
 
